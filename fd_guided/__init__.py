@@ -1,0 +1,39 @@
+"""fd_guided: guided decoding (structured output) for Paddle-based LLM serving stacks.
+
+Public API re-exports only; see docs/architecture.md for the map.
+"""
+from .config import GuidedConfig
+from .errors import (
+    BackendNotFoundError,
+    DuplicateBackendError,
+    GrammarCompileTimeout,
+    GuidedDecodingError,
+    GuidedRequestError,
+    InvalidGrammarError,
+    SlotStateError,
+)
+from .registry import available_backends, create_backend, get_backend_class, register_backend
+from .spec import GrammarSpec, JsonFormat, parse_guided_request
+from .tokenizer import TokenizerBundle, load_tokenizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendNotFoundError",
+    "DuplicateBackendError",
+    "GrammarCompileTimeout",
+    "GrammarSpec",
+    "GuidedConfig",
+    "GuidedDecodingError",
+    "GuidedRequestError",
+    "InvalidGrammarError",
+    "JsonFormat",
+    "SlotStateError",
+    "TokenizerBundle",
+    "available_backends",
+    "create_backend",
+    "get_backend_class",
+    "load_tokenizer",
+    "parse_guided_request",
+    "register_backend",
+]

@@ -1,0 +1,298 @@
+"""The xgrammar backend: one GrammarCompiler with a bounded cache, one matcher per slot.
+
+xgrammar logs and then *ignores* JSON-schema keywords it cannot enforce (checked by feeding
+valid and invalid instances to its matcher, see tests/test_xgrammar_backend.py). `check` refuses
+those keywords at admission so a warning never stands in for enforcement.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Iterator, Sequence
+
+import xgrammar as xgr
+
+from ..config import GuidedConfig
+from ..errors import InvalidGrammarError
+from ..interface import CompiledGrammar, Grammar, GuidedBackend
+from ..spec import GrammarSpec
+from ..tokenizer import TokenizerBundle
+
+# Formats xgrammar turns into real string grammars (anything else would be ignored).
+SUPPORTED_FORMATS = frozenset({
+    "email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid",
+    "uri", "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
+})
+# Keywords xgrammar accepts but does not enforce.
+IGNORED_KEYWORDS = frozenset({
+    "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+    "contains", "minContains", "maxContains", "patternProperties", "propertyNames",
+    "unevaluatedItems", "$dynamicRef", "$recursiveRef",
+})
+_SCHEMA_MAP_KEYWORDS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_SCHEMA_LIST_KEYWORDS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_KEYWORDS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+                    "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+
+
+class XGrammarCompiled(CompiledGrammar):
+    __slots__ = ("spec", "native")
+
+    def __init__(self, spec: GrammarSpec, native: xgr.CompiledGrammar):
+        self.spec = spec
+        self.native = native
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.native.memory_size_bytes)
+
+
+class XGrammarMatcher(Grammar):
+    __slots__ = ("matcher",)
+
+    def __init__(self, compiled: XGrammarCompiled):
+        self.matcher = xgr.GrammarMatcher(compiled.native)
+
+    def accept_token(self, token_id: int) -> bool:
+        return bool(self.matcher.accept_token(int(token_id)))
+
+    def fill_bitmask(self, bitmask, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def is_terminated(self) -> bool:
+        return bool(self.matcher.is_terminated())
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+
+    def reset(self) -> None:
+        self.matcher.reset()
+
+
+class XGrammarBackend(GuidedBackend):
+    """xgrammar behind the `GuidedBackend` interface.
+
+    The TokenizerInfo is built for the model's logits width (`vocab_size`, the padded vocab) with
+    the engine's stop tokens (`stop_token_ids`, default the tokenizer's EOS ids), so grammar
+    completion allows exactly the tokens that end a request in the engine.
+    """
+
+    name = "xgrammar"
+
+    def __init__(
+        self,
+        tokenizer: TokenizerBundle,
+        *,
+        vocab_size: int,
+        config: GuidedConfig | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ):
+        super().__init__(tokenizer, vocab_size=vocab_size, config=config)
+        self.stop_token_ids = list(stop_token_ids if stop_token_ids is not None else tokenizer.eos_token_ids)
+        self.tokenizer_info = _tokenizer_info(tokenizer, vocab_size, self.stop_token_ids)
+        self.compiler = xgr.GrammarCompiler(
+            self.tokenizer_info,
+            max_threads=self.config.compile_threads,
+            cache_enabled=True,
+            cache_limit_bytes=self.config.cache_limit_bytes,
+        )
+        self._batch_matcher = xgr.BatchGrammarMatcher(max_threads=self.config.fill_threads)
+        self._batch_lock = threading.Lock()
+
+    @classmethod
+    def check(cls, spec: GrammarSpec) -> None:
+        for schema, part in _schemas_of(spec):
+            check_schema_keywords(schema, part)
+        try:
+            _grammar_without_tokenizer(spec)
+        except (RuntimeError, ValueError, TypeError) as error:
+            raise InvalidGrammarError(f"rejected by xgrammar: {_first_line(error)}", part=_part_of(spec)) from None
+
+    def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
+        try:
+            native = _compile(self.compiler, spec)
+        except (RuntimeError, ValueError, TypeError) as error:
+            raise InvalidGrammarError(f"rejected by xgrammar: {_first_line(error)}", part=_part_of(spec)) from None
+        return XGrammarCompiled(spec, native)
+
+    def new_grammar(self, compiled: CompiledGrammar) -> XGrammarMatcher:
+        if not isinstance(compiled, XGrammarCompiled):
+            raise TypeError(f"xgrammar cannot run a grammar compiled by {type(compiled).__name__}")
+        return XGrammarMatcher(compiled)
+
+    def fill_bitmasks(self, grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> None:
+        if len(grammars) < self.config.parallel_fill_min_rows:
+            super().fill_bitmasks(grammars, bitmask, rows)
+            return
+        matchers = [grammar.matcher for grammar in grammars]
+        # One BatchGrammarMatcher owns a thread pool; serialise its use across callers.
+        with self._batch_lock:
+            self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, list(rows))
+
+    def cache_stats(self) -> dict[str, Any]:
+        return {"cache_bytes": int(self.compiler.get_cache_size_bytes()), "cache_limit_bytes": self.config.cache_limit_bytes}
+
+    def close(self) -> None:
+        self.compiler.clear_cache()
+
+
+def _tokenizer_info(tokenizer: TokenizerBundle, vocab_size: int, stop_token_ids: list[int]) -> xgr.TokenizerInfo:
+    if tokenizer.hf_tokenizer is not None:
+        return xgr.TokenizerInfo.from_huggingface(tokenizer.hf_tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+    # Special tokens map to b"": xgrammar then never matches them against grammar text.
+    encoded = [token or b"" for token in tokenizer.token_bytes]
+    return xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+
+
+def _json_options(spec: GrammarSpec) -> dict[str, Any]:
+    fmt = spec.json_format
+    options: dict[str, Any] = {"any_whitespace": fmt.any_whitespace, "strict_mode": fmt.strict}
+    if fmt.separators is not None:
+        options["separators"] = fmt.separators
+    if fmt.any_whitespace and fmt.max_whitespace_cnt is not None:
+        options["max_whitespace_cnt"] = fmt.max_whitespace_cnt
+    return options
+
+
+# json_object: any JSON object, with the request's whitespace bounds (the builtin JSON grammar
+# would allow unbounded whitespace).
+_ANY_OBJECT_SCHEMA = '{"type":"object"}'
+
+
+def _compile(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.CompiledGrammar:
+    kind = spec.kind
+    if kind == "json_schema":
+        return compiler.compile_json_schema(spec.source, **_json_options(spec))
+    if kind == "json_object":
+        return compiler.compile_json_schema(_ANY_OBJECT_SCHEMA, **{**_json_options(spec), "strict_mode": False})
+    if kind == "regex":
+        return compiler.compile_regex(spec.source)
+    if kind == "choice":
+        return compiler.compile_grammar(choice_ebnf(spec.choices))
+    if kind == "ebnf":
+        return compiler.compile_grammar(spec.source)
+    if kind == "lark":
+        return compiler.compile_lark(spec.source)
+    return compiler.compile_structural_tag(structural_tag_json(spec))
+
+
+def _grammar_without_tokenizer(spec: GrammarSpec) -> xgr.Grammar:
+    kind = spec.kind
+    if kind == "json_schema":
+        return xgr.Grammar.from_json_schema(spec.source, **_json_options(spec))
+    if kind == "json_object":
+        return xgr.Grammar.from_json_schema(_ANY_OBJECT_SCHEMA, **{**_json_options(spec), "strict_mode": False})
+    if kind == "regex":
+        return xgr.Grammar.from_regex(spec.source)
+    if kind == "choice":
+        return xgr.Grammar.from_ebnf(choice_ebnf(spec.choices))
+    if kind == "ebnf":
+        return xgr.Grammar.from_ebnf(spec.source)
+    if kind == "lark":
+        return xgr.Grammar.from_lark(spec.source)
+    return xgr.Grammar.from_structural_tag(structural_tag_json(spec))
+
+
+def choice_ebnf(choices: Sequence[str]) -> str:
+    """An EBNF grammar matching exactly one of `choices`.
+
+    Every non-printable or non-ASCII character is written as a ``\\uXXXX`` escape: xgrammar reads
+    ``\\x`` escapes greedily (``"a\\x00f"`` would parse as ``\\x0f``).
+    """
+    return "root ::= " + " | ".join(_ebnf_literal(choice) for choice in choices)
+
+
+def _ebnf_literal(text: str) -> str:
+    out = []
+    for char in text:
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif " " <= char <= "~":
+            out.append(char)
+        elif ord(char) <= 0xFFFF:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def structural_tag_json(spec: GrammarSpec) -> str:
+    """The spec as xgrammar's structural-tag JSON (legacy structures/triggers become triggered_tags)."""
+    tag = spec.structural_tag
+    if "format" in tag:
+        return json.dumps(tag)
+    tags = [
+        {"type": "tag", "begin": s["begin"], "content": {"type": "json_schema", "json_schema": s["schema"]}, "end": s["end"]}
+        for s in tag["structures"]
+    ]
+    return json.dumps({"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": tag["triggers"], "tags": tags}})
+
+
+def _schemas_of(spec: GrammarSpec) -> Iterator[tuple[Any, str]]:
+    if spec.kind == "json_schema":
+        yield spec.schema, "$"
+    elif spec.kind == "structural_tag" and "structures" in spec.structural_tag:
+        for index, structure in enumerate(spec.structural_tag["structures"]):
+            yield structure["schema"], f"structures[{index}].schema"
+
+
+def check_schema_keywords(schema: Any, path: str = "$") -> None:
+    """Raise InvalidGrammarError at the first keyword xgrammar would not enforce, naming its location."""
+    if not isinstance(schema, dict):
+        return
+    for keyword in schema:
+        if keyword in IGNORED_KEYWORDS:
+            _refuse(keyword, f"{path}.{keyword}")
+    if schema.get("uniqueItems") is True:
+        _refuse("uniqueItems", f"{path}.uniqueItems")
+    if "multipleOf" in schema and schema.get("type") != "integer":
+        _refuse("multipleOf on numbers (it is enforced only for type integer)", f"{path}.multipleOf")
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        _refuse("allOf with more than one subschema", f"{path}.allOf")
+    fmt = schema.get("format")
+    if fmt is not None and fmt not in SUPPORTED_FORMATS:
+        _refuse(f"format {fmt!r} (supported: {', '.join(sorted(SUPPORTED_FORMATS))})", f"{path}.format")
+    if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
+        _refuse("pattern together with minLength/maxLength", f"{path}.pattern")
+    if isinstance(schema.get("items"), list):
+        _refuse("items as a list (use prefixItems)", f"{path}.items")
+    if "unevaluatedProperties" in schema and not isinstance(schema["unevaluatedProperties"], bool):
+        _refuse("unevaluatedProperties with a schema", f"{path}.unevaluatedProperties")
+    for child, child_path in _subschemas(schema, path):
+        check_schema_keywords(child, child_path)
+
+
+def _subschemas(schema: dict, path: str) -> Iterator[tuple[Any, str]]:
+    for keyword in _SCHEMA_MAP_KEYWORDS:
+        children = schema.get(keyword)
+        if isinstance(children, dict):
+            for name, child in children.items():
+                yield child, f"{path}.{keyword}.{name}"
+    for keyword in _SCHEMA_LIST_KEYWORDS:
+        children = schema.get(keyword)
+        if isinstance(children, list):
+            for index, child in enumerate(children):
+                yield child, f"{path}.{keyword}[{index}]"
+    for keyword in _SCHEMA_KEYWORDS:
+        if isinstance(schema.get(keyword), dict):
+            yield schema[keyword], f"{path}.{keyword}"
+
+
+def _refuse(feature: str, location: str) -> None:
+    raise InvalidGrammarError(f"xgrammar cannot enforce {feature}", part=f"json schema {location}")
+
+
+def _part_of(spec: GrammarSpec) -> str:
+    return {"json_schema": "guided_json", "json_object": "json_object", "regex": "guided_regex", "choice": "guided_choice",
+            "ebnf": "guided_grammar", "lark": "guided_grammar", "structural_tag": "structural_tag"}[spec.kind]
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    message = text[0] if text else type(error).__name__
+    # xgrammar prefixes C++ errors with "[time] /project/cpp/file.cc:line: "; keep the message.
+    if message.startswith("[") and ": " in message:
+        message = message.split(": ", 1)[1]
+        if ".cc:" in message and ": " in message:
+            message = message.split(": ", 1)[1]
+    return message

