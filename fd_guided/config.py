@@ -14,6 +14,12 @@ def _default_threads() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
+def _default_compile_workers() -> int:
+    # Several workers even on small machines: one slow grammar must not queue every other
+    # request's compile behind it (compiles release the GIL; an idle worker costs nothing).
+    return max(4, _default_threads())
+
+
 @dataclass(frozen=True)
 class GuidedConfig:
     """Settings shared by every request of one engine.
@@ -29,7 +35,7 @@ class GuidedConfig:
     separators: tuple[str, str] | None = None
     strict_mode: bool = True
     compile_threads: int = dataclasses.field(default_factory=_default_threads)
-    compile_workers: int = dataclasses.field(default_factory=_default_threads)
+    compile_workers: int = dataclasses.field(default_factory=_default_compile_workers)
     cache_limit_bytes: int = DEFAULT_CACHE_BYTES
     compile_timeout_s: float = 30.0
     fill_threads: int = dataclasses.field(default_factory=_default_threads)

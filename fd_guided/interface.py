@@ -100,9 +100,9 @@ class GuidedBackend(abc.ABC):
 
     def allocate_bitmask(self, rows: int):
         """A zeroed host bitmask for `rows` rows (pinned when CUDA is available)."""
-        from .kernels import allocate_token_bitmask
+        from .kernels import allocate_pinned_bitmask
 
-        return allocate_token_bitmask(rows, self.vocab_size)
+        return allocate_pinned_bitmask(rows, self.vocab_size)
 
     def cache_stats(self) -> dict[str, Any]:
         """Backend-specific cache figures (bytes used, limit); empty if the backend has no cache."""

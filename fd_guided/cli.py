@@ -1,0 +1,166 @@
+"""The `fd-guided` command line.
+
+    fd-guided generate                      # the built-in demo requests on the embedded default model
+    fd-guided generate --json-schema '{"type":"object",...}' --prompt "..."
+    fd-guided generate --requests reqs.jsonl --max-tokens 128
+    fd-guided backends                      # registered backends
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Sequence
+
+DEMO_REQUESTS = [
+    {"prompt": "Give me a user profile as JSON.", "guided_json": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "email": {"type": "string", "format": "email"},
+            "roles": {"type": "array", "items": {"enum": ["admin", "user", "guest"]}, "minItems": 1, "maxItems": 3},
+        },
+        "required": ["name", "age", "roles"],
+    }},
+    {"prompt": "An order:", "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": {
+        "type": "object",
+        "$defs": {"item": {"type": "object", "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+                                                          "qty": {"type": "integer", "minimum": 1, "maximum": 99}},
+                           "required": ["sku", "qty"]}},
+        "properties": {"id": {"type": "integer"}, "items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "maxItems": 3},
+                       "status": {"enum": ["new", "paid", "shipped"]}},
+        "required": ["id", "items", "status"],
+    }}}},
+    {"prompt": "Any JSON object please.", "response_format": {"type": "json_object"}},
+    {"prompt": "A date:", "guided_regex": r"(19|20)\d{2}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"},
+    {"prompt": "Sentiment?", "guided_choice": ["positive", "negative", "neutral"]},
+    {"prompt": "An arithmetic expression:", "guided_grammar": 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"'},
+    {"prompt": "A greeting in Lark:", "guided_grammar": 'start: GREETING " " NAME\nGREETING: "hello" | "hi"\nNAME: /[a-z]{2,8}/'},
+    {"prompt": "Unconstrained text."},
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    return args.handler(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fd-guided", description="Guided decoding for Paddle serving stacks.")
+    commands = parser.add_subparsers(dest="command")
+    generate = commands.add_parser("generate", help="run requests on the reference engine and validate the outputs")
+    generate.add_argument("--prompt", default="Answer:", help="prompt for an inline request")
+    generate.add_argument("--json-schema", help="inline JSON schema (or @file)")
+    generate.add_argument("--regex", help="inline regex constraint")
+    generate.add_argument("--choice", action="append", help="a choice (repeat the flag)")
+    generate.add_argument("--grammar", help="inline EBNF or Lark grammar (or @file)")
+    generate.add_argument("--requests", help="JSONL file, one request dict per line")
+    generate.add_argument("--max-tokens", type=int, default=96)
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--preset", default="small", help="built-in model size: tiny, small, base")
+    generate.add_argument("--tokenizer", default="deepseek", help="deepseek, qwen, or a tokenizer.json path")
+    generate.add_argument("--backend", default="xgrammar")
+    generate.add_argument("--max-num-seqs", type=int, default=32)
+    generate.add_argument("--json", dest="json_out", action="store_true", help="print one JSON object per output")
+    generate.set_defaults(handler=_generate)
+    backends = commands.add_parser("backends", help="list registered guided-decoding backends")
+    backends.set_defaults(handler=_backends)
+    return parser
+
+
+def _read_inline(value: str | None) -> str | None:
+    if value and value.startswith("@"):
+        with open(value[1:], encoding="utf-8") as handle:
+            return handle.read()
+    return value
+
+
+def _requests_from_args(args) -> list[dict]:
+    if args.requests:
+        with open(args.requests, encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+    inline = {"guided_json": _read_inline(args.json_schema), "guided_regex": args.regex,
+              "guided_choice": args.choice, "guided_grammar": _read_inline(args.grammar)}
+    inline = {k: v for k, v in inline.items() if v}
+    if inline:
+        return [{"prompt": args.prompt, **inline}]
+    return [dict(request) for request in DEMO_REQUESTS]
+
+
+def _generate(args) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from .config import GuidedConfig
+    from .validate import validate_output
+    from .workers import ReferenceEngine
+
+    requests = _requests_from_args(args)
+    started = time.perf_counter()
+    engine = ReferenceEngine.default(
+        preset=args.preset, tokenizer=args.tokenizer, seed=args.seed,
+        guided_config=GuidedConfig(backend=args.backend), max_num_seqs=args.max_num_seqs,
+    )
+    load_seconds = time.perf_counter() - started
+    results = engine.generate(requests, max_tokens=args.max_tokens, seed=args.seed)
+    checked = valid = 0
+    for request, result in zip(requests, results):
+        verdict = validate_output(result.spec, result.text) if result.spec and result.finish_reason == "stop" else None
+        checked += verdict is not None
+        valid += bool(verdict and verdict.valid)
+        _print_result(args, request, result, verdict)
+    _print_summary(engine, results, checked, valid, load_seconds)
+    engine.close()
+    return 0 if checked == valid else 1
+
+
+def _print_result(args, request: dict, result, verdict) -> None:
+    kind = result.spec.kind if result.spec else "none"
+    status = "-" if verdict is None else ("valid" if verdict.valid else f"INVALID ({verdict.reason})")
+    if args.json_out:
+        print(json.dumps({"index": result.index, "kind": kind, "finish_reason": result.finish_reason, "text": result.text,
+                          "tokens": len(result.token_ids), "validation": status, "error": result.error}, ensure_ascii=False))
+        return
+    print(f"[{result.index}] {kind:<14} finish={result.finish_reason:<6} tokens={len(result.token_ids):<4} check={status}")
+    print(f"    prompt: {request.get('prompt', '')[:80]!r}")
+    print(f"    output: {result.text[:400]!r}")
+    if result.error:
+        print(f"    error:  {result.error}")
+
+
+def _print_summary(engine, results, checked: int, valid: int, load_seconds: float) -> None:
+    stats = engine.stats
+    guided = stats.guided
+    finish_counts = {}
+    for result in results:
+        finish_counts[result.finish_reason] = finish_counts.get(result.finish_reason, 0) + 1
+    print("\nsummary")
+    print(f"  requests: {len(results)}  finish reasons: {finish_counts}")
+    print(f"  constrained outputs finished and validated: {valid}/{checked} valid")
+    print(f"  generated tokens: {stats.generated_tokens} in {stats.wall_seconds:.2f}s  ({stats.tokens_per_second:.1f} tokens/s, {stats.steps} steps)")
+    print(f"  model load: {load_seconds:.2f}s  forward+mask: {stats.forward_seconds:.2f}s  sampling: {stats.sample_seconds:.2f}s")
+    if guided:
+        print(
+            "  guided time: compile wait {compile_wait:.4f}s, fill {fill:.4f}s (overlapped; host waited {fill_join:.4f}s), "
+            "apply {apply:.4f}s, accept {accept:.4f}s".format(**guided)
+        )
+        metrics = engine.manager.metrics
+        print(f"  compiles: {metrics.value('cache_misses_total')} compiled, {metrics.value('cache_hits_total')} cache hits, "
+              f"{metrics.histogram_sum('compile_seconds'):.3f}s compiling in the background")
+
+
+def _backends(args) -> int:
+    from .registry import available_backends
+
+    for name in available_backends():
+        print(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

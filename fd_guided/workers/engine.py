@@ -1,0 +1,265 @@
+"""The reference engine: continuous batching with chunked prefill over the built-in Paddle LM.
+
+It plays the serving stack's part end to end so guided decoding is exercised by real logits:
+admission (bad requests fail alone with InvalidGrammarError's message), slot assignment,
+prefill in chunks under a token budget, one decode token per running request per step, sampling,
+and retirement on EOS, `max_tokens` (``length``) or a guided finish (``stop``/``error``).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..config import GuidedConfig
+from ..errors import InvalidGrammarError
+from ..manager import GuidedDecodingManager
+from ..metrics import GuidedMetrics
+from ..registry import create_backend
+from ..spec import GrammarSpec
+from ..tokenizer import TokenizerBundle, load_tokenizer
+from .cpu import CPUModelRunner
+from .model import SeqChunk, TinyDecoderLM, TinyLMConfig
+from .sampling import SamplingParams, sample_next_tokens
+from .token_prior import structural_token_prior
+
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
+
+
+@dataclass
+class GenerationResult:
+    """One request's outcome. `finish_reason` is ``stop``, ``length`` or ``error``."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    error: str | None = None
+    prompt_tokens: int = 0
+    spec: GrammarSpec | None = field(default=None, repr=False)
+
+
+@dataclass
+class RunStats:
+    """Totals of the last `generate` call, for the CLI summary and the benchmark."""
+
+    wall_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    sample_seconds: float = 0.0
+    steps: int = 0
+    generated_tokens: int = 0
+    guided: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+
+@dataclass
+class _Sequence:
+    index: int
+    prompt_ids: list[int]
+    max_tokens: int
+    params: SamplingParams
+    rng: np.random.Generator
+    spec: GrammarSpec | None
+    enable_thinking: bool | None
+    cache: Any = None
+    slot: int = -1
+    prefilled: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class ReferenceEngine:
+    """A small serving engine around `TinyDecoderLM`, with guided decoding through a runner.
+
+    Args:
+        model: the Paddle LM; `tokenizer` must match its vocabulary.
+        runner_cls: a `GuidedRunnerMixin` device runner class (CPU by default).
+        guided_config: backend and whitespace defaults; `guided=False` runs with no manager.
+        max_num_seqs: slots (concurrent requests); max_num_batched_tokens: tokens per forward.
+    """
+
+    def __init__(
+        self,
+        model: TinyDecoderLM,
+        tokenizer: TokenizerBundle,
+        *,
+        runner_cls=CPUModelRunner,
+        runner_kwargs: dict | None = None,
+        guided_config: GuidedConfig | None = None,
+        guided: bool = True,
+        max_num_seqs: int = 32,
+        max_num_batched_tokens: int = 512,
+        metrics: GuidedMetrics | None = None,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.guided_config = guided_config or GuidedConfig()
+        self.runner = runner_cls(model, **(runner_kwargs or {}))
+        self.manager: GuidedDecodingManager | None = None
+        if guided:
+            backend = create_backend(self.guided_config.backend, tokenizer, vocab_size=model.cfg.vocab_size, config=self.guided_config)
+            self.manager = GuidedDecodingManager(
+                backend, max_num_seqs, metrics=metrics, think_end_id=tokenizer.think_end_id
+            )
+        self.runner.attach_guided(self.manager)
+        self.stats = RunStats()
+
+    @classmethod
+    def default(cls, *, preset: str = "small", tokenizer: str = "deepseek", seed: int = 0, **kwargs) -> "ReferenceEngine":
+        """The embedded default: the `preset` LM with seeded random weights over a bundled tokenizer."""
+        bundle = load_tokenizer(tokenizer)
+        vocab_size = bundle.padded_vocab_size or bundle.vocab_size
+        cfg = TinyLMConfig.preset(preset, vocab_size=vocab_size, seed=seed)
+        prior = structural_token_prior(_padded(bundle.token_bytes, vocab_size), list(bundle.eos_token_ids), cfg.prior_strength)
+        return cls(TinyDecoderLM(cfg, token_prior=prior), bundle, **kwargs)
+
+    # ----- public API ---------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[dict], max_tokens: int = 64, seed: int = 0) -> list[GenerationResult]:
+        """Run `requests` (dicts with ``prompt`` plus guided fields) to completion; results in order.
+
+        Per request, ``max_tokens``, ``seed``, ``temperature``, ``top_k``, ``top_p`` and
+        ``enable_thinking`` (or ``chat_template_kwargs.enable_thinking``) override the defaults.
+        """
+        started = time.perf_counter()
+        self.stats = RunStats()
+        timings_before = self.manager.timings.as_dict() if self.manager else {}
+        results: dict[int, GenerationResult] = {}
+        waiting: deque[_Sequence] = deque()
+        for index, request in enumerate(requests):
+            try:
+                waiting.append(self._admit(index, request, max_tokens, seed))
+            except InvalidGrammarError as error:
+                results[index] = GenerationResult(index, "", [], "error", str(error))
+        for seq in self._run(waiting):
+            results[seq.index] = self._result(seq)
+        self.stats.wall_seconds = time.perf_counter() - started
+        if self.manager:
+            after = self.manager.timings.as_dict()
+            self.stats.guided = {k: after[k] - timings_before.get(k, 0.0) for k in after}
+        return [results[i] for i in range(len(requests))]
+
+    def validate(self, request: dict) -> GrammarSpec | None:
+        """Admission check of one request's guided fields (raises InvalidGrammarError)."""
+        if self.manager is None:
+            return None
+        return self.manager.validate(request)
+
+    # ----- scheduling ---------------------------------------------------------------------------
+
+    def _admit(self, index: int, request: dict, max_tokens: int, seed: int) -> _Sequence:
+        if not isinstance(request, dict) or not isinstance(request.get("prompt"), str):
+            raise InvalidGrammarError("each request needs a string 'prompt'", part="prompt")
+        spec = self.validate(request)
+        if spec is not None and self.manager is None:
+            raise InvalidGrammarError("this engine runs without guided decoding", part="request")
+        prompt_ids = self.tokenizer.encode(request["prompt"]) or list(self.tokenizer.eos_token_ids[:1])
+        params = SamplingParams(**{k: request[k] for k in SAMPLING_FIELDS if k in request})
+        thinking = request.get("enable_thinking", (request.get("chat_template_kwargs") or {}).get("enable_thinking"))
+        return _Sequence(
+            index=index,
+            prompt_ids=prompt_ids,
+            max_tokens=int(request.get("max_tokens", max_tokens)),
+            params=params,
+            rng=np.random.default_rng([int(request.get("seed", seed)), index]),
+            spec=spec,
+            enable_thinking=thinking,
+        )
+
+    def _run(self, waiting: deque[_Sequence]):
+        running: dict[int, _Sequence] = {}
+        free_slots = list(range(self.max_num_seqs - 1, -1, -1))
+        while waiting or running:
+            while waiting and free_slots:
+                self._start(waiting.popleft(), free_slots.pop(), running)
+            chunks, rows, prefill_done = self._plan(running)
+            tick = time.perf_counter()
+            logits = self.runner.execute_step(chunks, rows, prefill_done)
+            self.stats.forward_seconds += time.perf_counter() - tick
+            tokens = self._sample(logits, [running[slot] for slot in rows]) if rows else []
+            finishes = {finish.slot: finish for finish in self.runner.after_sample(tokens)}
+            self.stats.steps += 1
+            for slot, token in zip(rows, tokens):
+                seq = running[slot]
+                if self._record(seq, token, finishes.get(slot)):
+                    del running[slot]
+                    if self.manager:
+                        self.manager.release(slot)
+                    free_slots.append(slot)
+                    yield seq
+
+    def _start(self, seq: _Sequence, slot: int, running: dict[int, _Sequence]) -> None:
+        seq.slot = slot
+        seq.cache = self.model.new_cache()
+        running[slot] = seq
+        if self.manager is not None:
+            self.manager.add_request(slot, seq.spec, request_id=seq.index, prompt_token_ids=seq.prompt_ids, enable_thinking=seq.enable_thinking)
+
+    def _plan(self, running: dict[int, _Sequence]) -> tuple[list[SeqChunk], list[int], list[int]]:
+        """Decode tokens first (one per running request), then prompt chunks within the budget."""
+        chunks, rows, prefill_done = [], [], []
+        budget = self.max_num_batched_tokens
+        for slot, seq in running.items():
+            if seq.prefilled == len(seq.prompt_ids):
+                chunks.append(SeqChunk(seq.cache, [seq.output_ids[-1]], True))
+                rows.append(slot)
+                budget -= 1
+        for slot, seq in running.items():
+            remaining = len(seq.prompt_ids) - seq.prefilled
+            if remaining == 0 or budget <= 0:
+                continue
+            take = min(remaining, budget)
+            final = take == remaining
+            chunks.append(SeqChunk(seq.cache, seq.prompt_ids[seq.prefilled:seq.prefilled + take], final))
+            seq.prefilled += take
+            budget -= take
+            if final:
+                rows.append(slot)
+                prefill_done.append(slot)
+        return chunks, rows, prefill_done
+
+    def _sample(self, logits, seqs: list[_Sequence]) -> list[int]:
+        tick = time.perf_counter()
+        tokens = sample_next_tokens(logits, [seq.params for seq in seqs], [seq.rng for seq in seqs])
+        self.stats.sample_seconds += time.perf_counter() - tick
+        return tokens
+
+    def _record(self, seq: _Sequence, token: int, finish) -> bool:
+        """Apply one sampled token to `seq`; True when the request is done."""
+        if finish is not None and finish.reason == "error":
+            seq.finish_reason, seq.error = "error", finish.error
+            return True
+        if token in self.tokenizer.eos_token_ids:
+            seq.finish_reason = "stop"
+            return True
+        seq.output_ids.append(token)
+        self.stats.generated_tokens += 1
+        if finish is not None:
+            seq.finish_reason = "stop"
+            return True
+        if len(seq.output_ids) >= seq.max_tokens:
+            seq.finish_reason = "length"
+            return True
+        return False
+
+    def _result(self, seq: _Sequence) -> GenerationResult:
+        text = self.tokenizer.decode(seq.output_ids)
+        return GenerationResult(seq.index, text, list(seq.output_ids), seq.finish_reason, seq.error, len(seq.prompt_ids), seq.spec)
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
+            self.manager.backend.close()
+
+
+def _padded(token_bytes: Sequence[bytes | None], size: int) -> list[bytes | None]:
+    return list(token_bytes) + [None] * (size - len(token_bytes))

@@ -1,0 +1,63 @@
+"""The one piece of glue every per-device model runner uses for guided decoding.
+
+A runner (GPU, CPU, XPU-like) inherits `GuidedRunnerMixin` and implements only `device_forward`:
+the mixin calls the manager's hooks around it in the fixed order a serving stack needs
+(prefill-done -> begin_step -> forward -> apply -> [host samples] -> accept). Device runners
+differ in where the model runs and which mask kernel path they use, nothing else.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+from ..manager import GuidedDecodingManager, GuidedFinish
+
+
+class GuidedRunnerMixin:
+    """Guided-decoding hooks shared by every device runner.
+
+    Subclasses set `device` (a Paddle device string) and `kernel_impl` (a `fd_guided.kernels`
+    path) and implement `device_forward(chunks) -> logits`.
+    """
+
+    device: ClassVar[str] = "cpu"
+    kernel_impl: ClassVar[str] = "auto"
+    guided: GuidedDecodingManager | None = None
+
+    def attach_guided(self, manager: GuidedDecodingManager | None) -> None:
+        """Use `manager` for guided requests (None: this runner serves unguided requests only)."""
+        if manager is not None:
+            manager.kernel_impl = self.kernel_impl
+        self.guided = manager
+
+    def device_forward(self, chunks: Sequence[Any]):
+        raise NotImplementedError
+
+    def execute_step(self, chunks: Sequence[Any], rows: Sequence[int | None], prefill_done: Sequence[int]):
+        """Run one forward with guided masking; `rows[i]` is the slot of logits row i."""
+        if self.guided is None:
+            return self.device_forward(chunks)
+        self.guided.mark_prefill_done(prefill_done)
+        self.guided.begin_step(rows)
+        logits = self.device_forward(chunks)
+        self.guided.apply(logits)
+        return logits
+
+    def after_sample(self, token_ids: Sequence[int]) -> list[GuidedFinish]:
+        """Advance matchers with the sampled tokens; returns slots the grammar finished."""
+        if self.guided is None:
+            return []
+        return self.guided.accept(token_ids)
+
+
+class ModelRunner(GuidedRunnerMixin):
+    """A runner of the reference `TinyDecoderLM` on one Paddle device."""
+
+    def __init__(self, model):
+        import paddle
+
+        self.model = model
+        self.place = paddle.set_device(self.device)
+        self.model.to(device=self.place)
+
+    def device_forward(self, chunks):
+        return self.model.forward_batch(list(chunks))

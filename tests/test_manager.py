@@ -1,0 +1,207 @@
+"""The batch manager's hooks on real Paddle logits, a real tokenizer and real xgrammar matchers."""
+import threading
+
+import numpy as np
+import paddle
+import pytest
+
+from fd_guided import GuidedConfig, parse_guided_request
+from fd_guided.backends.xgrammar import XGrammarBackend
+from fd_guided.manager import GuidedDecodingManager
+from fd_guided.spec import GrammarSpec
+from fd_guided.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.cpu
+
+VOCAB = 129_280
+EOS = 1
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("deepseek")
+
+
+@pytest.fixture()
+def manager(tokenizer):
+    backend = XGrammarBackend(tokenizer, vocab_size=VOCAB, config=GuidedConfig(compile_timeout_s=5))
+    manager = GuidedDecodingManager(backend, max_num_seqs=8, think_end_id=tokenizer.think_end_id)
+    yield manager
+    manager.close()
+
+
+def logits_for(rows: int) -> paddle.Tensor:
+    return paddle.to_tensor(np.random.default_rng(0).standard_normal((rows, VOCAB)).astype("float32"))
+
+
+def allowed(row: paddle.Tensor) -> set[int]:
+    return set(np.flatnonzero(np.isfinite(row.numpy())).tolist())
+
+
+def token_of(tokenizer, text: str) -> int:
+    ids = tokenizer.encode(text)
+    assert len(ids) == 1, (text, ids)
+    return ids[0]
+
+
+def step(manager, rows, tokens=None):
+    """One decode step; returns (logits before sampling, finishes)."""
+    manager.begin_step(rows)
+    logits = logits_for(len(rows))
+    manager.apply(logits)
+    finishes = manager.accept(tokens if tokens is not None else [EOS] * len(rows))
+    return logits, finishes
+
+
+CHOICE = parse_guided_request({"guided_choice": ["yes", "no"]})
+
+
+def test_masks_only_guided_rows_and_in_place(manager, tokenizer):
+    manager.add_request(3, CHOICE, prefill_done=True)
+    manager.begin_step([None, 3])
+    logits = logits_for(2)
+    before = logits.numpy().copy()
+    pointer = logits.data_ptr()
+    manager.apply(logits)
+    assert logits.data_ptr() == pointer
+    np.testing.assert_array_equal(logits[0].numpy(), before[0])  # the unguided row is untouched
+    first_tokens = allowed(logits[1])
+    assert token_of(tokenizer, "yes") in first_tokens and token_of(tokenizer, "no") in first_tokens
+    assert EOS not in first_tokens and len(first_tokens) < 20
+    np.testing.assert_array_equal(logits[1].numpy()[sorted(first_tokens)], before[1][sorted(first_tokens)])
+
+
+def test_full_choice_then_stop(manager, tokenizer):
+    manager.add_request(0, CHOICE, prefill_done=True)
+    _, finishes = step(manager, [0], [token_of(tokenizer, "yes")])
+    assert finishes == []
+    logits, finishes = step(manager, [0], [EOS])
+    assert allowed(logits[0]) == {EOS}
+    assert [(f.slot, f.reason) for f in finishes] == [(0, "stop")]
+
+
+def test_no_mask_before_the_final_prefill_chunk(manager):
+    manager.add_request(1, CHOICE)
+    manager.begin_step([1])
+    logits = logits_for(1)
+    before = logits.numpy().copy()
+    manager.apply(logits)
+    np.testing.assert_array_equal(logits.numpy(), before)
+    assert manager.accept([12345]) == []  # a non-final chunk's token is not fed to the grammar
+    manager.mark_prefill_done([1])
+    logits, _ = step(manager, [1], [EOS])
+    assert len(allowed(logits[0])) < 20
+
+
+def test_rejected_token_fails_only_that_request(manager, tokenizer):
+    manager.add_request(0, CHOICE, prefill_done=True)
+    manager.add_request(1, CHOICE, prefill_done=True)
+    _, finishes = step(manager, [0, 1], [token_of(tokenizer, "maybe"), token_of(tokenizer, "no")])
+    assert [(f.slot, f.reason) for f in finishes] == [(0, "error")]
+    assert "rejected" in finishes[0].error
+    assert manager.metrics.value("rejected_tokens_total") == 1
+    _, finishes = step(manager, [0, 1], [EOS, EOS])  # slot 0 is finished: skipped, never re-reported
+    assert [(f.slot, f.reason) for f in finishes] == [(1, "stop")]
+
+
+def test_reasoning_is_unconstrained_until_think_end(manager, tokenizer):
+    think_end = tokenizer.think_end_id
+    manager.add_request(0, CHOICE, prefill_done=True, enable_thinking=True)
+    logits, _ = step(manager, [0], [token_of(tokenizer, "maybe")])
+    assert len(allowed(logits[0])) == VOCAB
+    logits, finishes = step(manager, [0], [think_end])
+    assert len(allowed(logits[0])) == VOCAB and finishes == []
+    logits, _ = step(manager, [0], [token_of(tokenizer, "no")])
+    assert len(allowed(logits[0])) < 20
+
+
+@pytest.mark.parametrize("case", ["thinking_disabled", "think_end_in_prompt"])
+def test_constrained_at_once_without_reasoning(manager, tokenizer, case):
+    if case == "thinking_disabled":
+        manager.add_request(0, CHOICE, prefill_done=True, enable_thinking=False)
+    else:
+        manager.add_request(0, CHOICE, prefill_done=True, enable_thinking=True, prompt_token_ids=[5, tokenizer.think_end_id])
+    logits, _ = step(manager, [0])
+    assert len(allowed(logits[0])) < 20
+
+
+def test_replayed_tokens_continue_the_constraint(manager, tokenizer):
+    schema = parse_guided_request({"guided_json": {"type": "object", "properties": {"a": {"enum": ["x"]}}, "required": ["a"]}, "disable_any_whitespace": True})
+    replay = tokenizer.encode('{"a":')
+    manager.add_request(2, schema, output_token_ids=replay, enable_thinking=False)
+    logits, _ = step(manager, [2], [token_of(tokenizer, '"')])
+    text_tokens = {tokenizer.decode([t]) for t in allowed(logits[0])}
+    assert text_tokens and all('"x"'.startswith(t) for t in text_tokens), text_tokens
+
+
+def test_replay_with_a_rejected_token_fails_the_request(manager, tokenizer):
+    manager.add_request(0, CHOICE, output_token_ids=tokenizer.encode("maybe"))
+    _, finishes = step(manager, [0])
+    assert [f.reason for f in finishes] == ["error"]
+
+
+def test_compile_failure_fails_only_its_slot(manager):
+    json_format = parse_guided_request({"guided_json": {"type": "integer"}}).json_format
+    bad = GrammarSpec("json_schema", '{"type":"integer","minimum":0.5}', json_format)  # bypasses admission
+    manager.add_request(0, bad, prefill_done=True)
+    manager.add_request(1, CHOICE, prefill_done=True)
+    logits, finishes = step(manager, [0, 1], [EOS, token_of(manager.backend.tokenizer, "yes")])
+    assert [(f.slot, f.reason) for f in finishes] == [(0, "error")]
+    assert "failed to compile" in finishes[0].error
+    assert len(allowed(logits[1])) < 20
+
+
+class SlowBackend(XGrammarBackend):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+
+    def compile(self, spec):
+        if spec.kind == "regex":
+            self.gate.wait(10)
+        return super().compile(spec)
+
+
+def test_compile_timeout_fails_only_that_request(tokenizer):
+    backend = SlowBackend(tokenizer, vocab_size=VOCAB, config=GuidedConfig(compile_timeout_s=0.2))
+    manager = GuidedDecodingManager(backend, max_num_seqs=4)
+    try:
+        manager.add_request(0, parse_guided_request({"guided_regex": "z+"}), prefill_done=True)
+        manager.add_request(1, CHOICE, prefill_done=True)
+        logits, finishes = step(manager, [0, 1], [EOS, token_of(tokenizer, "no")])
+        assert [f.slot for f in finishes] == [0]
+        assert finishes[0].slot == 0 and finishes[0].reason == "error" and "did not compile" in finishes[0].error
+        assert manager.metrics.value("compile_timeouts_total") == 1
+        assert len(allowed(logits[1])) < 20 and len(allowed(logits[0])) == VOCAB
+    finally:
+        backend.gate.set()
+        manager.close()
+
+
+def test_released_slot_is_not_masked_by_a_stale_row(manager):
+    manager.add_request(0, CHOICE, prefill_done=True)
+    step(manager, [0])
+    manager.release(0)
+    logits, _ = step(manager, [0])  # the same slot now serves an unguided request
+    assert len(allowed(logits[0])) == VOCAB
+
+
+def test_row_count_mismatch_is_reported(manager):
+    from fd_guided import SlotStateError
+
+    manager.begin_step([0, 1])
+    with pytest.raises(SlotStateError, match="2 rows"):
+        manager.apply(logits_for(3))
+    with pytest.raises(SlotStateError):
+        manager.add_request(99, CHOICE)
+
+
+def test_many_rows_use_the_parallel_fill(tokenizer):
+    backend = XGrammarBackend(tokenizer, vocab_size=VOCAB, config=GuidedConfig(parallel_fill_min_rows=4, fill_threads=2))
+    manager = GuidedDecodingManager(backend, max_num_seqs=16)
+    for slot in range(16):
+        manager.add_request(slot, CHOICE, prefill_done=True)
+    logits, _ = step(manager, list(range(16)), [token_of(tokenizer, "yes")] * 16)
+    expected = allowed(logits[0])
+    assert all(allowed(logits[r]) == expected for r in range(16))
+    manager.close()

@@ -1,0 +1,129 @@
+"""The xgrammar backend: what its checker accepts is really enforced, tokenizer wiring, caching."""
+import json
+
+import pytest
+
+from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
+from fd_guided.backends.xgrammar import XGrammarBackend, choice_ebnf
+from fd_guided.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.cpu
+
+COMPACT = {"disable_any_whitespace": True}
+
+
+@pytest.fixture(scope="module")
+def backend():
+    backend = XGrammarBackend(load_tokenizer("deepseek"), vocab_size=129_280, config=GuidedConfig(cache_limit_bytes=64 << 20))
+    yield backend
+    backend.close()
+
+
+def accepts(backend, spec, text: str) -> bool:
+    """Feed `text` character-exactly through a fresh matcher and ask whether it is a complete match."""
+    grammar = backend.new_grammar(backend.compile(spec))
+    return grammar.matcher.accept_string(text) and grammar.matcher.is_completed()
+
+
+# (schema, an instance that must be accepted, an instance that must be rejected)
+ENFORCED = [
+    ({"type": "integer", "multipleOf": 3}, 9, 4),
+    ({"type": "string", "format": "email"}, "a@b.co", "nope"),
+    ({"type": "string", "format": "date"}, "2024-01-02", "2024-13-02x"),
+    ({"type": "string", "format": "uuid"}, "123e4567-e89b-12d3-a456-426614174000", "123"),
+    ({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1}, {"a": 1}, {}),
+    ({"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 1}, {"a": 1}, {"a": 1, "b": 2}),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False}, {"a": 1}, {"a": 1, "b": 2}),
+    ({"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, [1], [1, 2]),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3}, [1, 2], [1, 2, 3, 4]),
+    ({"type": "integer", "exclusiveMinimum": 0}, 1, 0),
+    ({"type": "number", "minimum": 1.5}, 2.0, 1.0),
+    ({"type": "string", "minLength": 2, "maxLength": 4}, "abc", "abcdef"),
+    ({"type": "string", "pattern": "^[a-z]+$"}, "abc", "aB"),
+    ({"enum": ["a", 1, None]}, None, "b"),
+    ({"const": {"a": [1]}}, {"a": [1]}, {"a": [2]}),
+    ({"oneOf": [{"type": "integer"}, {"type": "string"}]}, 1, None),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}}, {"a": 1}, {"a": 1, "b": 1}),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"a": 1}, {}),
+    ({"$defs": {"a": {"type": "integer"}}, "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"]}, {"x": 1}, {"x": "s"}),
+    ({"allOf": [{"type": "object", "properties": {"z": {"type": "integer"}}, "required": ["z"]}]}, {"z": 1}, {}),
+]
+
+
+@pytest.mark.parametrize("schema, good, bad", ENFORCED, ids=[json.dumps(s)[:40] for s, _, _ in ENFORCED])
+def test_every_accepted_keyword_is_enforced(backend, schema, good, bad):
+    spec = parse_guided_request({"guided_json": schema, **COMPACT})  # the checker lets it through
+    assert accepts(backend, spec, json.dumps(good, separators=(",", ":")))
+    assert not accepts(backend, spec, json.dumps(bad, separators=(",", ":")))
+
+
+def test_strict_false_allows_undeclared_properties(backend):
+    spec = parse_guided_request({"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}}}, "guided_strict": False, **COMPACT})
+    assert accepts(backend, spec, '{"a":1,"b":"x"}')
+
+
+def test_whitespace_is_bounded_by_default(backend):
+    spec = parse_guided_request({"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}})
+    assert accepts(backend, spec, '{ "a" : 1 }')
+    assert not accepts(backend, spec, '{' + ' ' * 10 + '"a":1}')
+
+
+def test_compact_separators_allow_no_spaces(backend):
+    spec = parse_guided_request({"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}, **COMPACT})
+    assert accepts(backend, spec, '{"a":1,"b":2}')
+    assert not accepts(backend, spec, '{"a": 1, "b": 2}')
+
+
+def test_json_object_accepts_any_object_only(backend):
+    spec = parse_guided_request({"response_format": {"type": "json_object"}})
+    assert accepts(backend, spec, '{"x": [1, {"y": null}]}')
+    assert not accepts(backend, spec, "[1]")
+
+
+def test_choice_ebnf_escapes_control_and_unicode_characters(backend):
+    choices = ["a\x00f", 'say "hi"', "back\\slash", "是", "tab\tx", "emoji 😀"]
+    assert "\\x" not in choice_ebnf(choices)
+    spec = parse_guided_request({"guided_choice": choices})
+    for choice in choices:
+        assert accepts(backend, spec, choice), choice
+    assert not accepts(backend, spec, "a\x0f")
+
+
+def test_lark_and_ebnf(backend):
+    lark = parse_guided_request({"guided_grammar": 'start: "hi " NAME\nNAME: /[a-z]{2,4}/'})
+    assert lark.kind == "lark"
+    assert accepts(backend, lark, "hi bob") and not accepts(backend, lark, "hi b")
+    ebnf = parse_guided_request({"guided_grammar": 'root ::= [0-9]+ ("." [0-9]+)?'})
+    assert accepts(backend, ebnf, "3.14") and not accepts(backend, ebnf, "3.")
+
+
+def test_structural_tag_legacy_form(backend):
+    spec = parse_guided_request({"structural_tag": {
+        "structures": [{"begin": "<f>", "schema": {"type": "object", "properties": {"c": {"enum": ["x"]}}, "required": ["c"]}, "end": "</f>"}],
+        "triggers": ["<f"]}})
+    assert accepts(backend, spec, 'free text <f>{"c": "x"}</f> more')
+    assert not accepts(backend, spec, 'text <f>{"c": "y"}</f>')
+
+
+def test_padded_vocab_and_engine_stop_tokens():
+    tokenizer = load_tokenizer("deepseek")
+    backend = XGrammarBackend(tokenizer, vocab_size=129_536, stop_token_ids=[1, 128_822])
+    assert backend.tokenizer_info.vocab_size == 129_536
+    assert sorted(backend.tokenizer_info.stop_token_ids) == [1, 128_822]
+    with pytest.raises(ValueError, match="smaller than the tokenizer"):
+        XGrammarBackend(tokenizer, vocab_size=1000)
+
+
+def test_compile_error_is_invalid_grammar(backend):
+    from fd_guided.spec import GrammarSpec
+
+    with pytest.raises(InvalidGrammarError, match="guided_json"):
+        backend.compile(GrammarSpec("json_schema", '{"type":"integer","minimum":1.5}', parse_guided_request({"guided_json": {}}).json_format))
+
+
+def test_qwen_tiktoken_vocabulary():
+    tokenizer = load_tokenizer("qwen")
+    backend = XGrammarBackend(tokenizer, vocab_size=151_936)
+    spec = parse_guided_request({"guided_regex": "(yes|no)"})
+    assert accepts(backend, spec, "yes") and not accepts(backend, spec, "maybe")
+    assert backend.tokenizer_info.stop_token_ids == list(tokenizer.eos_token_ids)
