@@ -31,6 +31,8 @@ ENFORCED = [
     ({"type": "string", "format": "email"}, "a@b.co", "nope"),
     ({"type": "string", "format": "date"}, "2024-01-02", "2024-13-02x"),
     ({"type": "string", "format": "uuid"}, "123e4567-e89b-12d3-a456-426614174000", "123"),
+    ({"type": "string", "format": "ipv4"}, "10.2.3.4", "10.02.3.4"),  # xgrammar alone admits leading zeros
+    ({"type": "string", "format": "date"}, "2024-02-29", "2023-02-29"),  # and days a month lacks
     ({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1}, {"a": 1}, {}),
     ({"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 1}, {"a": 1}, {"a": 1, "b": 2}),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False}, {"a": 1}, {"a": 1, "b": 2}),

@@ -17,6 +17,7 @@ from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle
+from .formats import STRICT_FORMAT_PATTERNS, with_strict_formats
 
 # Formats xgrammar turns into real string grammars (anything else would be ignored).
 SUPPORTED_FORMATS = frozenset({
@@ -159,10 +160,15 @@ def _json_options(spec: GrammarSpec) -> dict[str, Any]:
 _ANY_OBJECT_SCHEMA = '{"type":"object"}'
 
 
+def _enforced_schema(spec: GrammarSpec) -> str:
+    """The schema text handed to xgrammar: loose built-in formats replaced by strict patterns."""
+    return json.dumps(with_strict_formats(spec.schema))
+
+
 def _compile(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.CompiledGrammar:
     kind = spec.kind
     if kind == "json_schema":
-        return compiler.compile_json_schema(spec.source, **_json_options(spec))
+        return compiler.compile_json_schema(_enforced_schema(spec), **_json_options(spec))
     if kind == "json_object":
         return compiler.compile_json_schema(_ANY_OBJECT_SCHEMA, **{**_json_options(spec), "strict_mode": False})
     if kind == "regex":
@@ -179,7 +185,7 @@ def _compile(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.CompiledGr
 def _grammar_without_tokenizer(spec: GrammarSpec) -> xgr.Grammar:
     kind = spec.kind
     if kind == "json_schema":
-        return xgr.Grammar.from_json_schema(spec.source, **_json_options(spec))
+        return xgr.Grammar.from_json_schema(_enforced_schema(spec), **_json_options(spec))
     if kind == "json_object":
         return xgr.Grammar.from_json_schema(_ANY_OBJECT_SCHEMA, **{**_json_options(spec), "strict_mode": False})
     if kind == "regex":
@@ -222,7 +228,7 @@ def structural_tag_json(spec: GrammarSpec) -> str:
     if "format" in tag:
         return json.dumps(tag)
     tags = [
-        {"type": "tag", "begin": s["begin"], "content": {"type": "json_schema", "json_schema": s["schema"]}, "end": s["end"]}
+        {"type": "tag", "begin": s["begin"], "content": {"type": "json_schema", "json_schema": with_strict_formats(s["schema"])}, "end": s["end"]}
         for s in tag["structures"]
     ]
     return json.dumps({"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": tag["triggers"], "tags": tags}})
@@ -252,6 +258,8 @@ def check_schema_keywords(schema: Any, path: str = "$") -> None:
     fmt = schema.get("format")
     if fmt is not None and fmt not in SUPPORTED_FORMATS:
         _refuse(f"format {fmt!r} (supported: {', '.join(sorted(SUPPORTED_FORMATS))})", f"{path}.format")
+    if fmt in STRICT_FORMAT_PATTERNS and "pattern" in schema:
+        _refuse(f"format {fmt!r} together with pattern", f"{path}.format")
     if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
         _refuse("pattern together with minLength/maxLength", f"{path}.pattern")
     if isinstance(schema.get("items"), list):
