@@ -40,6 +40,7 @@ class GenerationResult:
     error: str | None = None
     prompt_tokens: int = 0
     spec: GrammarSpec | None = field(default=None, repr=False)
+    ttft_seconds: float | None = None
 
 
 @dataclass
@@ -52,6 +53,11 @@ class RunStats:
     steps: int = 0
     generated_tokens: int = 0
     guided: dict[str, float] = field(default_factory=dict)
+    # One entry per step: (seconds, number of prompt tokens in the step); decode-only steps have 0.
+    step_log: list[tuple[float, int]] = field(default_factory=list)
+
+    def decode_step_seconds(self) -> list[float]:
+        return [seconds for seconds, prompt_tokens in self.step_log if prompt_tokens == 0]
 
     @property
     def tokens_per_second(self) -> float:
@@ -73,6 +79,8 @@ class _Sequence:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    submitted_at: float = 0.0
+    first_token_at: float | None = None
 
 
 class ReferenceEngine:
@@ -131,6 +139,7 @@ class ReferenceEngine:
         ``enable_thinking`` (or ``chat_template_kwargs.enable_thinking``) override the defaults.
         """
         started = time.perf_counter()
+        self._started = started
         self.stats = RunStats()
         timings_before = self.manager.timings.as_dict() if self.manager else {}
         results: dict[int, GenerationResult] = {}
@@ -181,15 +190,19 @@ class ReferenceEngine:
         while waiting or running:
             while waiting and free_slots:
                 self._start(waiting.popleft(), free_slots.pop(), running)
-            chunks, rows, prefill_done = self._plan(running)
-            tick = time.perf_counter()
+            chunks, rows, prefill_done, prompt_tokens = self._plan(running)
+            step_started = tick = time.perf_counter()
             logits = self.runner.execute_step(chunks, rows, prefill_done)
             self.stats.forward_seconds += time.perf_counter() - tick
             tokens = self._sample(logits, [running[slot] for slot in rows]) if rows else []
             finishes = {finish.slot: finish for finish in self.runner.after_sample(tokens)}
+            now = time.perf_counter()
             self.stats.steps += 1
+            self.stats.step_log.append((now - step_started, prompt_tokens))
             for slot, token in zip(rows, tokens):
                 seq = running[slot]
+                if seq.first_token_at is None:
+                    seq.first_token_at = now
                 if self._record(seq, token, finishes.get(slot)):
                     del running[slot]
                     if self.manager:
@@ -204,10 +217,15 @@ class ReferenceEngine:
         if self.manager is not None:
             self.manager.add_request(slot, seq.spec, request_id=seq.index, prompt_token_ids=seq.prompt_ids, enable_thinking=seq.enable_thinking)
 
-    def _plan(self, running: dict[int, _Sequence]) -> tuple[list[SeqChunk], list[int], list[int]]:
-        """Decode tokens first (one per running request), then prompt chunks within the budget."""
+    def _plan(self, running: dict[int, _Sequence]) -> tuple[list[SeqChunk], list[int], list[int], int]:
+        """Decode tokens first (one per running request), then prompt chunks within the budget.
+
+        Returns the chunks, the slot of each logits row, the slots finishing their prompt, and
+        the number of prompt tokens scheduled.
+        """
         chunks, rows, prefill_done = [], [], []
         budget = self.max_num_batched_tokens
+        prompt_tokens = 0
         for slot, seq in running.items():
             if seq.prefilled == len(seq.prompt_ids):
                 chunks.append(SeqChunk(seq.cache, [seq.output_ids[-1]], True))
@@ -222,10 +240,11 @@ class ReferenceEngine:
             chunks.append(SeqChunk(seq.cache, seq.prompt_ids[seq.prefilled:seq.prefilled + take], final))
             seq.prefilled += take
             budget -= take
+            prompt_tokens += take
             if final:
                 rows.append(slot)
                 prefill_done.append(slot)
-        return chunks, rows, prefill_done
+        return chunks, rows, prefill_done, prompt_tokens
 
     def _sample(self, logits, seqs: list[_Sequence]) -> list[int]:
         tick = time.perf_counter()
@@ -253,7 +272,8 @@ class ReferenceEngine:
 
     def _result(self, seq: _Sequence) -> GenerationResult:
         text = self.tokenizer.decode(seq.output_ids)
-        return GenerationResult(seq.index, text, list(seq.output_ids), seq.finish_reason, seq.error, len(seq.prompt_ids), seq.spec)
+        ttft = seq.first_token_at - self._started if seq.first_token_at is not None else None
+        return GenerationResult(seq.index, text, list(seq.output_ids), seq.finish_reason, seq.error, len(seq.prompt_ids), seq.spec, ttft)
 
     def close(self) -> None:
         if self.manager is not None:

@@ -39,8 +39,8 @@ class GuidedRunnerMixin:
         self.guided.mark_prefill_done(prefill_done)
         self.guided.begin_step(rows)
         logits = self.device_forward(chunks)
-        self.guided.apply(logits)
-        return logits
+        masked = self.guided.apply(logits)  # in place: None; a baseline manager may return a copy
+        return logits if masked is None else masked
 
     def after_sample(self, token_ids: Sequence[int]) -> list[GuidedFinish]:
         """Advance matchers with the sampled tokens; returns slots the grammar finished."""
