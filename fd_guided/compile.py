@@ -11,6 +11,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Protocol
 
 from .errors import GrammarCompileTimeout, InvalidGrammarError
 from .interface import CompiledGrammar, GuidedBackend
@@ -59,12 +60,39 @@ class CompiledGrammarCache:
         return len(self._entries)
 
 
-class CompileService:
-    """Compiles specs on a thread pool for one backend; identical specs in flight share one compile."""
+class SharedGrammarCache(Protocol):
+    """An L2 cache shared between processes (e.g. `fd_guided.redis_cache.RedisGrammarCache`).
 
-    def __init__(self, backend: GuidedBackend, *, metrics: GuidedMetrics | None = None, workers: int | None = None):
+    Keys are derived from the spec and the backend's tokenizer; values are the backend's
+    `serialize` bytes. Implementations must never raise on a miss or an unreachable store.
+    """
+
+    def get(self, spec: GrammarSpec, backend: GuidedBackend) -> bytes | None: ...
+
+    def put(self, spec: GrammarSpec, backend: GuidedBackend, data: bytes) -> None: ...
+
+
+class CompileService:
+    """Compiles specs on a thread pool for one backend; identical specs in flight share one compile.
+
+    Lookup order: the in-process LRU (bounded bytes), then the optional shared L2 cache, then the
+    backend compiler. A compiled grammar fetched from L2 is deserialized, never trusted blindly:
+    the backend refuses data from another version or tokenizer and compiles instead.
+    """
+
+    def __init__(
+        self,
+        backend: GuidedBackend,
+        *,
+        metrics: GuidedMetrics | None = None,
+        workers: int | None = None,
+        shared_cache: SharedGrammarCache | None = None,
+    ):
         self.backend = backend
         self.metrics = metrics or GuidedMetrics()
+        self.shared_cache = shared_cache
+        if backend.metrics is None:
+            backend.metrics = self.metrics
         self.cache = CompiledGrammarCache(backend.config.cache_limit_bytes)
         self._pool = ThreadPoolExecutor(max_workers=workers or backend.config.compile_workers, thread_name_prefix="fd-guided-compile")
         self._in_flight: dict[GrammarSpec, Future] = {}
@@ -95,8 +123,11 @@ class CompileService:
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
         started = time.perf_counter()
         try:
-            compiled = self.backend.compile(spec)
-            self.metrics.observe("compile_seconds", time.perf_counter() - started)
+            compiled = self._from_shared_cache(spec)
+            if compiled is None:
+                compiled = self.backend.compile(spec)
+                self.metrics.observe("compile_seconds", time.perf_counter() - started)
+                self._to_shared_cache(spec, compiled)
             # Cached before leaving the in-flight table, so no submit in between misses both.
             self.cache.put(spec, compiled)
             self.metrics.set_gauge("cache_bytes", self.cache.size_bytes)
@@ -109,6 +140,21 @@ class CompileService:
             with self._lock:
                 self._in_flight.pop(spec, None)
             self.metrics.add_gauge("compiles_in_flight", -1)
+
+    def _from_shared_cache(self, spec: GrammarSpec) -> CompiledGrammar | None:
+        if self.shared_cache is None:
+            return None
+        data = self.shared_cache.get(spec, self.backend)
+        compiled = self.backend.deserialize(spec, data) if data else None
+        self.metrics.inc("shared_cache_hits_total" if compiled is not None else "shared_cache_misses_total")
+        return compiled
+
+    def _to_shared_cache(self, spec: GrammarSpec, compiled: CompiledGrammar) -> None:
+        if self.shared_cache is None:
+            return
+        data = self.backend.serialize(compiled)
+        if data is not None:
+            self.shared_cache.put(spec, self.backend, data)
 
     def _remember_error(self, spec: GrammarSpec, error: InvalidGrammarError) -> None:
         with self._lock:

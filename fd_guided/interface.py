@@ -26,9 +26,13 @@ from .tokenizer import TokenizerBundle
 
 
 class CompiledGrammar(abc.ABC):
-    """An immutable compiled constraint, safe to share across slots, ranks and threads."""
+    """An immutable compiled constraint, safe to share across slots, ranks and threads.
+
+    `backend_name` names the engine that compiled it (the per-request choice of ``auto``).
+    """
 
     spec: GrammarSpec
+    backend_name: str = "unknown"
 
     @property
     @abc.abstractmethod
@@ -78,6 +82,7 @@ class GuidedBackend(abc.ABC):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.config = config or GuidedConfig()
+        self.metrics = None  # set by the CompileService that owns this backend
 
     @classmethod
     @abc.abstractmethod
@@ -103,6 +108,15 @@ class GuidedBackend(abc.ABC):
         from .kernels import allocate_pinned_bitmask
 
         return allocate_pinned_bitmask(rows, self.vocab_size)
+
+    def serialize(self, compiled: CompiledGrammar) -> bytes | None:
+        """Bytes another process can `deserialize` (for a shared L2 cache); None if unsupported."""
+        return None
+
+    def deserialize(self, spec: GrammarSpec, data: bytes) -> CompiledGrammar | None:
+        """Rebuild a compiled grammar from `serialize` output; None if the data does not fit
+        this backend (other version, other tokenizer): the caller then compiles."""
+        return None
 
     def cache_stats(self) -> dict[str, Any]:
         """Backend-specific cache figures (bytes used, limit); empty if the backend has no cache."""

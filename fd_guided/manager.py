@@ -272,6 +272,8 @@ class GuidedDecodingManager:
             self._fail(slot, state, f"grammar failed to compile: {error}")
             return
         state.grammar = self.backend.new_grammar(compiled)
+        self.metrics.inc_labelled("requests_by_backend_total", "backend", compiled.backend_name)
+        logger.debug("guided request %s (slot %d): %s on backend %s", state.request_id, slot, state.spec.describe(), compiled.backend_name)
         pending, state.pending_tokens = state.pending_tokens, []
         for token in pending:
             if state.finish is not None:

@@ -41,6 +41,8 @@ class GuidedMetrics:
         "rejected_tokens_total": "Sampled tokens the grammar rejected (the request finished with an error).",
         "requests_total": "Guided requests added.",
         "requests_finished_total": "Guided requests finished by the grammar (stop) or by an error.",
+        "shared_cache_hits_total": "Compiles served from the shared (L2) cache.",
+        "shared_cache_misses_total": "Shared (L2) cache lookups that found nothing usable.",
     }
     GAUGES = {
         "compiles_in_flight": "Compiles submitted and not finished.",

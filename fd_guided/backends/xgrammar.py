@@ -38,6 +38,7 @@ _SCHEMA_KEYWORDS = ("items", "additionalProperties", "not", "if", "then", "else"
 
 class XGrammarCompiled(CompiledGrammar):
     __slots__ = ("spec", "native")
+    backend_name = "xgrammar"
 
     def __init__(self, spec: GrammarSpec, native: xgr.CompiledGrammar):
         self.spec = spec
@@ -129,6 +130,18 @@ class XGrammarBackend(GuidedBackend):
         # One BatchGrammarMatcher owns a thread pool; serialise its use across callers.
         with self._batch_lock:
             self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, list(rows))
+
+    def serialize(self, compiled: CompiledGrammar) -> bytes | None:
+        if not isinstance(compiled, XGrammarCompiled):
+            return None
+        return compiled.native.serialize_json().encode("utf-8")
+
+    def deserialize(self, spec: GrammarSpec, data: bytes) -> XGrammarCompiled | None:
+        try:
+            native = xgr.CompiledGrammar.deserialize_json(data.decode("utf-8"), self.tokenizer_info)
+        except (xgr.DeserializeVersionError, xgr.DeserializeFormatError, xgr.InvalidJSONError, RuntimeError, ValueError, UnicodeDecodeError):
+            return None  # other xgrammar version or tokenizer: compile instead
+        return XGrammarCompiled(spec, native)
 
     def cache_stats(self) -> dict[str, Any]:
         return {"cache_bytes": int(self.compiler.get_cache_size_bytes()), "cache_limit_bytes": self.config.cache_limit_bytes}
