@@ -1,0 +1,149 @@
+"""CUDA path: xgrammar's kernel (Triton by default) on a zero-copy torch view of the logits, run on
+the producer's current stream (see dlpack.py for the stream rule). No device-wide sync.
+
+Host bitmask staging, and the rule the caller relies on: **the caller may overwrite its (pinned)
+bitmask as soon as apply returns.**
+  1. The rows that will be applied (the `indices` rows, else the first logits.shape[0]) are
+     gathered on the host into one of two pinned staging slots owned by this module.
+  2. One non_blocking host-to-device copy moves them into a persistent device buffer (reused across
+     calls: no allocation per step); an event is recorded behind the copy.
+  3. A slot is refilled only after its previous copy finished: `event.synchronize()` on that one
+     copy, enqueued two calls ago, so in steady state it has long completed and never waits.
+  Before overwriting the device buffer, the stream waits (on the GPU) for the previous call's
+  kernel, which may have run on another stream.
+With `indices`, the compacted rows are scattered on the device back to their row numbers, because
+xgrammar applies bitmask row i to logits row i.
+Buffers are per thread (no state shared across threads), per device and per bitmask width.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from .dlpack import CUDA, device_kind, producer_stream, to_torch_view
+
+# xgrammar backend for CUDA logits: "auto" picks its Triton kernel; "cuda", "torch_compile" work too.
+XGRAMMAR_BACKEND = os.environ.get("FD_GUIDED_CUDA_MASK_BACKEND", "auto")
+_STAGING_SLOTS = 2
+_MIN_CAPACITY = 8
+_thread_state = threading.local()
+
+
+class _HostSlot:
+    """Pinned staging rows + row numbers, and the event recorded behind their last H2D copy."""
+
+    def __init__(self, capacity: int, width: int):
+        import torch
+
+        self.rows = torch.empty((capacity, width), dtype=torch.int32, pin_memory=True)
+        self.index = torch.empty((capacity,), dtype=torch.int64, pin_memory=True)
+        self.copied = torch.cuda.Event()
+
+
+class _Staging:
+    """Host slots and persistent device buffers for one (device, bitmask width)."""
+
+    def __init__(self, device, capacity: int, width: int):
+        import torch
+
+        self.capacity = capacity
+        self.slots = [_HostSlot(capacity, width) for _ in range(_STAGING_SLOTS)]
+        self.next_slot = 0
+        self.device_rows = torch.empty((capacity, width), dtype=torch.int32, device=device)
+        self.device_compact = torch.empty((capacity, width), dtype=torch.int32, device=device)
+        self.device_index = torch.empty((capacity,), dtype=torch.int64, device=device)
+        self.kernel_done = torch.cuda.Event()
+
+    def take_slot(self) -> _HostSlot:
+        slot = self.slots[self.next_slot]
+        self.next_slot = (self.next_slot + 1) % len(self.slots)
+        slot.copied.synchronize()  # that slot's previous copy only; returns at once if never recorded
+        return slot
+
+    def drain(self) -> None:
+        """Wait until no copy or kernel still reads these buffers (before dropping them)."""
+        self.kernel_done.synchronize()
+        for slot in self.slots:
+            slot.copied.synchronize()
+
+
+def _stagings() -> dict:
+    if not hasattr(_thread_state, "stagings"):
+        _thread_state.stagings = {}
+    return _thread_state.stagings
+
+
+def staging_buffers(device_index: int, width: int) -> _Staging | None:
+    """This thread's staging for (device, width), if any call created it (for tests and debugging)."""
+    return _stagings().get((device_index, width))
+
+
+def _staging_for(device, rows: int, width: int) -> _Staging:
+    stagings = _stagings()
+    key = (device.index, width)
+    staging = stagings.get(key)
+    if staging is None or staging.capacity < rows:
+        if staging is not None:
+            staging.drain()  # growing is rare; the old buffers must not be freed while in use
+        capacity = max(_MIN_CAPACITY, 1 << (rows - 1).bit_length())
+        staging = stagings[key] = _Staging(device, capacity, width)
+    return staging
+
+
+def _stage_host_bitmask(staging: _Staging, host, indices: tuple[int, ...] | None, rows: int, stream):
+    """Copy the rows to apply to the device; returns the device bitmask indexed like the logits."""
+    import torch
+
+    count = rows if indices is None else len(indices)
+    slot = staging.take_slot()
+    host_rows = slot.rows[:count]
+    if indices is None:
+        host_rows.copy_(host[:count])
+    else:
+        host_index = slot.index[:count]
+        host_index.copy_(torch.tensor(indices, dtype=torch.int64))
+        torch.index_select(host, 0, host_index, out=host_rows)
+    stream.wait_event(staging.kernel_done)  # GPU-side: previous kernel done reading device buffers
+    if indices is None:
+        device_rows = staging.device_rows[:count]
+        device_rows.copy_(host_rows, non_blocking=True)
+        slot.copied.record(stream)
+        return device_rows
+    compact = staging.device_compact[:count]
+    compact.copy_(host_rows, non_blocking=True)
+    device_index = staging.device_index[:count]
+    device_index.copy_(host_index, non_blocking=True)
+    slot.copied.record(stream)
+    staging.device_rows.index_copy_(0, device_index, compact)
+    return staging.device_rows[:rows]
+
+
+def apply_token_bitmask_inplace_cuda(
+    logits: Any,
+    bitmask: Any,
+    indices: tuple[int, ...] | None,
+    vocab_size: int,
+    *,
+    backend: str | None = None,
+) -> None:
+    import xgrammar
+
+    with producer_stream(logits) as stream:
+        view = to_torch_view(logits)
+        staging = None
+        if device_kind(bitmask) == CUDA:  # already on the device: nothing to stage
+            device_bitmask = to_torch_view(bitmask)
+        else:
+            host = to_torch_view(bitmask)
+            staging = _staging_for(view.device, view.shape[0], host.shape[1])
+            device_bitmask = _stage_host_bitmask(staging, host, indices, view.shape[0], stream)
+        xgrammar.apply_token_bitmask_inplace(
+            view,
+            device_bitmask,
+            vocab_size=vocab_size,
+            indices=list(indices) if indices is not None else None,
+            backend=backend or XGRAMMAR_BACKEND,
+        )
+        if staging is not None:
+            staging.kernel_done.record(stream)

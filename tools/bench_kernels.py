@@ -1,0 +1,169 @@
+"""Benchmark the CPU mask kernels side by side, in one process, with Paddle loaded and busy.
+
+    python tools/bench_kernels.py [--batches 8 32 128] [--vocab 129280] [--repeats 15] [--json out.json]
+
+For every (batch, mask density) each implementation is warmed up, then timed `--repeats` times, each
+timed call preceded by a small Paddle matmul: as in a serving process, Paddle's thread pool has just
+worked and its threads still spin on the cores that torch and our kernel need. (Implementations are
+timed one block after another, not interleaved, so no call inherits another implementation's
+spinning threads.) Reported: median milliseconds, and the ratios xgrammar_cpu / ours (speed-up) and
+ours / copy (cost relative to copying the logits once: torch's multi-threaded copy_, and numpy's
+single-threaded copyto). Run with OMP_WAIT_POLICY=PASSIVE to see the numbers without the spinning.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+import torch  # noqa: E402
+import xgrammar  # noqa: E402
+
+from fd_guided.kernels import apply_token_bitmask_inplace, bitmask_width  # noqa: E402
+from fd_guided.kernels import cpu as cpu_kernel  # noqa: E402
+
+DENSITIES = ("json_sparse", "nearly_all", "all_but_few", "random_50")
+
+
+def make_bitmask(density: str, rows: int, vocab: int, rng: np.random.Generator) -> torch.Tensor:
+    """Allowed-token pattern per row, packed like xgrammar (bit j of word w = token 32w + j)."""
+    allowed = np.zeros((rows, bitmask_width(vocab) * 32), dtype=bool)
+    for row in range(rows):
+        if density == "json_sparse":  # a JSON state: 1-200 allowed tokens anywhere in the vocab
+            allowed[row, rng.choice(vocab, size=rng.integers(1, 201), replace=False)] = True
+        elif density == "nearly_all":  # inside a JSON string: ~5% of tokens masked, scattered
+            allowed[row, :vocab] = rng.random(vocab) >= 0.05
+        elif density == "all_but_few":  # free text with a few forbidden (special) tokens
+            allowed[row, :vocab] = True
+            allowed[row, rng.choice(vocab, size=rng.integers(1, 201), replace=False)] = False
+        elif density == "random_50":
+            allowed[row, :vocab] = rng.random(vocab) < 0.5
+        else:
+            raise ValueError(f"unknown density {density!r}")
+    packed = np.packbits(allowed, axis=1, bitorder="little").view(np.int32)
+    return torch.from_numpy(packed.copy())
+
+
+def paddle_busy_work(matrix: paddle.Tensor) -> None:
+    paddle.matmul(matrix, matrix).numpy()
+
+
+def time_call(function: Callable[[], None], matrix: paddle.Tensor) -> float:
+    paddle_busy_work(matrix)
+    start = time.perf_counter()
+    function()
+    return (time.perf_counter() - start) * 1e3
+
+
+def candidates(logits: torch.Tensor, bitmask: torch.Tensor, copy_target: torch.Tensor) -> dict:
+    """name -> zero-argument callable. Masking is idempotent, so no reset between calls is needed."""
+    paddle_logits = paddle.from_dlpack(logits.clone())
+    numpy_src, numpy_dst = logits.numpy(), copy_target.numpy()
+    return {
+        "ours_cpu": lambda: apply_token_bitmask_inplace(logits, bitmask, impl="cpu"),
+        "ours_cpu_paddle_tensor": lambda: apply_token_bitmask_inplace(paddle_logits, bitmask, impl="cpu"),
+        "ours_paddle": lambda: apply_token_bitmask_inplace(paddle_logits, bitmask, impl="paddle"),
+        "ours_torch": lambda: apply_token_bitmask_inplace(logits, bitmask, impl="torch"),
+        "xgrammar_cpu": lambda: xgrammar.apply_token_bitmask_inplace(logits, bitmask, backend="cpu"),
+        "xgrammar_torch_compile": lambda: xgrammar.apply_token_bitmask_inplace(
+            logits, bitmask, backend="torch_compile"
+        ),
+        "copy_torch": lambda: copy_target.copy_(logits),
+        "copy_numpy_1thread": lambda: np.copyto(numpy_dst, numpy_src),
+    }
+
+
+def measure(batch: int, vocab: int, density: str, args, matrix, rng) -> dict:
+    logits = torch.randn(batch, vocab, dtype=torch.float32)
+    bitmask = make_bitmask(density, batch, vocab, rng)
+    functions = candidates(logits, bitmask, torch.empty_like(logits))
+    if args.skip_torch_compile:
+        functions.pop("xgrammar_torch_compile")
+    skipped: dict[str, str] = {}
+    timings: dict[str, list[float]] = {}
+    for name, function in functions.items():  # warm-up right before timing: no stale pool state
+        try:
+            for _ in range(args.warmup):
+                function()
+        except Exception as error:  # optional backends may not work on this machine
+            skipped[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+            continue
+        timings[name] = [time_call(function, matrix) for _ in range(args.repeats)]
+    medians = {name: statistics.median(values) for name, values in timings.items()}
+    p90 = {name: float(np.percentile(values, 90)) for name, values in timings.items()}
+    ours = medians["ours_cpu"]
+    return {
+        "batch": batch,
+        "vocab": vocab,
+        "density": density,
+        "median_ms": medians,
+        "p90_ms": p90,
+        "skipped": skipped,
+        "speedup_vs_xgrammar_cpu": medians["xgrammar_cpu"] / ours,
+        "ours_over_copy_torch": ours / medians["copy_torch"],
+        "ours_over_copy_numpy_1thread": ours / medians["copy_numpy_1thread"],
+    }
+
+
+def print_table(results: list[dict]) -> None:
+    names = list(results[0]["median_ms"])
+    short = {n: n.replace("xgrammar_", "xgr_").replace("_paddle_tensor", "_pd") for n in names}
+    header = ["batch", "density"] + [short[n] for n in names] + ["xgr/ours", "ours/copy", "ours/copy1t"]
+    lines = [header]
+    for result in results:
+        cells = [str(result["batch"]), result["density"]]
+        cells += [f"{result['median_ms'][n]:.3f}" if n in result["median_ms"] else "-" for n in names]
+        cells += [
+            f"{result['speedup_vs_xgrammar_cpu']:.1f}x",
+            f"{result['ours_over_copy_torch']:.2f}",
+            f"{result['ours_over_copy_numpy_1thread']:.2f}",
+        ]
+        lines.append(cells)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths)))
+    for result in results:
+        for name, reason in result["skipped"].items():
+            print(f"skipped {name} (batch {result['batch']}, {result['density']}): {reason}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, nargs="+", default=[8, 32, 128])
+    parser.add_argument("--vocab", type=int, default=129_280)
+    parser.add_argument("--densities", nargs="+", default=list(DENSITIES), choices=DENSITIES)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--skip-torch-compile", action="store_true", help="skip xgrammar's torch_compile backend")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    if not cpu_kernel.FAST_PATH_AVAILABLE:
+        print("WARNING: fd_guided.kernels._cpu_mask is not built; ours_cpu is the torch fallback")
+    matrix = paddle.randn([256, 256])
+    paddle_busy_work(matrix)
+    rng = np.random.default_rng(0)
+    results = [
+        measure(batch, args.vocab, density, args, matrix, rng)
+        for batch in args.batches
+        for density in args.densities
+    ]
+    print(f"median ms over {args.repeats} calls, vocab {args.vocab}, fp32, torch threads "
+          f"{torch.get_num_threads()}, paddle {paddle.__version__}, OMP_WAIT_POLICY="
+          f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
+    print_table(results)
+    if args.json:
+        args.json.write_text(json.dumps({"results": results, "fast_path": cpu_kernel.FAST_PATH_AVAILABLE}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
