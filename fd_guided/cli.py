@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from typing import Sequence
 
 DEMO_REQUESTS = [
@@ -44,6 +45,8 @@ DEMO_REQUESTS = [
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Paddle warns at import that ccache is missing; it only matters for building Paddle extensions.
+    warnings.filterwarnings("ignore", message="No ccache found")
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
@@ -70,6 +73,14 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--max-num-seqs", type=int, default=32)
     generate.add_argument("--json", dest="json_out", action="store_true", help="print one JSON object per output")
     generate.set_defaults(handler=_generate)
+    bench = commands.add_parser("bench", help="measure guided-decoding cost side by side (steps, kernels, ttft)")
+    bench.add_argument("--only", nargs="+", choices=("steps", "kernels", "ttft"), help="run only these parts")
+    bench.add_argument("--preset", default="small")
+    bench.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
+    bench.add_argument("--rounds", type=int, default=3)
+    bench.add_argument("--decode-steps", type=int, default=24)
+    bench.add_argument("--json", dest="json_path", help="write the machine-readable report here")
+    bench.set_defaults(handler=_bench)
     backends = commands.add_parser("backends", help="list registered guided-decoding backends")
     backends.set_defaults(handler=_backends)
     return parser
@@ -152,6 +163,19 @@ def _print_summary(engine, results, checked: int, valid: int, load_seconds: floa
         metrics = engine.manager.metrics
         print(f"  compiles: {metrics.value('cache_misses_total')} compiled, {metrics.value('cache_hits_total')} cache hits, "
               f"{metrics.histogram_sum('compile_seconds'):.3f}s compiling in the background")
+
+
+def _bench(args) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from .bench import PARTS, format_report, run_bench
+
+    report = run_bench(tuple(args.only or PARTS), preset=args.preset, batches=tuple(args.batches), rounds=args.rounds,
+                       decode_steps=args.decode_steps, progress=lambda line: print(line, flush=True))
+    print(format_report(report))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as handle:
+            json.dump(report, handle, indent=2)
+    return 0
 
 
 def _backends(args) -> int:

@@ -1,6 +1,6 @@
 """Benchmark the CPU mask kernels side by side, in one process, with Paddle loaded and busy.
 
-    python tools/bench_kernels.py [--batches 8 32 128] [--vocab 129280] [--repeats 15] [--json out.json]
+Run through `fd-guided bench --only kernels` (or as part of the whole `fd-guided bench`).
 
 For every (batch, mask density) each implementation is warmed up, then timed `--repeats` times, each
 timed call preceded by a small Paddle matmul: as in a serving process, Paddle's thread pool has just
@@ -12,24 +12,18 @@ single-threaded copyto). Run with OMP_WAIT_POLICY=PASSIVE to see the numbers wit
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import paddle
+import torch
+import xgrammar
 
-import numpy as np  # noqa: E402
-import paddle  # noqa: E402
-import torch  # noqa: E402
-import xgrammar  # noqa: E402
-
-from fd_guided.kernels import apply_token_bitmask_inplace, bitmask_width  # noqa: E402
-from fd_guided.kernels import cpu as cpu_kernel  # noqa: E402
+from ..kernels import apply_token_bitmask_inplace, bitmask_width
+from ..kernels import cpu as cpu_kernel
 
 DENSITIES = ("json_sparse", "nearly_all", "all_but_few", "random_50")
 
@@ -136,34 +130,20 @@ def print_table(results: list[dict]) -> None:
             print(f"skipped {name} (batch {result['batch']}, {result['density']}): {reason}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, nargs="+", default=[8, 32, 128])
-    parser.add_argument("--vocab", type=int, default=129_280)
-    parser.add_argument("--densities", nargs="+", default=list(DENSITIES), choices=DENSITIES)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--skip-torch-compile", action="store_true", help="skip xgrammar's torch_compile backend")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args(argv)
-
+def bench_kernels(batches=(8, 32, 128), vocab: int = 129_280, densities=DENSITIES, repeats: int = 15, warmup: int = 3,
+                  skip_torch_compile: bool = False, progress=print) -> list[dict]:
+    """Every (batch, density) pair, all implementations side by side; returns one dict per pair."""
     if not cpu_kernel.FAST_PATH_AVAILABLE:
-        print("WARNING: fd_guided.kernels._cpu_mask is not built; ours_cpu is the torch fallback")
+        progress("WARNING: fd_guided.kernels._cpu_mask is not built; ours_cpu is the torch fallback")
+    args = SimpleNamespace(repeats=repeats, warmup=warmup, skip_torch_compile=skip_torch_compile)
     matrix = paddle.randn([256, 256])
     paddle_busy_work(matrix)
     rng = np.random.default_rng(0)
-    results = [
-        measure(batch, args.vocab, density, args, matrix, rng)
-        for batch in args.batches
-        for density in args.densities
-    ]
-    print(f"median ms over {args.repeats} calls, vocab {args.vocab}, fp32, torch threads "
-          f"{torch.get_num_threads()}, paddle {paddle.__version__}, OMP_WAIT_POLICY="
-          f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
-    print_table(results)
-    if args.json:
-        args.json.write_text(json.dumps({"results": results, "fast_path": cpu_kernel.FAST_PATH_AVAILABLE}, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    results = []
+    for batch in batches:
+        for density in densities:
+            result = measure(batch, vocab, density, args, matrix, rng)
+            progress(f"  kernels batch={batch} {density}: ours {result['median_ms']['ours_cpu']:.3f}ms, "
+                     f"xgrammar cpu {result['median_ms']['xgrammar_cpu']:.3f}ms, copy {result['median_ms']['copy_torch']:.3f}ms")
+            results.append(result)
+    return results

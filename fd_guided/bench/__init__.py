@@ -1,0 +1,87 @@
+"""`fd-guided bench`: what guided decoding costs, measured side by side in one process.
+
+Three parts, each reported as ratios of things measured in the same run:
+  - ``steps``: decode-step time on the reference engine, unguided vs guided vs a FastDeploy-style
+    baseline manager, with our overhead split into compile wait, fill, apply and accept;
+  - ``kernels``: the mask kernel per path vs xgrammar's CPU kernel vs a plain copy of the logits;
+  - ``ttft``: time to first token for a cold complex schema, async compile vs compiling inline.
+Speed targets live here, never in timed tests.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Callable
+
+PARTS = ("steps", "kernels", "ttft")
+
+
+def machine_info() -> dict:
+    import paddle
+    import torch
+    import xgrammar  # noqa: F401
+    from importlib.metadata import version
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "paddle": paddle.__version__,
+        "torch": torch.__version__,
+        "xgrammar": version("xgrammar"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def run_bench(parts=PARTS, *, preset: str = "small", batches=(1, 8, 32, 128), rounds: int = 3,
+              decode_steps: int = 24, progress: Callable[[str], None] = print) -> dict:
+    """Run the chosen parts on the embedded default model; returns a JSON-ready dict."""
+    from ..workers.engine import ReferenceEngine
+
+    report: dict = {"machine": machine_info(), "preset": preset}
+    reference = ReferenceEngine.default(preset=preset, guided=False)
+    model, tokenizer = reference.model, reference.tokenizer
+    report["model"] = {**model.cfg.__dict__, "tokenizer": tokenizer.name}
+    if "steps" in parts:
+        from .steps import bench_steps, step_ratios
+
+        progress("decode steps: unguided vs guided vs FastDeploy-style, interleaved rounds")
+        report["steps"] = step_ratios(bench_steps(model, tokenizer, batches, decode_steps, rounds, progress))
+    if "kernels" in parts:
+        from .kernels import bench_kernels
+
+        progress("mask kernels: ours vs xgrammar vs a copy of the logits")
+        report["kernels"] = bench_kernels(batches=tuple(b for b in batches if b >= 8) or (8,), progress=progress)
+    if "ttft" in parts:
+        from .ttft import bench_ttft
+
+        progress("time to first token: cold complex schema, async vs inline compile")
+        report["ttft"] = bench_ttft(model, tokenizer, rounds=rounds, progress=progress)
+    return report
+
+
+def format_report(report: dict) -> str:
+    """A plain-text summary of `run_bench`'s dict."""
+    lines = [f"machine: {report['machine']}", f"model: preset {report['preset']}, hidden {report['model']['hidden_size']}, "
+             f"layers {report['model']['num_layers']}, vocab {report['model']['vocab_size']} ({report['model']['tokenizer']})"]
+    if "steps" in report:
+        lines.append("\ndecode step (median ms)  batch  unguided  guided  fastdeploy  guided/unguided  fd/unguided  our overhead / fd overhead")
+        for row in report["steps"]:
+            lines.append(f"{'':25}{row['batch']:>5}  {row['unguided_ms']:8.2f}  {row['guided_ms']:6.2f}  {row['fastdeploy_ms']:10.2f}  "
+                         f"{row['guided_over_unguided']:15.3f}  {row['fastdeploy_over_unguided']:11.3f}  {row['our_overhead_over_fastdeploy_overhead']:10.3f}")
+        lines.append("guided phases per step (ms): " + "; ".join(
+            f"b{row['batch']}: " + ", ".join(f"{k} {v:.3f}" for k, v in row["guided_phases_ms"].items()) for row in report["steps"]))
+    if "kernels" in report:
+        lines.append("\nkernels (median ms)  batch  density  ours  xgrammar_cpu  copy  xgrammar/ours  ours/copy")
+        for row in report["kernels"]:
+            m = row["median_ms"]
+            lines.append(f"{'':21}{row['batch']:>5}  {row['density']:<12} {m['ours_cpu']:.3f}  {m['xgrammar_cpu']:.3f}  {m['copy_torch']:.3f}  "
+                         f"{row['speedup_vs_xgrammar_cpu']:.1f}x  {row['ours_over_copy_torch']:.2f}")
+    if "ttft" in report:
+        lines.append("\nttft (ms)  prompt tokens  unguided  async  inline  cold compile  async-unguided  compile beyond prefill")
+        for row in report["ttft"]:
+            lines.append(f"{'':11}{row['prompt_tokens']:>13}  {row['ttft_unguided_ms']:8.1f}  {row['ttft_async_ms']:5.1f}  {row['ttft_inline_ms']:6.1f}  "
+                         f"{row['compile_ms']:12.1f}  {row['async_excess_ms']:14.1f}  {row['compile_beyond_prefill_ms']:10.1f}")
+    return "\n".join(lines)
