@@ -73,6 +73,7 @@ class _Sequence:
     rng: np.random.Generator
     spec: GrammarSpec | None
     enable_thinking: bool | None
+    ignore_eos: bool = False
     cache: Any = None
     slot: int = -1
     prefilled: int = 0
@@ -135,8 +136,9 @@ class ReferenceEngine:
     def generate(self, requests: Sequence[dict], max_tokens: int = 64, seed: int = 0) -> list[GenerationResult]:
         """Run `requests` (dicts with ``prompt`` plus guided fields) to completion; results in order.
 
-        Per request, ``max_tokens``, ``seed``, ``temperature``, ``top_k``, ``top_p`` and
-        ``enable_thinking`` (or ``chat_template_kwargs.enable_thinking``) override the defaults.
+        Per request, ``max_tokens``, ``seed``, ``temperature``, ``top_k``, ``top_p``,
+        ``ignore_eos`` (keep decoding past EOS, for benchmarks) and ``enable_thinking`` (or
+        ``chat_template_kwargs.enable_thinking``) override the defaults.
         """
         started = time.perf_counter()
         self._started = started
@@ -182,6 +184,7 @@ class ReferenceEngine:
             rng=np.random.default_rng([int(request.get("seed", seed)), index]),
             spec=spec,
             enable_thinking=thinking,
+            ignore_eos=bool(request.get("ignore_eos", False)),
         )
 
     def _run(self, waiting: deque[_Sequence]):
@@ -257,7 +260,7 @@ class ReferenceEngine:
         if finish is not None and finish.reason == "error":
             seq.finish_reason, seq.error = "error", finish.error
             return True
-        if token in self.tokenizer.eos_token_ids:
+        if token in self.tokenizer.eos_token_ids and not seq.ignore_eos:
             seq.finish_reason = "stop"
             return True
         seq.output_ids.append(token)
