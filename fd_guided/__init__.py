@@ -12,6 +12,8 @@ from .errors import (
     InvalidGrammarError,
     SlotStateError,
 )
+from .manager import GuidedDecodingManager, GuidedFinish
+from .metrics import GuidedMetrics
 from .registry import available_backends, create_backend, get_backend_class, register_backend
 from .spec import GrammarSpec, JsonFormat, parse_guided_request
 from .tokenizer import TokenizerBundle, load_tokenizer
@@ -25,6 +27,9 @@ __all__ = [
     "GrammarSpec",
     "GuidedConfig",
     "GuidedDecodingError",
+    "GuidedDecodingManager",
+    "GuidedFinish",
+    "GuidedMetrics",
     "GuidedRequestError",
     "InvalidGrammarError",
     "JsonFormat",
