@@ -41,8 +41,11 @@ setup(
     },
     entry_points={
         "console_scripts": ["fd-guided=fd_guided.cli:main"],
+        "fastdeploy.model_register_plugins": ["fd_guided=fd_guided.integrations.fastdeploy:register"],
         "fd_guided.backends": [
             "xgrammar=fd_guided.backends.xgrammar:XGrammarBackend",
+            "llguidance=fd_guided.backends.llguidance:LLGuidanceBackend",
+            "auto=fd_guided.backends.auto:AutoBackend",
         ],
     },
 )

@@ -14,11 +14,14 @@ class InvalidGrammarError(GuidedDecodingError, ValueError):
     """The request's constraint is malformed or cannot be enforced faithfully.
 
     `part` names the offending field or schema location (e.g. ``guided_json: $.properties.tags``)
-    so the client can fix the request.
+    so the client can fix the request. `feature` is set when the constraint is well-formed but uses
+    something the backend cannot enforce (e.g. ``uniqueItems``), None for syntax errors: the
+    ``auto`` backend falls back to another engine only for the former.
     """
 
-    def __init__(self, message: str, *, part: str | None = None):
+    def __init__(self, message: str, *, part: str | None = None, feature: str | None = None):
         self.part = part
+        self.feature = feature
         super().__init__(f"{part}: {message}" if part else message)
 
 

@@ -19,6 +19,8 @@ from .errors import BackendNotFoundError, DuplicateBackendError
 ENTRY_POINT_GROUP = "fd_guided.backends"
 BUILTIN_BACKENDS = {
     "xgrammar": "fd_guided.backends.xgrammar:XGrammarBackend",
+    "llguidance": "fd_guided.backends.llguidance:LLGuidanceBackend",
+    "auto": "fd_guided.backends.auto:AutoBackend",
 }
 
 _lock = threading.Lock()

@@ -300,7 +300,7 @@ def _subschemas(schema: dict, path: str) -> Iterator[tuple[Any, str]]:
 
 
 def _refuse(feature: str, location: str) -> None:
-    raise InvalidGrammarError(f"xgrammar cannot enforce {feature}", part=f"json schema {location}")
+    raise InvalidGrammarError(f"xgrammar cannot enforce {feature}", part=f"json schema {location}", feature=feature)
 
 
 def _part_of(spec: GrammarSpec) -> str:

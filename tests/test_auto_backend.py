@@ -1,0 +1,163 @@
+"""The auto backend: xgrammar when it enforces the whole schema, llguidance otherwise, per request."""
+import json
+
+import pytest
+import torch
+import xgrammar as xgr
+
+from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
+from fd_guided.backends.auto import AutoBackend, choose_backend
+from fd_guided.kernels import allocate_pinned_bitmask
+from fd_guided.metrics import GuidedMetrics
+from fd_guided.tokenizer import load_tokenizer
+from fd_guided.validate import validate_output
+from fd_guided.workers import ReferenceEngine
+
+from corpus import SCHEMAS
+
+pytestmark = pytest.mark.cpu
+
+AUTO = GuidedConfig(backend="auto")
+PLAIN = SCHEMAS["defs_ref"]
+ALL_OF = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"]},
+                    {"properties": {"b": {"type": "boolean"}}, "required": ["b"]}]}
+PATTERN_PROPERTIES = {"type": "object", "patternProperties": {"^x-[a-z]{1,3}$": {"type": "integer", "minimum": 0, "maximum": 9}},
+                      "additionalProperties": False, "maxProperties": 2}
+TYPE_BESIDE_ANY_OF = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                      "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
+NEITHER = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+
+
+def spec_of(schema, **fields):
+    return parse_guided_request({"guided_json": schema, **fields}, AUTO)
+
+
+@pytest.mark.parametrize("schema, expected", [
+    (PLAIN, "xgrammar"),
+    (SCHEMAS["nested_arrays"], "xgrammar"),
+    (SCHEMAS["person"], "llguidance"),
+    (ALL_OF, "llguidance"),
+    (PATTERN_PROPERTIES, "llguidance"),
+    (TYPE_BESIDE_ANY_OF, "llguidance"),
+    ({"type": "number", "multipleOf": 0.5}, "llguidance"),
+    ({"type": "integer", "format": "int64"}, "llguidance"),
+    (SCHEMAS["oneof_shape"], "llguidance"),
+], ids=["plain", "nested_arrays", "maxLength", "allOf", "patternProperties", "type+anyOf", "multipleOf", "int64", "oneOf"])
+def test_choice_per_schema(schema, expected):
+    assert choose_backend(spec_of(schema)) == expected
+
+
+def test_other_kinds_stay_on_xgrammar():
+    for fields in ({"guided_regex": "[a-z]+"}, {"guided_choice": ["a", "b"]}, {"guided_grammar": 'root ::= "x"'},
+                   {"response_format": {"type": "json_object"}}):
+        assert choose_backend(parse_guided_request(fields, AUTO)) == "xgrammar"
+
+
+def test_neither_backend_names_both_features():
+    with pytest.raises(InvalidGrammarError, match="uniqueItems") as caught:
+        spec_of(NEITHER)
+    assert "xgrammar" in str(caught.value) and "llguidance" in str(caught.value)
+    assert "uniqueItems" in caught.value.feature
+
+
+def test_syntax_errors_do_not_fall_back():
+    with pytest.raises(InvalidGrammarError, match="guided_regex") as caught:
+        parse_guided_request({"guided_regex": "(unclosed"}, AUTO)
+    assert caught.value.feature is None and "llguidance" not in str(caught.value)
+
+
+# xgrammar's own checker accepts these, yet its matcher accepts an instance jsonschema rejects:
+# auto must route them to llguidance, which enforces them.
+XGRAMMAR_GAPS = [
+    ({"type": "object", "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}, '"x"'),
+    ({"type": "integer", "minimum": 5, "anyOf": [{"maximum": 10}]}, "2"),
+    ({"allOf": [{"type": "integer"}], "minimum": 5}, "2"),
+    ({"$ref": "#/$defs/a", "$defs": {"a": {"type": "integer"}}, "minimum": 5}, "2"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"], "additionalProperties": True}, '{"a":1,"b":1}'),
+    ({"type": "string", "maxLength": 5}, '"a\x00b"'),  # a raw control character: not JSON
+]
+
+
+@pytest.mark.parametrize("schema, loose", XGRAMMAR_GAPS, ids=["type+anyOf", "minimum+anyOf", "allOf+minimum", "$ref+minimum", "undeclared-required", "maxLength-control-char"])
+def test_gaps_of_xgrammar_go_to_llguidance(schema, loose, auto_backend):
+    grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    spec = spec_of(schema, disable_any_whitespace=True)
+    if "required" in schema:  # xgrammar admits no object at all here, not even the valid one
+        assert validate_output(spec, loose).valid and not xgr.testing._is_grammar_accept_string(grammar, loose)
+    else:
+        assert xgr.testing._is_grammar_accept_string(grammar, loose)  # why auto does not use xgrammar here
+        assert not validate_output(spec, loose).valid
+    compiled = auto_backend.compile(spec)
+    assert compiled.backend_name == "llguidance"
+    assert accepts(auto_backend, compiled, loose) is validate_output(spec, loose).valid
+
+
+def accepts(backend, compiled, text: str) -> bool:
+    matcher = backend.new_grammar(compiled)
+    tokens = backend.tokenizer.encode(text) + [backend.tokenizer.eos_token_ids[0]]
+    return all(matcher.accept_token(token) for token in tokens) and matcher.is_terminated()
+
+
+@pytest.fixture(scope="module")
+def auto_backend():
+    tokenizer = load_tokenizer("deepseek")
+    backend = AutoBackend(tokenizer, vocab_size=tokenizer.padded_vocab_size, config=AUTO)
+    backend.metrics = GuidedMetrics()
+    yield backend
+    backend.close()
+
+
+def test_compile_dispatch_metrics_and_serialization(auto_backend):
+    auto_backend.metrics = GuidedMetrics()
+    plain, fallback = auto_backend.compile(spec_of(PLAIN)), auto_backend.compile(spec_of(ALL_OF))
+    assert (plain.backend_name, fallback.backend_name) == ("xgrammar", "llguidance")
+    assert auto_backend.metrics.labelled("auto_choice_total") == {"xgrammar": 1, "llguidance": 1}
+    for compiled in (plain, fallback):
+        restored = auto_backend.deserialize(compiled.spec, auto_backend.serialize(compiled))
+        assert restored is not None and restored.backend_name == compiled.backend_name
+    assert auto_backend.deserialize(plain.spec, auto_backend.serialize(fallback)) is None  # other choice: recompile
+    assert set(auto_backend.cache_stats()) >= {"xgrammar_cache_bytes"}
+
+
+def test_mixed_fill_matches_each_backend(auto_backend):
+    config = AUTO.replace(parallel_fill_min_rows=2, fill_threads=2)
+    backend = AutoBackend(auto_backend.tokenizer, vocab_size=auto_backend.vocab_size, config=config)
+    specs = [spec_of(PLAIN), spec_of(ALL_OF), spec_of(PATTERN_PROPERTIES), spec_of(SCHEMAS["enum_status"])]
+    grammars = [backend.new_grammar(backend.compile(spec)) for spec in specs]
+    rows = [2, 0, 3, 1]
+    serial = allocate_pinned_bitmask(4, backend.vocab_size)
+    for grammar, row in zip(grammars, rows):
+        grammar.fill_bitmask(serial, row)
+    grouped = allocate_pinned_bitmask(4, backend.vocab_size)
+    backend.fill_bitmasks(grammars, grouped, rows)
+    assert torch.equal(serial, grouped)
+    backend.close()
+
+
+def test_one_engine_batch_mixes_backends_per_request():
+    metrics = GuidedMetrics()
+    engine = ReferenceEngine.default(preset="tiny", max_num_seqs=16, guided_config=AUTO, metrics=metrics)
+    requests = [
+        {"prompt": "plain", "guided_json": PLAIN},
+        {"prompt": "falls back", "guided_json": ALL_OF},
+        {"prompt": "plain too", "guided_json": SCHEMAS["enum_status"]},
+        {"prompt": "falls back too", "guided_json": PATTERN_PROPERTIES},
+        {"prompt": "neither", "guided_json": NEITHER},
+        {"prompt": "plain again", "guided_json": SCHEMAS["bounded_array"]},
+        {"prompt": "regex", "guided_regex": "[a-f]{4}"},
+        {"prompt": "type beside anyOf", "guided_json": TYPE_BESIDE_ANY_OF},
+    ]
+    results = engine.generate(requests, max_tokens=96, seed=2)
+    assert results[4].finish_reason == "error" and "uniqueItems" in results[4].error
+    for index, result in enumerate(results):
+        if index == 4:
+            continue
+        assert result.error is None, result.error
+        if result.finish_reason == "stop":
+            assert validate_output(result.spec, result.text).valid, (requests[index], result.text)
+    chosen = {i: engine.manager.compiler.compile_now(results[i].spec).backend_name for i in (0, 1, 2, 3, 5, 6, 7)}
+    assert chosen == {0: "xgrammar", 1: "llguidance", 2: "xgrammar", 3: "llguidance", 5: "xgrammar", 6: "xgrammar", 7: "llguidance"}
+    assert metrics.labelled("requests_by_backend_total") == {"xgrammar": 4, "llguidance": 3}
+    assert metrics.labelled("auto_choice_total") == {"xgrammar": 4, "llguidance": 3}
+    assert 'requests_by_backend_total{backend="llguidance"} 3' in metrics.to_prometheus()
+    engine.close()

@@ -1,0 +1,33 @@
+"""tools/coverage_report.py end to end on a small folder: counts, reasons, validation, reports."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "coverage_report.py"
+
+
+def test_report_on_a_small_folder(tmp_path):
+    schemas = tmp_path / "schemas"
+    (schemas / "nested").mkdir(parents=True)
+    (schemas / "plain.json").write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
+    (schemas / "nested" / "all_of.json").write_text(json.dumps({"allOf": [{"type": "integer", "minimum": 1}, {"maximum": 3}]}))
+    (schemas / "unique.json").write_text(json.dumps({"type": "array", "uniqueItems": True}))
+    (schemas / "broken.json").write_text("{not json")
+    out_json, out_md = tmp_path / "report.json", tmp_path / "report.md"
+    run = subprocess.run([sys.executable, str(TOOL), str(schemas), "--backends", "llguidance", "--generate", "5",
+                          "--max-tokens", "32", "--json", str(out_json), "--markdown", str(out_md)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(out_json.read_text())
+    summary = report["summary"][0]
+    assert (summary["schemas"], summary["accepted"], summary["rejected"], summary["crashed"]) == (4, 2, 2, 0)
+    assert summary["valid"] + summary["length_cut"] == summary["generated"] == 2 and summary["invalid"] == 0
+    reasons = dict(summary["top_rejections"])
+    assert "keyword uniqueItems" in reasons and any(r.startswith("malformed JSON") for r in reasons)
+    markdown = out_md.read_text()
+    assert "| llguidance | 2 | 2 | 0 | 0 |" in markdown and "keyword uniqueItems" in markdown
