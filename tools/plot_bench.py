@@ -33,8 +33,11 @@ def save(fig, path: Path) -> None:
 def plot_steps(report: dict, out: Path) -> None:
     rows = report["steps"]
     fig, ax = plt.subplots(figsize=(7, 4))
-    grouped_bars(ax, rows, [(lambda r: r["unguided_ms"], "unguided"), (lambda r: r["guided_ms"], "fd_guided"),
-                            (lambda r: r["fastdeploy_ms"], "FastDeploy-style")], [str(r["batch"]) for r in rows])
+    series = [(lambda r: r["unguided_ms"], "unguided"), (lambda r: r["guided_ms"], "fd_guided (xgrammar)")]
+    if all("guided_llguidance_ms" in r for r in rows):
+        series.append((lambda r: r["guided_llguidance_ms"], "fd_guided (llguidance)"))
+    series.append((lambda r: r["fastdeploy_ms"], "FastDeploy-style"))
+    grouped_bars(ax, rows, series, [str(r["batch"]) for r in rows])
     for i, r in enumerate(rows):
         ax.annotate(f"x{r['guided_over_unguided']:.2f}", (i, r["guided_ms"]), ha="center", va="bottom", fontsize=8)
     ax.set_xlabel("batch")

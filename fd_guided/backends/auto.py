@@ -19,7 +19,7 @@ from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle
-from .xgrammar import XGrammarBackend, XGrammarMatcher, check_schema_keywords
+from .xgrammar import XGrammarBackend, XGrammarMatcher
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +46,7 @@ def choose_backend(spec: GrammarSpec) -> str:
     """
     try:
         XGrammarBackend.check(spec)
-        gap = xgrammar_gap(spec)
-        if gap is None:
-            return PREFERRED
-        first = InvalidGrammarError(f"xgrammar cannot enforce {gap[0]}", part=f"json schema {gap[1]}", feature=gap[0])
+        return PREFERRED
     except InvalidGrammarError as refused:
         first = refused
     # A schema already passed the JSON-Schema meta-schema check, so xgrammar refusing it is a
@@ -157,126 +154,3 @@ def _safe_choice(spec: GrammarSpec) -> str | None:
         return choose_backend(spec)
     except InvalidGrammarError:
         return None
-
-
-# ----- what xgrammar's own checker lets through but xgrammar does not enforce ----------------------
-# Found by generating from ~580 SchemaStore schemas and validating with jsonschema (docs/coverage.md)
-# and confirmed on minimal schemas in tests/test_auto_backend.py.
-
-_ASSERTIONS = frozenset({
-    "type", "enum", "const", "properties", "patternProperties", "additionalProperties", "required",
-    "minProperties", "maxProperties", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
-    "uniqueItems", "contains", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "not", "if", "then", "else", "dependentRequired",
-    "dependentSchemas", "dependencies", "propertyNames", "unevaluatedProperties", "unevaluatedItems",
-    "allOf", "anyOf", "oneOf", "$ref",
-})
-_COMBINATORS = ("anyOf", "oneOf", "allOf")
-# Drafts whose $ref replaces its siblings (jsonschema ignores them, as xgrammar does).
-_LEGACY_REF_VALIDATORS = ("Draft3Validator", "Draft4Validator", "Draft6Validator", "Draft7Validator")
-_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-_SINGLES = ("items", "additionalItems", "additionalProperties", "not", "if", "then", "else", "contains",
-            "propertyNames", "unevaluatedProperties", "unevaluatedItems")
-
-
-def xgrammar_gap(spec: GrammarSpec) -> tuple[str, str] | None:
-    """(feature, location) of the first construct xgrammar accepts but does not enforce, or None.
-
-    - ``oneOf``: xgrammar falls back to anyOf semantics when it cannot prove the branches
-      disjoint, so an output may match two branches;
-    - a combinator (anyOf/oneOf/allOf) next to other assertions (``type: object`` beside
-      ``anyOf: [{required: [a]}, ...]``): xgrammar keeps only the combinator;
-    - ``$ref`` next to other assertions in drafts where they apply (2019-09 and later);
-    - ``required`` names that ``properties`` does not declare: xgrammar drops them, or with
-      declared ones admits no object at all;
-    - ``minLength``/``maxLength``: xgrammar's length-bounded string admits raw control characters
-      (``"a\x00"``), which is not JSON.
-    """
-    if spec.kind == "json_schema":
-        schemas = [(spec.schema, "$")]
-    elif spec.kind == "structural_tag" and "structures" in spec.structural_tag:
-        schemas = [(s["schema"], f"structures[{i}].schema") for i, s in enumerate(spec.structural_tag["structures"])]
-    else:
-        return None
-    for schema, path in schemas:
-        if not isinstance(schema, dict):
-            continue
-        legacy_ref = _validator_name(schema) in _LEGACY_REF_VALIDATORS
-        seen: set[int] = set()
-        for node, where in _schema_nodes(schema, path, schema, seen):
-            gap = _node_gap(node, legacy_ref)
-            if gap is not None:
-                return gap, where
-            if where.startswith("#"):
-                # xgrammar's checker walks keywords, not $refs into other places (e.g. definitions.x.full).
-                try:
-                    check_schema_keywords(node, where)
-                except InvalidGrammarError as refused:
-                    return refused.feature or str(refused), where
-    return None
-
-
-def _node_gap(node: dict, legacy_ref: bool) -> str | None:
-    if "oneOf" in node:
-        return "oneOf (xgrammar falls back to anyOf when it cannot prove the branches disjoint)"
-    if "minLength" in node or "maxLength" in node:
-        return "minLength/maxLength (xgrammar admits raw control characters in length-bounded strings)"
-    required = node.get("required")
-    if isinstance(required, list) and required:
-        declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-        undeclared = [name for name in required if name not in declared]
-        if undeclared:
-            return f"required properties missing from properties ({', '.join(map(str, undeclared[:3]))})"
-    combinators = [k for k in _COMBINATORS if k in node]
-    if combinators:
-        siblings = sorted(k for k in node if k in _ASSERTIONS and k != combinators[0])
-        if siblings:
-            return f"{combinators[0]} together with sibling keywords ({', '.join(siblings)})"
-    if "$ref" in node and not legacy_ref:
-        siblings = sorted(k for k in node if k in _ASSERTIONS and k != "$ref")
-        if siblings:
-            return f"$ref together with sibling keywords ({', '.join(siblings)})"
-    return None
-
-
-def _schema_nodes(node: Any, path: str, root: dict, seen: set[int]):
-    """Every subschema reachable from `node` (through keywords and local $refs), once each."""
-    if not isinstance(node, dict) or id(node) in seen:
-        return
-    seen.add(id(node))
-    yield node, path
-    ref = node.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#"):
-        yield from _schema_nodes(_resolve_pointer(root, ref), ref, root, seen)
-    for keyword in _MAPS:
-        children = node.get(keyword)
-        if isinstance(children, dict):
-            for name, child in children.items():
-                yield from _schema_nodes(child, f"{path}.{keyword}.{name}", root, seen)
-    for keyword in _LISTS:
-        children = node.get(keyword)
-        if isinstance(children, list):
-            for index, child in enumerate(children):
-                yield from _schema_nodes(child, f"{path}.{keyword}[{index}]", root, seen)
-    for keyword in _SINGLES:
-        yield from _schema_nodes(node.get(keyword), f"{path}.{keyword}", root, seen)
-
-
-def _resolve_pointer(root: dict, ref: str) -> Any:
-    node: Any = root
-    for token in ref[2:].split("/") if len(ref) > 2 else []:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
-
-
-def _validator_name(schema: dict) -> str:
-    import jsonschema
-
-    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).__name__

@@ -105,6 +105,9 @@ class XGrammarBackend(GuidedBackend):
     def check(cls, spec: GrammarSpec) -> None:
         for schema, part in _schemas_of(spec):
             check_schema_keywords(schema, part)
+        gap = xgrammar_gap(spec)
+        if gap is not None:
+            _refuse(*gap)
         try:
             _grammar_without_tokenizer(spec)
         except (RuntimeError, ValueError, TypeError) as error:
@@ -174,8 +177,36 @@ _ANY_OBJECT_SCHEMA = '{"type":"object"}'
 
 
 def _enforced_schema(spec: GrammarSpec) -> str:
-    """The schema text handed to xgrammar: loose built-in formats replaced by strict patterns."""
-    return json.dumps(with_strict_formats(spec.schema))
+    return json.dumps(_enforceable_schema(spec.schema))
+
+
+# A JSON string character that needs no escape: what a length-bounded string may contain.
+_PLAIN_JSON_CHAR = '[^\\x00-\\x1f"\\\\]'
+
+
+def _enforceable_schema(schema: Any) -> Any:
+    """The schema handed to xgrammar: loose formats and length-bounded strings become patterns.
+
+    xgrammar's own ``minLength``/``maxLength`` string admits raw control characters (not JSON)
+    and its mask costs milliseconds per token (most tokens become context dependent); the
+    pattern ``^[plain char]{min,max}$`` is exact for strings without escapes and ~300x faster.
+    """
+    schema = with_strict_formats(schema)
+    _lengths_to_patterns(schema)
+    return schema
+
+
+def _lengths_to_patterns(node: Any) -> None:
+    if isinstance(node, dict):
+        if ("minLength" in node or "maxLength" in node) and "pattern" not in node and "format" not in node:
+            low, high = node.pop("minLength", 0), node.pop("maxLength", None)
+            node["pattern"] = f"^{_PLAIN_JSON_CHAR}{{{low},{'' if high is None else high}}}$"
+        for key, child in node.items():
+            if key not in ("const", "enum", "default", "examples"):
+                _lengths_to_patterns(child)
+    elif isinstance(node, list):
+        for child in node:
+            _lengths_to_patterns(child)
 
 
 def _compile(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.CompiledGrammar:
@@ -241,7 +272,7 @@ def structural_tag_json(spec: GrammarSpec) -> str:
     if "format" in tag:
         return json.dumps(tag)
     tags = [
-        {"type": "tag", "begin": s["begin"], "content": {"type": "json_schema", "json_schema": with_strict_formats(s["schema"])}, "end": s["end"]}
+        {"type": "tag", "begin": s["begin"], "content": {"type": "json_schema", "json_schema": _enforceable_schema(s["schema"])}, "end": s["end"]}
         for s in tag["structures"]
     ]
     return json.dumps({"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": tag["triggers"], "tags": tags}})
@@ -317,3 +348,132 @@ def _first_line(error: Exception) -> str:
         if ".cc:" in message and ": " in message:
             message = message.split(": ", 1)[1]
     return message
+
+
+# ----- what xgrammar's own checker lets through but xgrammar does not enforce ----------------------
+# Found by generating from ~580 SchemaStore schemas and validating with jsonschema (docs/coverage.md)
+# and confirmed on minimal schemas in tests/test_auto_backend.py and tests/test_xgrammar_backend.py.
+# `check` runs it on the schema as compiled (after `_enforceable_schema`'s rewrites).
+
+_ASSERTIONS = frozenset({
+    "type", "enum", "const", "properties", "patternProperties", "additionalProperties", "required",
+    "minProperties", "maxProperties", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
+    "uniqueItems", "contains", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "not", "if", "then", "else", "dependentRequired",
+    "dependentSchemas", "dependencies", "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+    "allOf", "anyOf", "oneOf", "$ref",
+})
+_COMBINATORS = ("anyOf", "oneOf", "allOf")
+# Drafts whose $ref replaces its siblings (jsonschema ignores them, as xgrammar does).
+_LEGACY_REF_VALIDATORS = ("Draft3Validator", "Draft4Validator", "Draft6Validator", "Draft7Validator")
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SINGLES = ("items", "additionalItems", "additionalProperties", "not", "if", "then", "else", "contains",
+            "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+
+
+def xgrammar_gap(spec: GrammarSpec) -> tuple[str, str] | None:
+    """See `_xgrammar_gap_in`; applied to every JSON schema of `spec` as xgrammar will see it."""
+    if spec.kind == "json_schema":
+        schemas = [(_enforceable_schema(spec.schema), "$")]
+    elif spec.kind == "structural_tag" and "structures" in spec.structural_tag:
+        schemas = [(_enforceable_schema(s["schema"]), f"structures[{i}].schema") for i, s in enumerate(spec.structural_tag["structures"])]
+    else:
+        return None
+    return _xgrammar_gap_in(schemas)
+
+
+def _xgrammar_gap_in(schemas) -> tuple[str, str] | None:
+    """(feature, location) of the first construct xgrammar accepts but does not enforce, or None.
+
+    - ``oneOf``: xgrammar falls back to anyOf semantics when it cannot prove the branches
+      disjoint, so an output may match two branches;
+    - a combinator (anyOf/oneOf/allOf) next to other assertions (``type: object`` beside
+      ``anyOf: [{required: [a]}, ...]``): xgrammar keeps only the combinator;
+    - ``$ref`` next to other assertions in drafts where they apply (2019-09 and later);
+    - ``required`` names that ``properties`` does not declare: xgrammar drops them, or with
+      declared ones admits no object at all;
+    - ``minLength``/``maxLength`` left after the rewrite to a pattern (i.e. beside a ``format``):
+      xgrammar's own length-bounded string admits raw control characters (``"a\x00"``), not JSON.
+    """
+    for schema, path in schemas:
+        if not isinstance(schema, dict):
+            continue
+        legacy_ref = _validator_name(schema) in _LEGACY_REF_VALIDATORS
+        seen: set[int] = set()
+        for node, where in _schema_nodes(schema, path, schema, seen):
+            gap = _node_gap(node, legacy_ref)
+            if gap is not None:
+                return gap, where
+            if where.startswith("#"):
+                # xgrammar's checker walks keywords, not $refs into other places (e.g. definitions.x.full).
+                try:
+                    check_schema_keywords(node, where)
+                except InvalidGrammarError as refused:
+                    return refused.feature or str(refused), where
+    return None
+
+
+def _node_gap(node: dict, legacy_ref: bool) -> str | None:
+    if "oneOf" in node:
+        return "oneOf (xgrammar falls back to anyOf when it cannot prove the branches disjoint)"
+    if "minLength" in node or "maxLength" in node:
+        return "minLength/maxLength (xgrammar admits raw control characters in length-bounded strings)"
+    required = node.get("required")
+    if isinstance(required, list) and required:
+        declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        undeclared = [name for name in required if name not in declared]
+        if undeclared:
+            return f"required properties missing from properties ({', '.join(map(str, undeclared[:3]))})"
+    combinators = [k for k in _COMBINATORS if k in node]
+    if combinators:
+        siblings = sorted(k for k in node if k in _ASSERTIONS and k != combinators[0])
+        if siblings:
+            return f"{combinators[0]} together with sibling keywords ({', '.join(siblings)})"
+    if "$ref" in node and not legacy_ref:
+        siblings = sorted(k for k in node if k in _ASSERTIONS and k != "$ref")
+        if siblings:
+            return f"$ref together with sibling keywords ({', '.join(siblings)})"
+    return None
+
+
+def _schema_nodes(node: Any, path: str, root: dict, seen: set[int]):
+    """Every subschema reachable from `node` (through keywords and local $refs), once each."""
+    if not isinstance(node, dict) or id(node) in seen:
+        return
+    seen.add(id(node))
+    yield node, path
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        yield from _schema_nodes(_resolve_pointer(root, ref), ref, root, seen)
+    for keyword in _MAPS:
+        children = node.get(keyword)
+        if isinstance(children, dict):
+            for name, child in children.items():
+                yield from _schema_nodes(child, f"{path}.{keyword}.{name}", root, seen)
+    for keyword in _LISTS:
+        children = node.get(keyword)
+        if isinstance(children, list):
+            for index, child in enumerate(children):
+                yield from _schema_nodes(child, f"{path}.{keyword}[{index}]", root, seen)
+    for keyword in _SINGLES:
+        yield from _schema_nodes(node.get(keyword), f"{path}.{keyword}", root, seen)
+
+
+def _resolve_pointer(root: dict, ref: str) -> Any:
+    node: Any = root
+    for token in ref[2:].split("/") if len(ref) > 2 else []:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
+
+
+def _validator_name(schema: dict) -> str:
+    import jsonschema
+
+    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).__name__

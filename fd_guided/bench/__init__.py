@@ -71,6 +71,10 @@ def format_report(report: dict) -> str:
         for row in report["steps"]:
             lines.append(f"{'':25}{row['batch']:>5}  {row['unguided_ms']:8.2f}  {row['guided_ms']:6.2f}  {row['fastdeploy_ms']:10.2f}  "
                          f"{row['guided_over_unguided']:15.3f}  {row['fastdeploy_over_unguided']:11.3f}  {row['our_overhead_over_fastdeploy_overhead']:10.3f}")
+        for row in report["steps"]:
+            if "guided_llguidance_ms" in row:
+                lines.append(f"{'':25}{row['batch']:>5}  llguidance backend: {row['guided_llguidance_ms']:.2f} ms, "
+                             f"x{row['guided_llguidance_over_unguided']:.3f} of unguided, overhead {row['llguidance_overhead_over_fastdeploy_overhead']:.3f} of fd's")
         lines.append("guided phases per step (ms): " + "; ".join(
             f"b{row['batch']}: " + ", ".join(f"{k} {v:.3f}" for k, v in row["guided_phases_ms"].items()) for row in report["steps"]))
     if "kernels" in report:

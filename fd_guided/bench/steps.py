@@ -1,9 +1,11 @@
 """Per-decode-step cost of guided decoding on the reference engine, side by side in one process.
 
-For each batch size the same model runs the same prompts three ways, interleaved round by round so
-machine noise hits all three alike:
+For each batch size the same model runs the same prompts several ways, interleaved round by round
+so machine noise hits all of them alike:
   - ``unguided``: no manager at all;
-  - ``guided``: our manager (async compile, overlapped fill, in-place C kernel);
+  - ``guided``: our manager with the default (xgrammar) backend: async compile, overlapped fill,
+    in-place C kernel;
+  - ``guided_llguidance``: the same manager with the llguidance backend (when installed);
   - ``fastdeploy``: `FastDeployStyleManager` (blocking join, serial fill, numpy round trip).
 The constraints force long structured outputs (arrays of objects with a minimum length), so every
 request decodes for the whole measured window and the batch stays full.
@@ -24,7 +26,15 @@ ITEM_SCHEMAS = [
                                       "label": {"type": "string", "pattern": "^[a-z]{2,6}$"}}, "required": ["point", "label"]},
     {"type": "object", "properties": {"date": {"type": "string", "format": "date"}, "count": {"type": "integer", "minimum": 0, "maximum": 999}}, "required": ["date", "count"]},
 ]
-MODES = ("unguided", "guided", "fastdeploy")
+MODES = ("unguided", "guided", "guided_llguidance", "fastdeploy")
+
+
+def available_modes() -> tuple[str, ...]:
+    try:
+        import llguidance  # noqa: F401
+    except ImportError:
+        return tuple(m for m in MODES if m != "guided_llguidance")
+    return MODES
 
 
 def long_running_requests(batch: int, guided: bool) -> list[dict]:
@@ -53,9 +63,13 @@ def _engine_for(mode: str, model, tokenizer, batch: int):
     engine = ReferenceEngine(model, tokenizer, guided=False, max_num_seqs=batch, max_num_batched_tokens=max(512, batch * 16))
     if mode == "unguided":
         return engine
-    config = GuidedConfig() if mode == "guided" else GuidedConfig(cache_limit_bytes=FASTDEPLOY_CACHE_BYTES)
+    config = {
+        "guided": GuidedConfig(),
+        "guided_llguidance": GuidedConfig(backend="llguidance"),
+        "fastdeploy": GuidedConfig(cache_limit_bytes=FASTDEPLOY_CACHE_BYTES),
+    }[mode]
     backend = create_backend(config.backend, tokenizer, vocab_size=model.cfg.vocab_size, config=config)
-    manager_cls = GuidedDecodingManager if mode == "guided" else FastDeployStyleManager
+    manager_cls = FastDeployStyleManager if mode == "fastdeploy" else GuidedDecodingManager
     engine.manager = manager_cls(backend, batch, think_end_id=tokenizer.think_end_id)
     engine.runner.attach_guided(engine.manager)
     return engine
@@ -76,18 +90,19 @@ def _one_run(engine, batch: int, guided: bool, decode_steps: int) -> tuple[float
 
 def bench_steps(model, tokenizer, batches=(1, 8, 32, 128), decode_steps: int = 24, rounds: int = 3, progress=print) -> list[StepResult]:
     results = []
+    modes = available_modes()
     for batch in batches:
-        engines = {mode: _engine_for(mode, model, tokenizer, batch) for mode in MODES}
-        samples: dict[str, list[float]] = {mode: [] for mode in MODES}
-        phases: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+        engines = {mode: _engine_for(mode, model, tokenizer, batch) for mode in modes}
+        samples: dict[str, list[float]] = {mode: [] for mode in modes}
+        phases: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
         for round_index in range(rounds + 1):  # round 0 warms caches and allocators up
             for mode, engine in engines.items():
                 step_ms, step_phases = _one_run(engine, batch, mode != "unguided", decode_steps)
                 if round_index:
                     samples[mode].append(step_ms)
                     phases[mode].append(step_phases)
-            progress(f"  steps batch={batch} round {round_index}/{rounds}: " + ", ".join(f"{m} {samples[m][-1]:.2f}ms" for m in MODES if samples[m]))
-        for mode in MODES:
+            progress(f"  steps batch={batch} round {round_index}/{rounds}: " + ", ".join(f"{m} {samples[m][-1]:.2f}ms" for m in modes if samples[m]))
+        for mode in modes:
             merged = {k: statistics.median(p[k] for p in phases[mode]) for k in (phases[mode][0] if phases[mode] else {})}
             results.append(StepResult(batch, mode, statistics.median(samples[mode]), merged))
         for engine in engines.values():
@@ -115,4 +130,12 @@ def step_ratios(results: list[StepResult]) -> list[dict]:
             "guided_phases_ms": guided.phases_ms,
             "fastdeploy_phases_ms": baseline.phases_ms,
         })
+        llguidance = by_key.get((batch, "guided_llguidance"))
+        if llguidance is not None:
+            rows[-1].update({
+                "guided_llguidance_ms": llguidance.step_ms,
+                "guided_llguidance_over_unguided": llguidance.step_ms / unguided,
+                "llguidance_overhead_over_fastdeploy_overhead": (llguidance.step_ms - unguided) / theirs if theirs > 0 else float("nan"),
+                "guided_llguidance_phases_ms": llguidance.phases_ms,
+            })
     return rows

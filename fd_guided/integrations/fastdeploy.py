@@ -62,7 +62,7 @@ HOST_PLUGIN_GROUP = "fastdeploy.model_register_plugins"
 # Host backend names this plugin serves once registered (override with FD_GUIDED_BACKENDS).
 DEFAULT_SERVED_NAMES = ("fd_guided", "xgrammar", "auto")
 # FastDeploy backend names -> our registry names ("auto" is ours too when registered).
-_BACKEND_ALIASES = {"fd_guided": "xgrammar", "guidance": "llguidance"}
+_BACKEND_ALIASES = {"fd_guided": "auto", "guidance": "llguidance"}
 # Key the checker adds to a JSON schema / structural tag it writes back, so per-request options
 # (whitespace, separators, strictness, json_object) survive FastDeploy's (type, text) key.
 OPTIONS_KEY = "x-fd-guided"
@@ -86,7 +86,7 @@ def guided_config_from_fd(fd_config: Any, **overrides) -> GuidedConfig:
     the CLI's string values ("false" is False here, unlike ``bool("false")``). `overrides` win.
     """
     structured = getattr(fd_config, "structured_outputs_config", None)
-    changes: dict[str, Any] = {"backend": backend_name_for(_read(structured, "guided_decoding_backend") or "xgrammar")}
+    changes: dict[str, Any] = {"backend": backend_name_for(_read(structured, "guided_decoding_backend") or "auto")}
     disable = _first_set(
         overrides.pop("disable_any_whitespace", None),
         _read(structured, "guided_decoding_disable_any_whitespace"),
@@ -102,7 +102,7 @@ def guided_config_from_fd(fd_config: Any, **overrides) -> GuidedConfig:
 def backend_name_for(host_name: str) -> str:
     """Our registry name for a FastDeploy backend name.
 
-    ``fd_guided`` -> ``xgrammar``, ``guidance`` -> ``llguidance``, ``auto`` -> our ``auto``
+    ``fd_guided`` -> ``auto``, ``guidance`` -> ``llguidance``, ``auto`` -> our ``auto``
     backend (``xgrammar`` if none is registered), ``fd_guided:<name>`` -> ``<name>``.
     """
     name = str(host_name).strip().lower()
