@@ -40,6 +40,7 @@ class GenerationResult:
     error: str | None = None
     prompt_tokens: int = 0
     spec: GrammarSpec | None = field(default=None, repr=False)
+    # From admission (fields validated, spec built) to the first sampled token.
     ttft_seconds: float | None = None
 
 
@@ -52,6 +53,7 @@ class RunStats:
     sample_seconds: float = 0.0
     steps: int = 0
     generated_tokens: int = 0
+    admission_seconds: float = 0.0
     guided: dict[str, float] = field(default_factory=dict)
     # One entry per step: (seconds, number of prompt tokens in the step); decode-only steps have 0.
     step_log: list[tuple[float, int]] = field(default_factory=list)
@@ -80,7 +82,7 @@ class _Sequence:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
-    submitted_at: float = 0.0
+    admitted_at: float = 0.0
     first_token_at: float | None = None
 
 
@@ -141,7 +143,6 @@ class ReferenceEngine:
         ``chat_template_kwargs.enable_thinking``) override the defaults.
         """
         started = time.perf_counter()
-        self._started = started
         self.stats = RunStats()
         timings_before = self.manager.timings.as_dict() if self.manager else {}
         results: dict[int, GenerationResult] = {}
@@ -151,6 +152,7 @@ class ReferenceEngine:
                 waiting.append(self._admit(index, request, max_tokens, seed))
             except InvalidGrammarError as error:
                 results[index] = GenerationResult(index, "", [], "error", str(error))
+        self.stats.admission_seconds = time.perf_counter() - started
         for seq in self._run(waiting):
             results[seq.index] = self._result(seq)
         self.stats.wall_seconds = time.perf_counter() - started
@@ -177,6 +179,7 @@ class ReferenceEngine:
         params = SamplingParams(**{k: request[k] for k in SAMPLING_FIELDS if k in request})
         thinking = request.get("enable_thinking", (request.get("chat_template_kwargs") or {}).get("enable_thinking"))
         return _Sequence(
+            admitted_at=time.perf_counter(),
             index=index,
             prompt_ids=prompt_ids,
             max_tokens=int(request.get("max_tokens", max_tokens)),
@@ -275,7 +278,7 @@ class ReferenceEngine:
 
     def _result(self, seq: _Sequence) -> GenerationResult:
         text = self.tokenizer.decode(seq.output_ids)
-        ttft = seq.first_token_at - self._started if seq.first_token_at is not None else None
+        ttft = seq.first_token_at - seq.admitted_at if seq.first_token_at is not None else None
         return GenerationResult(seq.index, text, list(seq.output_ids), seq.finish_reason, seq.error, len(seq.prompt_ids), seq.spec, ttft)
 
     def close(self) -> None:
