@@ -271,19 +271,24 @@ def _check_local_refs(node: Any, root: dict, part: str, path: str) -> None:
 
 
 def _resolve_local_ref(ref: str, root: dict, part: str) -> None:
-    if ref == "#":
-        return
     if not ref.startswith("#/"):
         raise InvalidGrammarError(f"only local references ('#/...') are supported, got {ref!r}", part=part)
+    if resolve_local_ref(root, ref) is None:
+        raise InvalidGrammarError(f"reference {ref!r} does not resolve", part=part)
+
+
+def resolve_local_ref(root: Any, ref: str) -> Any:
+    """The node a local JSON pointer (``#``, ``#/a/0/b``, with ``~0``/``~1`` escapes) names, or None."""
     node: Any = root
-    for token in ref[2:].split("/"):
+    for token in ref[2:].split("/") if len(ref) > 2 else []:
         token = token.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and token in node:
             node = node[token]
         elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
             node = node[int(token)]
         else:
-            raise InvalidGrammarError(f"reference {ref!r} does not resolve", part=part)
+            return None
+    return node
 
 
 def _parse_structural_tag(value: Any, json_format: JsonFormat, *, part: str) -> GrammarSpec:

@@ -77,6 +77,8 @@ def test_length_bounded_strings_are_plain_json_and_exact(backend):
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}]}, "anyOf together with sibling keywords"),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, "required properties missing"),
     ({"type": "string", "format": "email", "maxLength": 20}, "minLength/maxLength"),
+    ({"type": "string", "pattern": "^(?!org\\.)[a-z.]+$"}, "Lookahead"),  # xgrammar would drop the lookahead
+    ({"type": "string", "pattern": "^(a)\\1$"}, "Backreference"),
 ])
 def test_constructs_xgrammar_mis_enforces_are_refused(schema, feature):
     with pytest.raises(InvalidGrammarError, match=feature) as caught:

@@ -9,7 +9,7 @@ enforces is exactly the format, never looser. Each pattern was checked against P
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])"
 IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
@@ -28,19 +28,28 @@ STRICT_FORMAT_PATTERNS = {"ipv4": IPV4, "date": DATE, "date-time": DATE_TIME, "t
 def with_strict_formats(schema: Any) -> Any:
     """A copy of `schema` where every string ``format`` listed above becomes an anchored ``pattern``."""
     schema = copy.deepcopy(schema)
-    _rewrite(schema)
+    for_each_schema_node(schema, _format_to_pattern)
     return schema
 
 
-def _rewrite(node: Any) -> None:
+def _format_to_pattern(node: dict) -> None:
+    fmt = node.get("format")
+    if fmt in STRICT_FORMAT_PATTERNS and "pattern" not in node:
+        del node["format"]
+        node["pattern"] = f"^{STRICT_FORMAT_PATTERNS[fmt]}$"
+
+
+# Keywords whose values are data, not subschemas: never rewritten.
+_DATA_KEYWORDS = ("const", "enum", "default", "examples")
+
+
+def for_each_schema_node(node: Any, visit: Callable[[dict], None]) -> None:
+    """Call `visit` on every object of a schema (in place, parents first), skipping data values."""
     if isinstance(node, dict):
-        fmt = node.get("format")
-        if fmt in STRICT_FORMAT_PATTERNS and "pattern" not in node:
-            del node["format"]
-            node["pattern"] = f"^{STRICT_FORMAT_PATTERNS[fmt]}$"
+        visit(node)
         for key, child in node.items():
-            if key not in ("const", "enum", "default", "examples"):
-                _rewrite(child)
+            if key not in _DATA_KEYWORDS:
+                for_each_schema_node(child, visit)
     elif isinstance(node, list):
         for child in node:
-            _rewrite(child)
+            for_each_schema_node(child, visit)

@@ -38,7 +38,7 @@ from llguidance import LLExecutor, LLMatcher, LLTokenizer
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
-from ..spec import JsonFormat, GrammarSpec
+from ..spec import GrammarSpec, JsonFormat, resolve_local_ref
 from ..tokenizer import TokenizerBundle
 from .formats import STRICT_FORMAT_PATTERNS
 
@@ -400,7 +400,7 @@ def _ref_targets(doc: dict) -> Iterator[tuple[str, Any]]:
     refs: set[str] = set()
     _collect_refs(doc, refs)
     for ref in sorted(refs):
-        node = _resolve(doc, ref)
+        node = resolve_local_ref(doc, ref)
         if node is not None:
             yield ref, node
 
@@ -416,21 +416,6 @@ def _collect_refs(node: Any, refs: set[str]) -> None:
     elif isinstance(node, list):
         for child in node:
             _collect_refs(child, refs)
-
-
-def _resolve(doc: dict, ref: str) -> Any:
-    node: Any = doc
-    if ref in ("#", "#/"):
-        return doc
-    for token in ref[2:].split("/"):
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
 
 
 def _mark_combined(node: Any, doc: dict, marked: set[int], visiting: set[int]) -> None:
@@ -463,7 +448,7 @@ def _mark_branch(branch: Any, doc: dict, marked: set[int], visiting: set[int]) -
     marked.add(id(branch))
     ref = branch.get("$ref")
     if isinstance(ref, str) and ref.startswith("#"):
-        _mark_branch(_resolve(doc, ref), doc, marked, visiting)
+        _mark_branch(resolve_local_ref(doc, ref), doc, marked, visiting)
 
 
 def _children(node: Any, path: str) -> Iterator[tuple[Any, str]]:

@@ -15,9 +15,9 @@ import xgrammar as xgr
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
-from ..spec import GrammarSpec
+from ..spec import GrammarSpec, resolve_local_ref
 from ..tokenizer import TokenizerBundle
-from .formats import STRICT_FORMAT_PATTERNS, with_strict_formats
+from .formats import STRICT_FORMAT_PATTERNS, for_each_schema_node, with_strict_formats
 
 # Formats xgrammar turns into real string grammars (anything else would be ignored).
 SUPPORTED_FORMATS = frozenset({
@@ -192,21 +192,14 @@ def _enforceable_schema(schema: Any) -> Any:
     pattern ``^[plain char]{min,max}$`` is exact for strings without escapes and ~300x faster.
     """
     schema = with_strict_formats(schema)
-    _lengths_to_patterns(schema)
+    for_each_schema_node(schema, _length_to_pattern)
     return schema
 
 
-def _lengths_to_patterns(node: Any) -> None:
-    if isinstance(node, dict):
-        if ("minLength" in node or "maxLength" in node) and "pattern" not in node and "format" not in node:
-            low, high = node.pop("minLength", 0), node.pop("maxLength", None)
-            node["pattern"] = f"^{_PLAIN_JSON_CHAR}{{{low},{'' if high is None else high}}}$"
-        for key, child in node.items():
-            if key not in ("const", "enum", "default", "examples"):
-                _lengths_to_patterns(child)
-    elif isinstance(node, list):
-        for child in node:
-            _lengths_to_patterns(child)
+def _length_to_pattern(node: dict) -> None:
+    if ("minLength" in node or "maxLength" in node) and "pattern" not in node and "format" not in node:
+        low, high = node.pop("minLength", 0), node.pop("maxLength", None)
+        node["pattern"] = f"^{_PLAIN_JSON_CHAR}{{{low},{'' if high is None else high}}}$"
 
 
 def _compile(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.CompiledGrammar:
@@ -306,12 +299,23 @@ def check_schema_keywords(schema: Any, path: str = "$") -> None:
         _refuse(f"format {fmt!r} together with pattern", f"{path}.format")
     if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
         _refuse("pattern together with minLength/maxLength", f"{path}.pattern")
+    if isinstance(schema.get("pattern"), str):
+        _check_pattern(schema["pattern"], f"{path}.pattern")
     if isinstance(schema.get("items"), list):
         _refuse("items as a list (use prefixItems)", f"{path}.items")
     if "unevaluatedProperties" in schema and not isinstance(schema["unevaluatedProperties"], bool):
         _refuse("unevaluatedProperties with a schema", f"{path}.unevaluatedProperties")
     for child, child_path in _subschemas(schema, path):
         check_schema_keywords(child, child_path)
+
+
+def _check_pattern(pattern: str, location: str) -> None:
+    """Inside a JSON schema xgrammar drops what its regex parser refuses (lookaround, backreferences,
+    word boundaries) with only a log line; such a pattern must be refused, not weakened."""
+    try:
+        xgr.Grammar.from_regex(pattern)
+    except (RuntimeError, ValueError) as error:
+        _refuse(f"pattern {pattern!r} ({_first_line(error)})", location)
 
 
 def _subschemas(schema: dict, path: str) -> Iterator[tuple[Any, str]]:
@@ -445,7 +449,7 @@ def _schema_nodes(node: Any, path: str, root: dict, seen: set[int]):
     yield node, path
     ref = node.get("$ref")
     if isinstance(ref, str) and ref.startswith("#"):
-        yield from _schema_nodes(_resolve_pointer(root, ref), ref, root, seen)
+        yield from _schema_nodes(resolve_local_ref(root, ref), ref, root, seen)
     for keyword in _MAPS:
         children = node.get(keyword)
         if isinstance(children, dict):
@@ -458,19 +462,6 @@ def _schema_nodes(node: Any, path: str, root: dict, seen: set[int]):
                 yield from _schema_nodes(child, f"{path}.{keyword}[{index}]", root, seen)
     for keyword in _SINGLES:
         yield from _schema_nodes(node.get(keyword), f"{path}.{keyword}", root, seen)
-
-
-def _resolve_pointer(root: dict, ref: str) -> Any:
-    node: Any = root
-    for token in ref[2:].split("/") if len(ref) > 2 else []:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
 
 
 def _validator_name(schema: dict) -> str:
