@@ -35,7 +35,7 @@ from .errors import GrammarCompileTimeout, GuidedDecodingError, InvalidGrammarEr
 from .interface import Grammar, GuidedBackend
 from .kernels import apply_token_bitmask_inplace
 from .metrics import GuidedMetrics
-from .spec import GrammarSpec, parse_guided_request
+from .spec import GrammarSpec, check_with_backend, parse_guided_request
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class GuidedDecodingManager:
         """Parse and check a request's guided fields against this manager's backend."""
         spec = parse_guided_request(fields, self.config, check_backend=False)
         if spec is not None:
-            type(self.backend).check(spec)
+            check_with_backend(type(self.backend), spec)
         return spec
 
     def add_request(

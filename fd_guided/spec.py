@@ -18,12 +18,15 @@ schema keywords). Every failure is an `InvalidGrammarError` naming the offending
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .config import GuidedConfig
 from .errors import InvalidGrammarError
+
+logger = logging.getLogger(__name__)
 
 KIND_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar", "structural_tag")
 KINDS = ("json_schema", "json_object", "regex", "choice", "ebnf", "lark", "structural_tag")
@@ -106,8 +109,26 @@ def parse_guided_request(
     if spec is not None and check_backend:
         from .registry import get_backend_class
 
-        get_backend_class(config.backend).check(spec)
+        check_with_backend(get_backend_class(config.backend), spec)
     return spec
+
+
+def check_with_backend(backend_class, spec: GrammarSpec) -> None:
+    """Run a backend's admission check; an unexpected exception in it fails this request only.
+
+    A checker bug triggered by odd input must not escape as a TypeError and take down the caller's
+    whole batch: it becomes an InvalidGrammarError (the traceback is logged for the developers).
+    """
+    try:
+        backend_class.check(spec)
+    except InvalidGrammarError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any checker failure is this request's failure
+        logger.exception("the %s checker failed on %s", getattr(backend_class, "name", backend_class), spec.describe())
+        raise InvalidGrammarError(
+            f"the {getattr(backend_class, 'name', 'backend')} checker could not check this constraint "
+            f"({type(error).__name__}: {error})", part=FIELD_OF_KIND.get(spec.kind, "request")
+        ) from None
 
 
 def _spec_from_fields(fields: Mapping[str, Any], json_format: JsonFormat) -> GrammarSpec | None:
@@ -204,6 +225,9 @@ def _parse_structural_tag_field(value: Any, json_format: JsonFormat) -> GrammarS
     return _parse_structural_tag(value, json_format, part="structural_tag")
 
 
+FIELD_OF_KIND = {"json_schema": "guided_json", "json_object": "json_object", "regex": "guided_regex", "choice": "guided_choice",
+                 "ebnf": "guided_grammar", "lark": "guided_grammar", "structural_tag": "structural_tag"}
+
 _FIELD_PARSERS = {
     "guided_json": _parse_guided_json,
     "guided_json_object": _parse_json_object,
@@ -271,7 +295,7 @@ def _check_local_refs(node: Any, root: dict, part: str, path: str) -> None:
 
 
 def _resolve_local_ref(ref: str, root: dict, part: str) -> None:
-    if not ref.startswith("#/"):
+    if ref != "#" and not ref.startswith("#/"):
         raise InvalidGrammarError(f"only local references ('#/...') are supported, got {ref!r}", part=part)
     if resolve_local_ref(root, ref) is None:
         raise InvalidGrammarError(f"reference {ref!r} does not resolve", part=part)

@@ -57,3 +57,11 @@ def test_rewrite_touches_only_schema_positions():
     assert rewritten["properties"]["e"]["format"] == "email"
     assert rewritten["default"] == {"format": "ipv4"}
     assert schema["properties"]["ip"]["format"] == "ipv4"  # the input is not modified
+
+
+def test_properties_named_like_keywords_are_not_rewritten():
+    schema = {"type": "object", "properties": {"format": {"type": "string", "format": "date"},
+                                                 "minLength": {"type": "integer"}}}
+    rewritten = with_strict_formats(schema)
+    assert set(rewritten["properties"]) == {"format", "minLength"}
+    assert "pattern" in rewritten["properties"]["format"] and "format" not in rewritten["properties"]["format"]

@@ -170,3 +170,28 @@ def test_unknown_backend_is_a_typed_error():
 def test_spec_rejects_unknown_kind():
     with pytest.raises(InvalidGrammarError):
         GrammarSpec("xml", "<a/>")
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance", "auto"])
+def test_properties_named_like_keywords_and_root_refs_are_admitted(backend):
+    schema = {"type": "object", "properties": {"format": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                                                 "minLength": {"type": "integer"}, "pattern": {"type": "string"},
+                                                 "child": {"$ref": "#"}}}
+    spec = parse_guided_request({"guided_json": schema}, GuidedConfig(backend=backend))
+    assert spec.schema == schema
+
+
+class BrokenChecker:
+    name = "broken"
+
+    @classmethod
+    def check(cls, spec):
+        raise TypeError("unhashable type: 'dict'")
+
+
+def test_a_checker_bug_fails_only_that_request_with_a_typed_error():
+    from fd_guided.spec import check_with_backend
+
+    with pytest.raises(InvalidGrammarError, match="broken checker could not check") as caught:
+        check_with_backend(BrokenChecker, parse_guided_request({"guided_regex": "a+"}))
+    assert caught.value.part == "guided_regex"

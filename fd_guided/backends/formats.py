@@ -34,22 +34,32 @@ def with_strict_formats(schema: Any) -> Any:
 
 def _format_to_pattern(node: dict) -> None:
     fmt = node.get("format")
-    if fmt in STRICT_FORMAT_PATTERNS and "pattern" not in node:
+    if isinstance(fmt, str) and fmt in STRICT_FORMAT_PATTERNS and "pattern" not in node:
         del node["format"]
         node["pattern"] = f"^{STRICT_FORMAT_PATTERNS[fmt]}$"
 
 
 # Keywords whose values are data, not subschemas: never rewritten.
 _DATA_KEYWORDS = ("const", "enum", "default", "examples")
+# Keywords whose values map names to subschemas: the map itself is not a schema (a property may be
+# called "format" or "minLength").
+_SCHEMA_MAP_KEYWORDS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
 
 
 def for_each_schema_node(node: Any, visit: Callable[[dict], None]) -> None:
-    """Call `visit` on every object of a schema (in place, parents first), skipping data values."""
-    if isinstance(node, dict):
-        visit(node)
-        for key, child in node.items():
-            if key not in _DATA_KEYWORDS:
-                for_each_schema_node(child, visit)
-    elif isinstance(node, list):
+    """Call `visit` on every subschema of a schema (in place, parents first), skipping data values."""
+    if isinstance(node, list):
         for child in node:
+            for_each_schema_node(child, visit)
+        return
+    if not isinstance(node, dict):
+        return
+    visit(node)
+    for key, child in node.items():
+        if key in _DATA_KEYWORDS:
+            continue
+        if key in _SCHEMA_MAP_KEYWORDS and isinstance(child, dict):
+            for subschema in child.values():
+                for_each_schema_node(subschema, visit)
+        else:
             for_each_schema_node(child, visit)

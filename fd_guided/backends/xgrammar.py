@@ -15,7 +15,7 @@ import xgrammar as xgr
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
-from ..spec import GrammarSpec, resolve_local_ref
+from ..spec import FIELD_OF_KIND, GrammarSpec, resolve_local_ref
 from ..tokenizer import TokenizerBundle
 from .formats import STRICT_FORMAT_PATTERNS, for_each_schema_node, with_strict_formats
 
@@ -293,9 +293,9 @@ def check_schema_keywords(schema: Any, path: str = "$") -> None:
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         _refuse("allOf with more than one subschema", f"{path}.allOf")
     fmt = schema.get("format")
-    if fmt is not None and fmt not in SUPPORTED_FORMATS:
+    if fmt is not None and (not isinstance(fmt, str) or fmt not in SUPPORTED_FORMATS):
         _refuse(f"format {fmt!r} (supported: {', '.join(sorted(SUPPORTED_FORMATS))})", f"{path}.format")
-    if fmt in STRICT_FORMAT_PATTERNS and "pattern" in schema:
+    if isinstance(fmt, str) and fmt in STRICT_FORMAT_PATTERNS and "pattern" in schema:
         _refuse(f"format {fmt!r} together with pattern", f"{path}.format")
     if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
         _refuse("pattern together with minLength/maxLength", f"{path}.pattern")
@@ -339,8 +339,7 @@ def _refuse(feature: str, location: str) -> None:
 
 
 def _part_of(spec: GrammarSpec) -> str:
-    return {"json_schema": "guided_json", "json_object": "json_object", "regex": "guided_regex", "choice": "guided_choice",
-            "ebnf": "guided_grammar", "lark": "guided_grammar", "structural_tag": "structural_tag"}[spec.kind]
+    return FIELD_OF_KIND[spec.kind]
 
 
 def _first_line(error: Exception) -> str:
