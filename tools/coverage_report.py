@@ -293,7 +293,7 @@ def markdown(summaries: list[dict], meta: dict, runs: list[dict]) -> str:
         union = accepted_sets["xgrammar"] | accepted_sets["llguidance"]
         lines += [f"Accepted by xgrammar's checker or llguidance's: {len(union)}; by both: "
                   f"{len(accepted_sets['xgrammar'] & accepted_sets['llguidance'])}; by auto: {len(accepted_sets['auto'])} "
-                  "(auto refuses what xgrammar's checker lets through but xgrammar does not enforce, unless llguidance can)."]
+                  "(auto takes xgrammar where its checker accepts, llguidance where only llguidance's does)."]
     for s in summaries:
         if s["rejected_at_compile"]:
             lines.append(f"- {s['backend']}: {s['rejected_at_compile']} schemas passed admission and failed to compile.")

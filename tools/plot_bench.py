@@ -33,9 +33,9 @@ def save(fig, path: Path) -> None:
 def plot_steps(report: dict, out: Path) -> None:
     rows = report["steps"]
     fig, ax = plt.subplots(figsize=(7, 4))
-    series = [(lambda r: r["unguided_ms"], "unguided"), (lambda r: r["guided_ms"], "fd_guided (xgrammar)")]
+    series = [(lambda r: r["unguided_ms"], "unguided"), (lambda r: r["guided_ms"], "fd_guided (default: auto)")]
     if all("guided_llguidance_ms" in r for r in rows):
-        series.append((lambda r: r["guided_llguidance_ms"], "fd_guided (llguidance)"))
+        series.append((lambda r: r["guided_llguidance_ms"], "fd_guided (llguidance pinned)"))
     series.append((lambda r: r["fastdeploy_ms"], "FastDeploy-style"))
     grouped_bars(ax, rows, series, [str(r["batch"]) for r in rows])
     for i, r in enumerate(rows):

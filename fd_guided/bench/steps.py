@@ -3,7 +3,7 @@
 For each batch size the same model runs the same prompts several ways, interleaved round by round
 so machine noise hits all of them alike:
   - ``unguided``: no manager at all;
-  - ``guided``: our manager with the default (xgrammar) backend: async compile, overlapped fill,
+  - ``guided``: our manager with the default backend (auto; xgrammar for these schemas): async compile, overlapped fill,
     in-place C kernel;
   - ``guided_llguidance``: the same manager with the llguidance backend (when installed);
   - ``fastdeploy``: `FastDeployStyleManager` (blocking join, serial fill, numpy round trip).
