@@ -69,12 +69,21 @@ class GuidedBackend(abc.ABC):
 
     Subclasses register under `name` (built-ins in `fd_guided.registry`, third parties through
     the ``fd_guided.backends`` entry-point group) and are built with
-    ``Backend(tokenizer, vocab_size=..., config=...)``.
+    ``Backend(tokenizer, vocab_size=..., config=..., stop_token_ids=...)``. `stop_token_ids` are
+    the engine's stop tokens (default: the tokenizer's EOS ids): a complete match allows exactly
+    those, so grammar completion and the engine agree on what ends a request.
     """
 
     name: ClassVar[str]
 
-    def __init__(self, tokenizer: TokenizerBundle, *, vocab_size: int, config: GuidedConfig | None = None):
+    def __init__(
+        self,
+        tokenizer: TokenizerBundle,
+        *,
+        vocab_size: int,
+        config: GuidedConfig | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ):
         if vocab_size < tokenizer.vocab_size:
             raise ValueError(
                 f"vocab_size {vocab_size} (the logits width) is smaller than the tokenizer's {tokenizer.vocab_size} ids"
@@ -82,6 +91,7 @@ class GuidedBackend(abc.ABC):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.config = config or GuidedConfig()
+        self.stop_token_ids = tuple(stop_token_ids if stop_token_ids is not None else tokenizer.eos_token_ids)
         self.metrics = None  # set by the CompileService that owns this backend
 
     @classmethod

@@ -90,13 +90,13 @@ class AutoBackend(GuidedBackend):
         config: GuidedConfig | None = None,
         stop_token_ids: Sequence[int] | None = None,
     ):
-        super().__init__(tokenizer, vocab_size=vocab_size, config=config)
+        super().__init__(tokenizer, vocab_size=vocab_size, config=config, stop_token_ids=stop_token_ids)
         self.backends: dict[str, GuidedBackend] = {
-            PREFERRED: XGrammarBackend(tokenizer, vocab_size=vocab_size, config=self.config, stop_token_ids=stop_token_ids)
+            PREFERRED: XGrammarBackend(tokenizer, vocab_size=vocab_size, config=self.config, stop_token_ids=self.stop_token_ids)
         }
         fallback = _fallback_class()
         if fallback is not None:
-            self.backends[FALLBACK] = fallback(tokenizer, vocab_size=vocab_size, config=self.config, stop_token_ids=stop_token_ids)
+            self.backends[FALLBACK] = fallback(tokenizer, vocab_size=vocab_size, config=self.config, stop_token_ids=self.stop_token_ids)
         else:
             logger.warning("llguidance is not installed: the auto backend uses xgrammar only")
 

@@ -149,8 +149,7 @@ class LLGuidanceBackend(GuidedBackend):
         config: GuidedConfig | None = None,
         stop_token_ids: Sequence[int] | None = None,
     ):
-        super().__init__(tokenizer, vocab_size=vocab_size, config=config)
-        self.stop_token_ids = tuple(stop_token_ids if stop_token_ids is not None else tokenizer.eos_token_ids)
+        super().__init__(tokenizer, vocab_size=vocab_size, config=config, stop_token_ids=stop_token_ids)
         if not self.stop_token_ids:
             raise ValueError("llguidance needs at least one stop token id")
         self.ll_tokenizer = build_lltokenizer(tokenizer, vocab_size, self.stop_token_ids)

@@ -89,9 +89,8 @@ class XGrammarBackend(GuidedBackend):
         config: GuidedConfig | None = None,
         stop_token_ids: Sequence[int] | None = None,
     ):
-        super().__init__(tokenizer, vocab_size=vocab_size, config=config)
-        self.stop_token_ids = list(stop_token_ids if stop_token_ids is not None else tokenizer.eos_token_ids)
-        self.tokenizer_info = _tokenizer_info(tokenizer, vocab_size, self.stop_token_ids)
+        super().__init__(tokenizer, vocab_size=vocab_size, config=config, stop_token_ids=stop_token_ids)
+        self.tokenizer_info = _tokenizer_info(tokenizer, vocab_size, list(self.stop_token_ids))
         self.compiler = xgr.GrammarCompiler(
             self.tokenizer_info,
             max_threads=self.config.compile_threads,

@@ -356,7 +356,7 @@ class FDGuidedBackend:
 
     @property
     def stop_token_ids(self) -> list[int]:
-        return list(getattr(self.guided_backend, "stop_token_ids", self.tokenizer.eos_token_ids))
+        return list(self.guided_backend.stop_token_ids)
 
     def get_reasoning_parser(self) -> "ReasoningEndParser | None":
         """A parser with ``is_reasoning_end(ids)`` when a reasoning parser is configured, else None."""
