@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
-from fd_guided.backends.llguidance import LLGuidanceBackend, python_exact_regex
+from fd_guided.backends.llguidance import LLGuidanceBackend
+from fd_guided.backends.llguidance_schema import python_exact_regex
 from fd_guided.kernels import allocate_pinned_bitmask
 from fd_guided.spec import GrammarSpec
 from fd_guided.tokenizer import load_tokenizer

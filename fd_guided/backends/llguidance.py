@@ -20,17 +20,17 @@ What we add on top, so that what llguidance enforces is never looser than what `
     them in binary floating point and rejects exact decimal multiples such as 0.3 for 0.1;
   - strict mode (``additionalProperties: false`` by default) is applied by rewriting the schema,
     except on nodes that combine subschemas (allOf/anyOf/oneOf/$ref), where it would change them.
+Those rewrites live in `llguidance_schema`; format-style structural tags become Lark in
+`llguidance_tags`.
 """
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import logging
 import re
 import threading
-from fractions import Fraction
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import llguidance
 from llguidance import LLExecutor, LLMatcher, LLTokenizer
@@ -38,28 +38,13 @@ from llguidance import LLExecutor, LLMatcher, LLTokenizer
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
-from ..spec import GrammarSpec, JsonFormat, resolve_local_ref
+from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle
-from .formats import STRICT_FORMAT_PATTERNS
+from .llguidance_schema import Refusal, json_options, prepare_schema, python_compiles, python_exact_regex
+from .llguidance_tags import format_to_lark
 
 logger = logging.getLogger(__name__)
 
-WHITESPACE_CHARS = r"[\x20\x0A\x0D\x09]"
-_NOT_SCHEMA = ("const", "enum", "default", "examples")
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SCHEMA_SINGLES = ("items", "additionalItems", "additionalProperties", "not", "if", "then", "else", "contains",
-                   "propertyNames", "unevaluatedProperties", "unevaluatedItems")
-_COMBINERS = ("allOf", "anyOf", "oneOf", "$ref")
-
-
-class _Refusal(Exception):
-    """Raised while preparing a grammar: `feature` cannot be enforced faithfully."""
-
-    def __init__(self, feature: str, location: str = ""):
-        super().__init__(feature)
-        self.feature = feature
-        self.location = location
 
 
 # ----- compiled grammar and matcher ---------------------------------------------------------------
@@ -248,19 +233,9 @@ def grammar_text(spec: GrammarSpec) -> str:
         # llguidance's builders raise on input they cannot read (e.g. integers past 64 bits).
         raise InvalidGrammarError(f"llguidance cannot read the grammar: {_first_line(error)}", part=_part_of(spec),
                                   feature=f"input llguidance cannot read ({_first_line(error)[:80]})" if spec.kind in ("json_schema", "structural_tag") else None) from None
-    except _Refusal as refusal:
+    except Refusal as refusal:
         part = f"json schema {refusal.location}" if refusal.location else _part_of(spec)
         raise InvalidGrammarError(f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
-
-
-def json_options(fmt: JsonFormat) -> dict[str, Any]:
-    """llguidance JSON options for a request's layout: bounded whitespace or fixed separators."""
-    if fmt.any_whitespace:
-        bound = "*" if fmt.max_whitespace_cnt is None else f"{{0,{fmt.max_whitespace_cnt}}}"
-        return {"whitespace_flexible": True, "whitespace_pattern": WHITESPACE_CHARS + bound,
-                "item_separator": ",", "key_separator": ":", "coerce_one_of": False, "lenient": False}
-    item, key = fmt.separators or (",", ":")
-    return {"whitespace_flexible": False, "item_separator": item, "key_separator": key, "coerce_one_of": False, "lenient": False}
 
 
 def _json_schema_grammar(spec: GrammarSpec) -> str:
@@ -274,7 +249,7 @@ def _json_object_grammar(spec: GrammarSpec) -> str:
 
 
 def _regex_grammar(spec: GrammarSpec) -> str:
-    _python_compiles(spec.source, "guided_regex")
+    python_compiles(spec.source, "guided_regex")
     return LLMatcher.grammar_from_regex(python_exact_regex(spec.source))
 
 
@@ -363,275 +338,6 @@ def _feature_of(message: str, spec: GrammarSpec) -> str | None:
     return None
 
 
-# ----- JSON-schema preparation --------------------------------------------------------------------
-
-
-def prepare_schema(schema: Any, *, strict: bool, path: str = "$") -> dict:
-    """A copy of `schema` that llguidance enforces exactly as jsonschema validates (module docstring).
-
-    Raises `_Refusal` for constructs that cannot be made faithful.
-    """
-    if not isinstance(schema, dict):
-        return schema
-    doc = copy.deepcopy(schema)
-    doc.pop("x-guidance", None)  # request-level options must not be overridden from inside the schema
-    in_combination: set[int] = set()
-    roots = [(doc, path)] + [(node, f"{path}{ref[1:]}") for ref, node in _ref_targets(doc)]
-    for node, _ in roots:
-        _mark_combined(node, doc, in_combination, set())
-    seen: set[int] = set()
-    for node, where in roots:
-        _prepare_node(node, where, strict, seen, in_combination)
-    # The draft jsonschema validates with, by its canonical URI: llguidance would try to download
-    # a meta-schema it does not know (https variants, "http://json-schema.org/schema").
-    doc["$schema"] = validator_class(schema).META_SCHEMA["$schema"]
-    return doc
-
-
-def validator_class(schema: dict):
-    """The jsonschema validator class that checks outputs of `schema` (as `fd_guided.validate` does)."""
-    import jsonschema
-
-    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-
-
-def _ref_targets(doc: dict) -> Iterator[tuple[str, Any]]:
-    refs: set[str] = set()
-    _collect_refs(doc, refs)
-    for ref in sorted(refs):
-        node = resolve_local_ref(doc, ref)
-        if node is not None:
-            yield ref, node
-
-
-def _collect_refs(node: Any, refs: set[str]) -> None:
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
-            refs.add(ref)
-        for key, child in node.items():
-            if key not in _NOT_SCHEMA:
-                _collect_refs(child, refs)
-    elif isinstance(node, list):
-        for child in node:
-            _collect_refs(child, refs)
-
-
-def _mark_combined(node: Any, doc: dict, marked: set[int], visiting: set[int]) -> None:
-    """Mark (by id) every subschema that is a branch of a combinator, following $refs from branches.
-
-    Strict mode must not close those: ``allOf: [{$ref: base}, {properties: ...}]`` would become
-    unsatisfiable if `base` forbade the other branch's properties.
-    """
-    for child, _ in _children(node, ""):
-        _mark_combined(child, doc, marked, visiting)
-    if not isinstance(node, dict):
-        return
-    # Closing a branch is harmless when it alone decides which keys are allowed: a single allOf
-    # branch, or anyOf/oneOf branches (each validated on its own) under a parent without keys.
-    parent_has_keys = any(k in node for k in ("properties", "patternProperties", "additionalProperties"))
-    for keyword in ("allOf", "anyOf", "oneOf"):
-        branches = node.get(keyword)
-        if not isinstance(branches, list):
-            continue
-        if not parent_has_keys and (keyword != "allOf" or len(branches) == 1):
-            continue
-        for branch in branches:
-            _mark_branch(branch, doc, marked, visiting)
-
-
-def _mark_branch(branch: Any, doc: dict, marked: set[int], visiting: set[int]) -> None:
-    if not isinstance(branch, dict) or id(branch) in visiting:
-        return
-    visiting.add(id(branch))
-    marked.add(id(branch))
-    ref = branch.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#"):
-        _mark_branch(resolve_local_ref(doc, ref), doc, marked, visiting)
-
-
-def _children(node: Any, path: str) -> Iterator[tuple[Any, str]]:
-    if not isinstance(node, dict):
-        return
-    for keyword in _SCHEMA_MAPS:
-        children = node.get(keyword)
-        if isinstance(children, dict):
-            for name, child in children.items():
-                yield child, f"{path}.{keyword}.{name}"
-    for keyword in _SCHEMA_LISTS + ("items",):
-        children = node.get(keyword)
-        if isinstance(children, list):
-            for index, child in enumerate(children):
-                yield child, f"{path}.{keyword}[{index}]"
-    for keyword in _SCHEMA_SINGLES:
-        if isinstance(node.get(keyword), dict):
-            yield node[keyword], f"{path}.{keyword}"
-    dependencies = node.get("dependencies")
-    if isinstance(dependencies, dict):
-        for name, child in dependencies.items():
-            if isinstance(child, dict):
-                yield child, f"{path}.dependencies.{name}"
-
-
-def _prepare_node(node: Any, path: str, strict: bool, seen: set[int], combined: set[int]) -> None:
-    if not isinstance(node, dict) or id(node) in seen:
-        return
-    seen.add(id(node))
-    node.pop("$schema", None)  # one draft per document: the root's, set by prepare_schema
-    _prepare_format(node, path)
-    _prepare_patterns(node, path)
-    _check_multiple_of(node, path)
-    if strict and id(node) not in combined and _is_closable_object(node):
-        node["additionalProperties"] = False
-    for child, child_path in _children(node, path):
-        _prepare_node(child, child_path, strict, seen, combined)
-
-
-def _is_closable_object(node: dict) -> bool:
-    if "additionalProperties" in node or "unevaluatedProperties" in node or any(k in node for k in _COMBINERS):
-        return False
-    kind = node.get("type")
-    return isinstance(node.get("properties"), dict) or kind == "object" or (isinstance(kind, list) and "object" in kind)
-
-
-def _prepare_format(node: dict, path: str) -> None:
-    fmt = node.get("format")
-    if not isinstance(fmt, str):
-        return
-    kind = node.get("type")
-    kinds = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else None
-    if kinds is not None and "string" not in kinds:
-        del node["format"]  # format constrains strings only: on a number it is an annotation
-        return
-    if fmt in STRICT_FORMAT_PATTERNS:
-        del node["format"]
-        strict_pattern = {"pattern": f"^{STRICT_FORMAT_PATTERNS[fmt]}$"}
-        if "pattern" in node:
-            node["allOf"] = list(node.get("allOf") or []) + [strict_pattern]
-        else:
-            node.update(strict_pattern)
-
-
-def _prepare_patterns(node: dict, path: str) -> None:
-    pattern = node.get("pattern")
-    if isinstance(pattern, str):
-        _python_compiles(pattern, f"json schema {path}.pattern")
-        try:
-            node["pattern"] = python_exact_regex(pattern)
-        except _Refusal as refusal:
-            raise _Refusal(refusal.feature, f"{path}.pattern") from None
-    patterns = node.get("patternProperties")
-    if isinstance(patterns, dict):
-        rewritten = {}
-        for key, child in patterns.items():
-            _python_compiles(key, f"json schema {path}.patternProperties")
-            try:
-                rewritten[python_exact_regex(key)] = child
-            except _Refusal as refusal:
-                raise _Refusal(refusal.feature, f"{path}.patternProperties") from None
-        node["patternProperties"] = rewritten
-
-
-def _check_multiple_of(node: dict, path: str) -> None:
-    step = node.get("multipleOf")
-    if not isinstance(step, float) or step.is_integer():
-        return
-    denominator = Fraction(str(step)).denominator
-    if denominator & (denominator - 1):
-        raise _Refusal(f"multipleOf {step!r} (a decimal step that binary floating-point validators check inexactly)", f"{path}.multipleOf")
-
-
-def _python_compiles(pattern: str, where: str) -> None:
-    # Outputs are validated with Python's `re`: a pattern it cannot read cannot be checked.
-    try:
-        re.compile(pattern)
-    except re.error as error:
-        raise InvalidGrammarError(f"not a valid (Python) regular expression: {error}", part=where) from None
-
-
-# ----- regexes with Python's meaning --------------------------------------------------------------
-
-_ASCII_CLASSES = {"d": "0-9", "w": "0-9A-Za-z_", "s": r"\t\n\x0B\x0C\r\x20"}
-_PYTHON_PREDICATES = {"d": str.isdecimal, "w": lambda c: c.isalnum() or c == "_", "s": str.isspace}
-
-
-def _python_class(kind: str) -> str:
-    """Python `re`'s ``\\d``/``\\w``/``\\s`` for str patterns as explicit code-point ranges."""
-    return _code_point_ranges(kind, False)
-
-
-def _python_complement(kind: str) -> str:
-    """The complement of `_python_class(kind)` (Unicode scalar values only)."""
-    return _code_point_ranges(kind, True)
-
-
-@functools.lru_cache(maxsize=6)
-def _code_point_ranges(kind: str, negate: bool) -> str:
-    predicate = _PYTHON_PREDICATES[kind]
-    ranges, start = [], None
-    for point in range(0x110000 + 1):
-        inside = point <= 0x10FFFF and not 0xD800 <= point <= 0xDFFF and predicate(chr(point)) != negate
-        if inside and start is None:
-            start = point
-        elif not inside and start is not None:
-            ranges.append((start, point - 1))
-            start = None
-    return "".join(f"\\x{{{a:x}}}" if a == b else f"\\x{{{a:x}}}-\\x{{{b:x}}}" for a, b in ranges)
-
-
-@functools.lru_cache(maxsize=4096)
-def python_exact_regex(pattern: str) -> str:
-    """`pattern` rewritten so llguidance's (Rust) regex never matches more than Python's `re` does.
-
-    Positive shorthands become ASCII classes (a subset of Python's Unicode ones); negated
-    shorthands, and shorthands inside negated classes, become Python's exact sets. Rust-only class
-    syntax is refused (`_Refusal`).
-    """
-    out: list[str] = []
-    i, n = 0, len(pattern)
-    in_class = negated = False
-    class_start = 0
-    while i < n:
-        char = pattern[i]
-        if char == "\\":
-            if i + 1 >= n:
-                raise _Refusal("a regex ending in a lone backslash")
-            escaped = pattern[i + 1]
-            lower = escaped.lower()
-            if lower in _ASCII_CLASSES:
-                is_negated_shorthand = escaped.isupper()
-                if not in_class:
-                    out.append(f"[^{_python_class(lower)}]" if is_negated_shorthand else f"[{_ASCII_CLASSES[lower]}]")
-                elif is_negated_shorthand:
-                    out.append(_python_complement(lower))
-                else:
-                    out.append(_python_class(lower) if negated else _ASCII_CLASSES[lower])
-            else:
-                out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if in_class:
-            if char == "[":
-                raise _Refusal("a nested character class or POSIX class in a regex (Rust and Python read it differently)")
-            if char in "&~-" and pattern[i + 1:i + 2] == char and i > class_start:
-                raise _Refusal(f"the class operator {char * 2!r} in a regex (Rust and Python read it differently)")
-            if char == "]" and i > class_start:
-                in_class = False
-            out.append(char)
-            i += 1
-            continue
-        if char == "[":
-            in_class = True
-            negated = pattern[i + 1:i + 2] == "^"
-            out.append("[^" if negated else "[")
-            i += 2 if negated else 1
-            class_start = i  # a "]" right here is a literal in both dialects
-            continue
-        out.append(char)
-        i += 1
-    return "".join(out)
-
-
 # ----- helpers ------------------------------------------------------------------------------------
 
 
@@ -673,164 +379,3 @@ def _first_line(error: Any) -> str:
     return lines[0]
 
 
-# ----- format-style structural tags (xgrammar's "format" JSON) as Lark ----------------------------
-
-_TEXT_REGEX = r"/(.|\n)*/"
-
-
-def format_to_lark(fmt: Any, json_format: JsonFormat) -> str:
-    """Lark for the subset of xgrammar's structural-tag formats llguidance can express exactly.
-
-    Supported: const_string, json_schema (style "json"), regex, sequence, or, optional, plus,
-    star, repeat, tag (string begin/end), any_text as a tag's content, triggered_tags and
-    tags_with_separator (without ``excludes``). Token-level formats, dispatch, the XML styles,
-    ``excludes`` and any_text limits raise `_Refusal` naming the format.
-    """
-    builder = _LarkBuilder(json_format)
-    start = builder.expr(fmt, "format")
-    return "%llguidance {}\n" + f"start: {start}\n" + "\n".join(builder.rules) + "\n"
-
-
-class _LarkBuilder:
-    def __init__(self, json_format: JsonFormat):
-        self.json_format = json_format
-        self.rules: list[str] = []
-        self.count = 0
-
-    def rule(self, body: str, prefix: str = "r", lazy: bool = False) -> str:
-        self.count += 1
-        name = f"{prefix}_{self.count}"
-        self.rules.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
-        return name
-
-    def terminal(self, body: str) -> str:
-        self.count += 1
-        name = f"TEXT_{self.count}"
-        self.rules.append(f"{name}: {body}")
-        return name
-
-    def expr(self, fmt: Any, where: str) -> str:
-        if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
-            raise _Refusal(f"a structural-tag format without a type at {where}")
-        kind = fmt["type"]
-        method = getattr(self, f"_{kind}", None)
-        if method is None:
-            raise _Refusal(f"structural-tag format {kind!r}")
-        for option in ("excludes", "exclude_tokens"):
-            if fmt.get(option):
-                raise _Refusal(f"{option!r} in structural-tag format {kind!r}")
-        return method(fmt, f"{where}.{kind}")
-
-    def _const_string(self, fmt: dict, where: str) -> str:
-        value = fmt.get("value")
-        if not isinstance(value, str):
-            raise _Refusal(f"a const_string without a string value at {where}")
-        return _literal(value)
-
-    def _json_schema(self, fmt: dict, where: str) -> str:
-        if fmt.get("style", "json") != "json" or fmt.get("any_order"):
-            raise _Refusal(f"json_schema style {fmt.get('style')!r} / any_order in a structural tag")
-        schema = fmt.get("json_schema")
-        if schema is True:
-            schema = {}
-        if not isinstance(schema, dict):
-            raise _Refusal(f"json_schema {schema!r} in a structural tag")
-        prepared = prepare_schema(schema, strict=self.json_format.strict, path=where)
-        layout = self.json_format
-        if fmt.get("max_whitespace_cnt") is not None:
-            layout = JsonFormat(True, int(fmt["max_whitespace_cnt"]), layout.separators, layout.strict)
-        prepared["x-guidance"] = json_options(layout)
-        return "%json " + json.dumps(prepared, ensure_ascii=False)
-
-    def _regex(self, fmt: dict, where: str) -> str:
-        pattern = fmt.get("pattern")
-        if not isinstance(pattern, str):
-            raise _Refusal(f"a regex without a pattern at {where}")
-        return self.terminal("/" + llguidance.regex_to_lark(python_exact_regex(pattern), "") + "/")
-
-    def _sequence(self, fmt: dict, where: str) -> str:
-        parts = [p for p in (self.expr(e, f"{where}[{i}]") for i, e in enumerate(fmt.get("elements") or [])) if p]
-        if not parts:
-            raise _Refusal(f"an empty sequence at {where}")
-        return self.rule(" ".join(parts))
-
-    def _or(self, fmt: dict, where: str) -> str:
-        parts = [self.expr(e, f"{where}[{i}]") for i, e in enumerate(fmt.get("elements") or [])]
-        if not parts:
-            raise _Refusal(f"an empty 'or' at {where}")
-        return self.rule(" | ".join(parts))
-
-    def _optional(self, fmt: dict, where: str) -> str:
-        return self.rule(f"({self.expr(fmt.get('content'), where)})?")
-
-    def _plus(self, fmt: dict, where: str) -> str:
-        return self.rule(f"({self.expr(fmt.get('content'), where)})+")
-
-    def _star(self, fmt: dict, where: str) -> str:
-        return self.rule(f"({self.expr(fmt.get('content'), where)})*")
-
-    def _repeat(self, fmt: dict, where: str) -> str:
-        low, high = fmt.get("min"), fmt.get("max")
-        if not isinstance(low, int) or not isinstance(high, int) or low < 0 or (high != -1 and high < low):
-            raise _Refusal(f"a repeat without valid min/max at {where}")
-        inner = self.expr(fmt.get("content"), where)
-        return self.rule(f"({inner}){{{low},}}" if high == -1 else f"({inner}){{{low},{high}}}")
-
-    def _tag(self, fmt: dict, where: str, begin_rest: str | None = None) -> str:
-        begin, end = fmt.get("begin"), fmt.get("end")
-        ends = [end] if isinstance(end, str) else end
-        if not isinstance(begin, str) or not isinstance(ends, list) or not ends or not all(isinstance(e, str) for e in ends):
-            raise _Refusal(f"a tag with token begin/end at {where}")
-        head = _literal(begin if begin_rest is None else begin_rest)  # "" when the trigger is the whole begin
-        end_expr = " | ".join(_literal(e) for e in ends if e)
-        content = fmt.get("content")
-        if isinstance(content, dict) and content.get("type") == "any_text":
-            if content.get("max_tokens") is not None or content.get("max_chars") is not None or content.get("excludes"):
-                raise _Refusal("any_text with limits or excludes in a structural tag")
-            if not end_expr:
-                raise _Refusal(f"any_text in a tag without an end string at {where}")
-            # Lazy: the text ends at the first end string, as in xgrammar.
-            body = self.rule(f"{_TEXT_REGEX} ({end_expr})", prefix="any_text", lazy=True)
-            return self.rule(f"{head} {body}")
-        inner = self.expr(content, where)
-        return self.rule(f"{head} {inner} {('(' + end_expr + ')') if end_expr else ''}".rstrip())
-
-    def _triggered_tags(self, fmt: dict, where: str) -> str:
-        triggers, tags = fmt.get("triggers") or [], fmt.get("tags") or []
-        if not tags or not all(isinstance(t, str) and t for t in triggers):
-            raise _Refusal(f"triggered_tags without triggers or tags at {where}")
-        text = self.terminal(_TEXT_REGEX)
-        heads: dict[str, str] = {}
-        alternatives, direct = [], []
-        for index, tag in enumerate(tags):
-            begin = tag.get("begin") if isinstance(tag, dict) else None
-            trigger = next((t for t in triggers if isinstance(begin, str) and begin.startswith(t)), None)
-            if trigger is None:
-                raise _Refusal(f"a triggered tag whose begin starts with no trigger at {where}[{index}]")
-            if trigger not in heads:
-                # Lazy: free text ends at the first occurrence of the trigger, which must open a tag.
-                heads[trigger] = self.rule(f"{text} {_literal(trigger)}", prefix="trigger", lazy=True)
-            body = self._tag(tag, f"{where}[{index}]", begin_rest=begin[len(trigger):])
-            alternatives.append(f"{heads[trigger]} {body}")
-            direct.append(self._tag(tag, f"{where}[{index}]"))
-        one = self.rule(" | ".join(alternatives), prefix="tagged")
-        if not fmt.get("at_least_one"):
-            return self.rule(f"{text} | {one}" if fmt.get("stop_after_first") else f"{one}* {text}")
-        # at_least_one (as xgrammar reads it): the output opens with a tag, no text before it.
-        first = self.rule(" | ".join(direct), prefix="first")
-        return first if fmt.get("stop_after_first") else self.rule(f"{first} {one}* {text}")
-
-    def _tags_with_separator(self, fmt: dict, where: str) -> str:
-        tags = fmt.get("tags") or []
-        separator = fmt.get("separator")
-        if not tags or not isinstance(separator, str):
-            raise _Refusal(f"tags_with_separator without tags or separator at {where}")
-        one = self.rule(" | ".join(self._tag(t, f"{where}[{i}]") for i, t in enumerate(tags)))
-        if fmt.get("stop_after_first"):
-            return self.rule(one if fmt.get("at_least_one") else f"({one})?")
-        repeated = f"{one} ({_literal(separator)} {one})*" if separator else f"({one})+"
-        return self.rule(repeated if fmt.get("at_least_one") else f"({repeated})?")
-
-
-def _literal(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False) if text else ""
