@@ -9,7 +9,9 @@ enforces is exactly the format, never looser. Each pattern was checked against P
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Any
+
+from .schema_walk import for_each_schema_node
 
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])"
 IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
@@ -37,29 +39,3 @@ def _format_to_pattern(node: dict) -> None:
     if isinstance(fmt, str) and fmt in STRICT_FORMAT_PATTERNS and "pattern" not in node:
         del node["format"]
         node["pattern"] = f"^{STRICT_FORMAT_PATTERNS[fmt]}$"
-
-
-# Keywords whose values are data, not subschemas: never rewritten.
-_DATA_KEYWORDS = ("const", "enum", "default", "examples")
-# Keywords whose values map names to subschemas: the map itself is not a schema (a property may be
-# called "format" or "minLength").
-_SCHEMA_MAP_KEYWORDS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
-
-
-def for_each_schema_node(node: Any, visit: Callable[[dict], None]) -> None:
-    """Call `visit` on every subschema of a schema (in place, parents first), skipping data values."""
-    if isinstance(node, list):
-        for child in node:
-            for_each_schema_node(child, visit)
-        return
-    if not isinstance(node, dict):
-        return
-    visit(node)
-    for key, child in node.items():
-        if key in _DATA_KEYWORDS:
-            continue
-        if key in _SCHEMA_MAP_KEYWORDS and isinstance(child, dict):
-            for subschema in child.values():
-                for_each_schema_node(subschema, visit)
-        else:
-            for_each_schema_node(child, visit)

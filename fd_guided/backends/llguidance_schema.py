@@ -15,13 +15,9 @@ from typing import Any, Iterator
 from ..errors import InvalidGrammarError
 from ..spec import JsonFormat, resolve_local_ref
 from .formats import STRICT_FORMAT_PATTERNS
+from .schema_walk import DATA_KEYWORDS, subschemas
 
 WHITESPACE_CHARS = r"[\x20\x0A\x0D\x09]"
-_NOT_SCHEMA = ("const", "enum", "default", "examples")
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SCHEMA_SINGLES = ("items", "additionalItems", "additionalProperties", "not", "if", "then", "else", "contains",
-                   "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 _COMBINERS = ("allOf", "anyOf", "oneOf", "$ref")
 
 
@@ -92,7 +88,7 @@ def _collect_refs(node: Any, refs: set[str]) -> None:
         if isinstance(ref, str) and ref.startswith("#"):
             refs.add(ref)
         for key, child in node.items():
-            if key not in _NOT_SCHEMA:
+            if key not in DATA_KEYWORDS:
                 _collect_refs(child, refs)
     elif isinstance(node, list):
         for child in node:
@@ -105,7 +101,7 @@ def _mark_combined(node: Any, doc: dict, marked: set[int], visiting: set[int]) -
     Strict mode must not close those: ``allOf: [{$ref: base}, {properties: ...}]`` would become
     unsatisfiable if `base` forbade the other branch's properties.
     """
-    for child, _ in _children(node, ""):
+    for child, _ in subschemas(node, ""):
         _mark_combined(child, doc, marked, visiting)
     if not isinstance(node, dict):
         return
@@ -132,29 +128,6 @@ def _mark_branch(branch: Any, doc: dict, marked: set[int], visiting: set[int]) -
         _mark_branch(resolve_local_ref(doc, ref), doc, marked, visiting)
 
 
-def _children(node: Any, path: str) -> Iterator[tuple[Any, str]]:
-    if not isinstance(node, dict):
-        return
-    for keyword in _SCHEMA_MAPS:
-        children = node.get(keyword)
-        if isinstance(children, dict):
-            for name, child in children.items():
-                yield child, f"{path}.{keyword}.{name}"
-    for keyword in _SCHEMA_LISTS + ("items",):
-        children = node.get(keyword)
-        if isinstance(children, list):
-            for index, child in enumerate(children):
-                yield child, f"{path}.{keyword}[{index}]"
-    for keyword in _SCHEMA_SINGLES:
-        if isinstance(node.get(keyword), dict):
-            yield node[keyword], f"{path}.{keyword}"
-    dependencies = node.get("dependencies")
-    if isinstance(dependencies, dict):
-        for name, child in dependencies.items():
-            if isinstance(child, dict):
-                yield child, f"{path}.dependencies.{name}"
-
-
 def _prepare_node(node: Any, path: str, strict: bool, seen: set[int], combined: set[int]) -> None:
     if not isinstance(node, dict) or id(node) in seen:
         return
@@ -165,7 +138,7 @@ def _prepare_node(node: Any, path: str, strict: bool, seen: set[int], combined: 
     _check_multiple_of(node, path)
     if strict and id(node) not in combined and _is_closable_object(node):
         node["additionalProperties"] = False
-    for child, child_path in _children(node, path):
+    for child, child_path in subschemas(node, path):
         _prepare_node(child, child_path, strict, seen, combined)
 
 

@@ -17,7 +17,8 @@ from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..spec import FIELD_OF_KIND, GrammarSpec, resolve_local_ref
 from ..tokenizer import TokenizerBundle
-from .formats import STRICT_FORMAT_PATTERNS, for_each_schema_node, with_strict_formats
+from .formats import STRICT_FORMAT_PATTERNS, with_strict_formats
+from .schema_walk import for_each_schema_node, subschemas
 
 # Formats xgrammar turns into real string grammars (anything else would be ignored).
 SUPPORTED_FORMATS = frozenset({
@@ -30,10 +31,6 @@ IGNORED_KEYWORDS = frozenset({
     "contains", "minContains", "maxContains", "patternProperties", "propertyNames",
     "unevaluatedItems", "$dynamicRef", "$recursiveRef",
 })
-_SCHEMA_MAP_KEYWORDS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_SCHEMA_LIST_KEYWORDS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_KEYWORDS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-                    "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
 
 
 class XGrammarCompiled(CompiledGrammar):
@@ -304,7 +301,7 @@ def check_schema_keywords(schema: Any, path: str = "$") -> None:
         _refuse("items as a list (use prefixItems)", f"{path}.items")
     if "unevaluatedProperties" in schema and not isinstance(schema["unevaluatedProperties"], bool):
         _refuse("unevaluatedProperties with a schema", f"{path}.unevaluatedProperties")
-    for child, child_path in _subschemas(schema, path):
+    for child, child_path in subschemas(schema, path):
         check_schema_keywords(child, child_path)
 
 
@@ -315,22 +312,6 @@ def _check_pattern(pattern: str, location: str) -> None:
         xgr.Grammar.from_regex(pattern)
     except (RuntimeError, ValueError) as error:
         _refuse(f"pattern {pattern!r} ({_first_line(error)})", location)
-
-
-def _subschemas(schema: dict, path: str) -> Iterator[tuple[Any, str]]:
-    for keyword in _SCHEMA_MAP_KEYWORDS:
-        children = schema.get(keyword)
-        if isinstance(children, dict):
-            for name, child in children.items():
-                yield child, f"{path}.{keyword}.{name}"
-    for keyword in _SCHEMA_LIST_KEYWORDS:
-        children = schema.get(keyword)
-        if isinstance(children, list):
-            for index, child in enumerate(children):
-                yield child, f"{path}.{keyword}[{index}]"
-    for keyword in _SCHEMA_KEYWORDS:
-        if isinstance(schema.get(keyword), dict):
-            yield schema[keyword], f"{path}.{keyword}"
 
 
 def _refuse(feature: str, location: str) -> None:
@@ -368,10 +349,6 @@ _ASSERTIONS = frozenset({
 _COMBINATORS = ("anyOf", "oneOf", "allOf")
 # Drafts whose $ref replaces its siblings (jsonschema ignores them, as xgrammar does).
 _LEGACY_REF_VALIDATORS = ("Draft3Validator", "Draft4Validator", "Draft6Validator", "Draft7Validator")
-_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-_SINGLES = ("items", "additionalItems", "additionalProperties", "not", "if", "then", "else", "contains",
-            "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 
 
 def xgrammar_gap(spec: GrammarSpec) -> tuple[str, str] | None:
@@ -448,18 +425,8 @@ def _schema_nodes(node: Any, path: str, root: dict, seen: set[int]):
     ref = node.get("$ref")
     if isinstance(ref, str) and ref.startswith("#"):
         yield from _schema_nodes(resolve_local_ref(root, ref), ref, root, seen)
-    for keyword in _MAPS:
-        children = node.get(keyword)
-        if isinstance(children, dict):
-            for name, child in children.items():
-                yield from _schema_nodes(child, f"{path}.{keyword}.{name}", root, seen)
-    for keyword in _LISTS:
-        children = node.get(keyword)
-        if isinstance(children, list):
-            for index, child in enumerate(children):
-                yield from _schema_nodes(child, f"{path}.{keyword}[{index}]", root, seen)
-    for keyword in _SINGLES:
-        yield from _schema_nodes(node.get(keyword), f"{path}.{keyword}", root, seen)
+    for child, child_path in subschemas(node, path):
+        yield from _schema_nodes(child, child_path, root, seen)
 
 
 def _validator_name(schema: dict) -> str:
