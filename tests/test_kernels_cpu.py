@@ -372,3 +372,17 @@ def test_importing_kernels_loads_no_heavy_library():
     )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert output.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_real_grammar_masks_match_xgrammar(dtype):
+    """Masks xgrammar filled while a JSON document was constrained with the DeepSeek tokenizer."""
+    from fd_guided.bench.kernels import allowed_fractions, json_trace_bitmasks
+
+    bitmask = json_trace_bitmasks(BIG_VOCAB)
+    fractions = allowed_fractions(bitmask, BIG_VOCAB)
+    assert (fractions < 0.01).any() and (fractions > 0.9).any()  # structural states and string bodies
+    logits = random_logits(bitmask.shape[0], BIG_VOCAB, dtype)
+    expected = xgrammar_reference(logits, bitmask)
+    apply_token_bitmask_inplace(logits, bitmask, impl="cpu")
+    assert torch.equal(bits(logits), bits(expected))

@@ -48,7 +48,7 @@ def plot_steps(report: dict, out: Path) -> None:
 
 def plot_kernels(report: dict, out: Path) -> None:
     rows = report["kernels"]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = plt.subplots(figsize=(13, 4.5))
     grouped_bars(ax, rows, [(lambda r: r["median_ms"]["ours_cpu"], "fd_guided cpu"), (lambda r: r["median_ms"]["xgrammar_cpu"], "xgrammar cpu"),
                             (lambda r: r["median_ms"]["copy_torch"], "copy of the logits")], [f"{r['batch']}\n{r['density']}" for r in rows])
     ax.set_yscale("log")

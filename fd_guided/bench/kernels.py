@@ -9,9 +9,14 @@ timed one block after another, not interleaved, so no call inherits another impl
 spinning threads.) Reported: median milliseconds, and the ratios xgrammar_cpu / ours (speed-up) and
 ours / copy (cost relative to copying the logits once: torch's multi-threaded copy_, and numpy's
 single-threaded copyto). Run with OMP_WAIT_POLICY=PASSIVE to see the numbers without the spinning.
+
+Mask densities: `json_trace` rows are real masks, recorded while xgrammar constrains a JSON
+document token by token (most rows allow a handful of tokens, those inside strings allow ~99%);
+the others are synthetic extremes (see `make_bitmask`).
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from types import SimpleNamespace
@@ -25,11 +30,40 @@ import xgrammar
 from ..kernels import apply_token_bitmask_inplace, bitmask_width
 from ..kernels import cpu as cpu_kernel
 
-DENSITIES = ("json_sparse", "nearly_all", "all_but_few", "random_50")
+DENSITIES = ("json_trace", "json_sparse", "nearly_all", "all_but_few", "random_50")
+
+# The `json_trace` rows: the masks xgrammar fills, token after token, while this document is
+# generated under this schema with the DeepSeek tokenizer (structure, keys, enums, numbers, strings).
+TRACE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{6}$"},
+        "customer": {"type": "object", "properties": {"name": {"type": "string"}, "email": {"type": "string", "format": "email"},
+                                                      "vip": {"type": "boolean"}}, "required": ["name", "email", "vip"]},
+        "status": {"enum": ["pending", "paid", "shipped", "cancelled"]},
+        "items": {"type": "array", "items": {"type": "object", "properties": {
+            "sku": {"type": "string"}, "quantity": {"type": "integer", "minimum": 1}, "unit_price": {"type": "number"}},
+            "required": ["sku", "quantity", "unit_price"]}, "minItems": 1},
+        "notes": {"type": "string"},
+    },
+    "required": ["order_id", "customer", "status", "items", "notes"],
+}
+TRACE_DOCUMENT = {
+    "order_id": "ORD-204817",
+    "customer": {"name": "Margarethe Okonkwo-Lindqvist", "email": "m.okonkwo@example.org", "vip": True},
+    "status": "shipped",
+    "items": [{"sku": "KB-ERGO-2041", "quantity": 2, "unit_price": 89.5},
+              {"sku": "USB-C-HUB-7P", "quantity": 1, "unit_price": 42.0},
+              {"sku": "MON-27-4K", "quantity": 3, "unit_price": 329.99}],
+    "notes": "Leave the parcel with the concierge; the office is closed on Fridays after 3 pm.",
+}
 
 
 def make_bitmask(density: str, rows: int, vocab: int, rng: np.random.Generator) -> torch.Tensor:
     """Allowed-token pattern per row, packed like xgrammar (bit j of word w = token 32w + j)."""
+    if density == "json_trace":
+        trace = json_trace_bitmasks(vocab)
+        return trace[torch.from_numpy(rng.integers(0, trace.shape[0], size=rows))].contiguous()
     allowed = np.zeros((rows, bitmask_width(vocab) * 32), dtype=bool)
     for row in range(rows):
         if density == "json_sparse":  # a JSON state: 1-200 allowed tokens anywhere in the vocab
@@ -45,6 +79,36 @@ def make_bitmask(density: str, rows: int, vocab: int, rng: np.random.Generator) 
             raise ValueError(f"unknown density {density!r}")
     packed = np.packbits(allowed, axis=1, bitorder="little").view(np.int32)
     return torch.from_numpy(packed.copy())
+
+
+@functools.cache
+def json_trace_bitmasks(vocab: int) -> torch.Tensor:
+    """One bitmask row per token of TRACE_DOCUMENT (and one after it), as xgrammar fills them."""
+    import json
+
+    from ..config import GuidedConfig
+    from ..registry import create_backend
+    from ..spec import parse_guided_request
+    from ..tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer("deepseek")
+    backend = create_backend("xgrammar", tokenizer, vocab_size=vocab, config=GuidedConfig())
+    grammar = backend.new_grammar(backend.compile(parse_guided_request({"guided_json": TRACE_SCHEMA})))
+    token_ids = tokenizer.encode(json.dumps(TRACE_DOCUMENT))
+    rows = torch.empty((len(token_ids) + 1, bitmask_width(vocab)), dtype=torch.int32)
+    for row, token_id in enumerate(token_ids):
+        grammar.fill_bitmask(rows, row)
+        if not grammar.accept_token(token_id):
+            raise RuntimeError(f"the trace document's token {row} was rejected by its own schema")
+    grammar.fill_bitmask(rows, len(token_ids))
+    backend.close()
+    return rows
+
+
+def allowed_fractions(bitmask: torch.Tensor, vocab: int) -> np.ndarray:
+    """Fraction of the vocab each row allows."""
+    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+    return bits.mean(axis=1)
 
 
 def paddle_busy_work(matrix: paddle.Tensor) -> None:
@@ -99,6 +163,8 @@ def measure(batch: int, vocab: int, density: str, args, matrix, rng) -> dict:
         "batch": batch,
         "vocab": vocab,
         "density": density,
+        # How much of the vocab the rows allow (10th, 50th, 90th percentile): what the mask looks like.
+        "allowed_fraction_p10_p50_p90": [round(float(q), 4) for q in np.quantile(allowed_fractions(bitmask, vocab), [0.1, 0.5, 0.9])],
         "median_ms": medians,
         "p90_ms": p90,
         "skipped": skipped,
