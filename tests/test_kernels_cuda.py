@@ -274,3 +274,22 @@ def test_device_buffer_reused_across_calls():
         assert current is staging
         assert (current.device_rows.data_ptr(), current.device_compact.data_ptr()) == pointers
     assert all(slot.rows.is_pinned() for slot in staging.slots)
+
+
+@pytest.mark.parametrize("indices", (None, [0, 2]), ids=("all_rows", "indices"))
+@pytest.mark.parametrize("bitmask_on", ("pinned_host", "device"))
+def test_apply_never_waits_for_the_gpu(indices, bitmask_on):
+    """The host enqueues and returns while the stream is still busy: no sync of any kind."""
+    host = random_host_logits(4, 1000)
+    bitmask = make_bitmask(4, 1000)
+    logits = host.cuda()
+    device_bitmask = bitmask.cuda() if bitmask_on == "device" else bitmask
+    apply_token_bitmask_inplace(logits, device_bitmask, indices)  # warm-up: buffers, Triton compile
+    torch.cuda.synchronize()
+    logits.copy_(host.cuda())
+    stream = torch.cuda.current_stream()
+    _delay_gpu(200)
+    apply_token_bitmask_inplace(logits, device_bitmask, indices)
+    assert not stream.query(), "apply waited for the GPU work queued before it"
+    stream.synchronize()
+    assert torch.equal(bits(logits.cpu()), bits(cpu_oracle(host, bitmask, indices=indices)))

@@ -12,7 +12,9 @@ bitmask as soon as apply returns.**
   Before overwriting the device buffer, the stream waits (on the GPU) for the previous call's
   kernel, which may have run on another stream.
 With `indices`, the compacted rows are scattered on the device back to their row numbers, because
-xgrammar applies bitmask row i to logits row i.
+xgrammar applies bitmask row i to logits row i. The row numbers reach xgrammar as a device tensor
+copied from pinned memory: given a Python list, xgrammar would copy it from pageable memory, which
+may block the host behind the stream's pending work (the forward pass).
 Buffers are per thread (no state shared across threads), per device and per bitmask width.
 """
 from __future__ import annotations
@@ -92,7 +94,10 @@ def _staging_for(device, rows: int, width: int) -> _Staging:
 
 
 def _stage_host_bitmask(staging: _Staging, host, indices: tuple[int, ...] | None, rows: int, stream):
-    """Copy the rows to apply to the device; returns the device bitmask indexed like the logits."""
+    """Copy the rows to apply to the device.
+
+    Returns (device bitmask indexed like the logits, device int64 row numbers or None).
+    """
     import torch
 
     count = rows if indices is None else len(indices)
@@ -109,14 +114,21 @@ def _stage_host_bitmask(staging: _Staging, host, indices: tuple[int, ...] | None
         device_rows = staging.device_rows[:count]
         device_rows.copy_(host_rows, non_blocking=True)
         slot.copied.record(stream)
-        return device_rows
+        return device_rows, None
     compact = staging.device_compact[:count]
     compact.copy_(host_rows, non_blocking=True)
     device_index = staging.device_index[:count]
     device_index.copy_(host_index, non_blocking=True)
     slot.copied.record(stream)
     staging.device_rows.index_copy_(0, device_index, compact)
-    return staging.device_rows[:rows]
+    return staging.device_rows[:rows], device_index
+
+
+def _device_indices(indices: tuple[int, ...], device):
+    """Row numbers on `device` through pinned memory (torch's host cache recycles the block)."""
+    import torch
+
+    return torch.tensor(indices, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
 
 
 def apply_token_bitmask_inplace_cuda(
@@ -127,6 +139,7 @@ def apply_token_bitmask_inplace_cuda(
     *,
     backend: str | None = None,
 ) -> None:
+    import torch
     import xgrammar
 
     with producer_stream(logits) as stream:
@@ -134,15 +147,17 @@ def apply_token_bitmask_inplace_cuda(
         staging = None
         if device_kind(bitmask) == CUDA:  # already on the device: nothing to stage
             device_bitmask = to_torch_view(bitmask)
+            device_index = _device_indices(indices, view.device) if indices is not None else None
         else:
             host = to_torch_view(bitmask)
             staging = _staging_for(view.device, view.shape[0], host.shape[1])
-            device_bitmask = _stage_host_bitmask(staging, host, indices, view.shape[0], stream)
+            device_bitmask, device_index = _stage_host_bitmask(staging, host, indices, view.shape[0], stream)
         xgrammar.apply_token_bitmask_inplace(
             view,
             device_bitmask,
             vocab_size=vocab_size,
-            indices=list(indices) if indices is not None else None,
+            # int32, as xgrammar's CUDA kernel requires; the cast runs on the device.
+            indices=device_index.to(torch.int32) if device_index is not None else None,
             backend=backend or XGRAMMAR_BACKEND,
         )
         if staging is not None:

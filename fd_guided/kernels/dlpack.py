@@ -152,5 +152,6 @@ def producer_stream(x: Any) -> Iterator[Any]:
     import torch
 
     stream = producer_torch_stream(x)
-    with torch.cuda.stream(stream):
+    # The device too: Triton launches on the current device, which may not be the logits' one.
+    with torch.cuda.device(stream.device), torch.cuda.stream(stream):
         yield stream
