@@ -128,6 +128,46 @@ def test_torch_fallback_of_cpu_path_when_extension_missing(monkeypatch):
     assert torch.equal(bits(logits), bits(expected))
 
 
+ROW_LOOPS = cpu_kernel._cpu_mask.paths() if cpu_kernel.FAST_PATH_AVAILABLE else ()
+
+
+def few_masked_bitmask(rows: int, vocab: int, seed: int = 2) -> torch.Tensor:
+    """All allowed but 1-40 scattered tokens per row (free text minus a few special tokens)."""
+    rng = np.random.default_rng(seed)
+    allowed = np.ones((rows, bitmask_width(vocab) * 32), dtype=bool)
+    for row in range(rows):
+        allowed[row, rng.choice(vocab, size=int(rng.integers(1, min(vocab, 40) + 1)), replace=False)] = False
+    return torch.from_numpy(np.packbits(allowed, axis=1, bitorder="little").view(np.int32).copy())
+
+
+@pytest.mark.parametrize("row_loop", ROW_LOOPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("vocab", (31, 512, 1000, 1553, BIG_VOCAB, 151_936))
+def test_every_row_loop_matches_xgrammar(row_loop, dtype, vocab):
+    """Each C row loop, forced, on vocab sizes below, at and across its 512-token blocks."""
+    masks = torch.cat([make_bitmask(6, vocab, "mixed"), few_masked_bitmask(3, vocab)])
+    rows = masks.shape[0]
+    wide = random_logits(rows, vocab + 37, dtype)  # strided rows: the row stride exceeds the vocab
+    logits = wide[:, 5:5 + vocab]
+    expected = wide.clone()
+    expected[:, 5:5 + vocab] = xgrammar_reference(logits.contiguous(), masks)
+    cpu_kernel._cpu_mask.apply(
+        logits.data_ptr(), logits.stride(0), str(dtype).split(".")[-1], masks.data_ptr(), masks.stride(0),
+        vocab, rows, [1, 2, 4, 6, 7, 8], path=row_loop,
+    )
+    touched = [1, 2, 4, 6, 7, 8]
+    assert torch.equal(bits(wide[touched]), bits(expected[touched]))
+    untouched = [0, 3, 5]
+    assert torch.equal(bits(wide[untouched]), bits(random_logits(rows, vocab + 37, dtype)[untouched]))
+
+
+def test_row_loop_choice_is_checked():
+    logits, masks = torch.zeros(1, 64), torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="path must be"):
+        cpu_kernel._cpu_mask.apply(logits.data_ptr(), 64, "float32", masks.data_ptr(), 2, 64, 1, path="sse9")
+    assert ROW_LOOPS[-1] == "portable"
+
+
 def test_fast_path_is_built_and_active():
     from fd_guided.kernels import _cpu_mask
 

@@ -126,7 +126,7 @@ def candidates(logits: torch.Tensor, bitmask: torch.Tensor, copy_target: torch.T
     """name -> zero-argument callable. Masking is idempotent, so no reset between calls is needed."""
     paddle_logits = paddle.from_dlpack(logits.clone())
     numpy_src, numpy_dst = logits.numpy(), copy_target.numpy()
-    return {
+    functions = {
         "ours_cpu": lambda: apply_token_bitmask_inplace(logits, bitmask, impl="cpu"),
         "ours_cpu_paddle_tensor": lambda: apply_token_bitmask_inplace(paddle_logits, bitmask, impl="cpu"),
         "ours_paddle": lambda: apply_token_bitmask_inplace(paddle_logits, bitmask, impl="paddle"),
@@ -138,6 +138,12 @@ def candidates(logits: torch.Tensor, bitmask: torch.Tensor, copy_target: torch.T
         "copy_torch": lambda: copy_target.copy_(logits),
         "copy_numpy_1thread": lambda: np.copyto(numpy_dst, numpy_src),
     }
+    if cpu_kernel.FAST_PATH_AVAILABLE and len(cpu_kernel._cpu_mask.paths()) > 1:
+        # What `ours_cpu` would cost on a CPU without AVX-512 (the C kernel's portable row loop).
+        functions["ours_cpu_portable"] = lambda: cpu_kernel._cpu_mask.apply(
+            logits.data_ptr(), logits.stride(0), "float32", bitmask.data_ptr(), bitmask.stride(0),
+            logits.shape[1], logits.shape[0], path="portable")
+    return functions
 
 
 def measure(batch: int, vocab: int, density: str, args, matrix, rng) -> dict:
@@ -168,6 +174,7 @@ def measure(batch: int, vocab: int, density: str, args, matrix, rng) -> dict:
         "median_ms": medians,
         "p90_ms": p90,
         "skipped": skipped,
+        "cpu_row_loop": cpu_kernel._cpu_mask.paths()[0] if cpu_kernel.FAST_PATH_AVAILABLE else "torch fallback",
         "speedup_vs_xgrammar_cpu": medians["xgrammar_cpu"] / ours,
         "ours_over_copy_torch": ours / medians["copy_torch"],
         "ours_over_copy_numpy_1thread": ours / medians["copy_numpy_1thread"],

@@ -5,13 +5,18 @@
  * elements and the logits dtype name; no numpy or torch headers are needed. The GIL is
  * released while the rows are processed.
  *
- * Masks are sparse in practice (a JSON state allows a handful of tokens, a free-text state
- * allows nearly all), so whole runs of bitmask words are classified first: all-ones runs are
- * skipped without touching the logits, all-zero runs become a tight store loop of the -inf bit
- * pattern, and only mixed words do per-bit work, as a branch-free select the compiler vectorises.
- * (Writing only the zero bits of nearly-all-allowed words was tried, via ctz and via AVX-512/AVX2
- * masked stores: it touches fewer cache lines, ~20% faster once logits exceed the cache, but 1.5-3x
- * slower on cache-resident logits, the common CPU-serving case, so the select stays.)
+ * Masks are sparse in practice (a JSON state allows a handful of tokens, a string body allows
+ * nearly all), so the bitmask is scanned in blocks first and blocks where every token is allowed
+ * are skipped without touching the logits. Two row loops, picked once per process:
+ *   - "avx512" (x86-64 with AVX-512 F+BW): 16 words are compared with all-ones at once; in a block
+ *     that is not all-allowed each word becomes two (fp32) or one (fp16/bf16) masked stores of
+ *     -inf, with no branch on the word's value and no load of the logits, so only the cache lines
+ *     holding masked tokens are written. Against the portable loop (2 cores, vocab 129,280): the
+ *     same on JSON masks, 1.6-2.2x faster when a few tokens are masked per row, and up to 1.9x when
+ *     ~5% are masked once the logits outgrow the cache.
+ *   - "portable" (any C11 compiler): runs of 8 words are classified; all-zero runs become a store
+ *     loop, mixed words a branch-free select that the compiler vectorises (built for AVX2 and
+ *     AVX-512 too through GCC's target_clones where available).
  * Values are written as integer bit patterns in the logits' own dtype: no float round trip.
  */
 #define PY_SSIZE_T_CLEAN
@@ -132,6 +137,71 @@ static void row_u16(uint16_t *restrict dst, const uint32_t *restrict bits, Py_ss
         if (!(bits[full_words] & BIT32[j])) dst[full_words * 32 + j] = neg;
 }
 
+/* ---- AVX-512 row loops ------------------------------------------------------------------ */
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_AVX512_PATH 1
+#include <immintrin.h>
+
+#define AVX512 __attribute__((target("avx512f,avx512bw")))
+#define BLOCK_WORDS 16 /* one 512-bit compare: 512 tokens */
+
+/* Masked stores write only the lanes whose token is masked (mask bit = bitmask bit clear), so
+ * lanes past the vocab or allowed tokens are never touched; a zero mask writes nothing. */
+AVX512 static inline void word_store_u32(uint32_t *dst, uint32_t masked, __m512i neg) {
+    _mm512_mask_storeu_epi32(dst, (__mmask16)(masked & 0xFFFFu), neg);
+    _mm512_mask_storeu_epi32(dst + 16, (__mmask16)(masked >> 16), neg);
+}
+
+AVX512 static inline void word_store_u16(uint16_t *dst, uint32_t masked, __m512i neg) {
+    _mm512_mask_storeu_epi16(dst, (__mmask32)masked, neg);
+}
+
+/* Word indices in [w, w + BLOCK_WORDS) whose word is not all-ones, as a 16-bit set. */
+AVX512 static inline uint32_t block_not_all_allowed(const uint32_t *bits) {
+    __m512i block = _mm512_loadu_si512((const void *)bits);
+    return (uint32_t)(uint16_t)~_mm512_cmpeq_epi32_mask(block, _mm512_set1_epi32(-1));
+}
+
+AVX512 static void row_u32_avx512(uint32_t *dst, const uint32_t *bits, Py_ssize_t vocab) {
+    const __m512i neg = _mm512_set1_epi32((int)NEG_INF_F32);
+    const Py_ssize_t full_words = vocab / 32;
+    Py_ssize_t w = 0;
+    for (; w + BLOCK_WORDS <= full_words; w += BLOCK_WORDS) {
+        for (uint32_t todo = block_not_all_allowed(bits + w); todo; todo &= todo - 1) {
+            const int k = __builtin_ctz(todo);
+            word_store_u32(dst + (w + k) * 32, ~bits[w + k], neg);
+        }
+    }
+    for (; w < full_words; w++) word_store_u32(dst + w * 32, ~bits[w], neg);
+    const int tail = (int)(vocab - full_words * 32);
+    if (tail) word_store_u32(dst + full_words * 32, ~bits[full_words] & ((1u << tail) - 1u), neg);
+}
+
+AVX512 static void row_u16_avx512(uint16_t *dst, const uint32_t *bits, Py_ssize_t vocab, uint16_t neg16) {
+    const __m512i neg = _mm512_set1_epi16((short)neg16);
+    const Py_ssize_t full_words = vocab / 32;
+    Py_ssize_t w = 0;
+    for (; w + BLOCK_WORDS <= full_words; w += BLOCK_WORDS) {
+        for (uint32_t todo = block_not_all_allowed(bits + w); todo; todo &= todo - 1) {
+            const int k = __builtin_ctz(todo);
+            word_store_u16(dst + (w + k) * 32, ~bits[w + k], neg);
+        }
+    }
+    for (; w < full_words; w++) word_store_u16(dst + w * 32, ~bits[w], neg);
+    const int tail = (int)(vocab - full_words * 32);
+    if (tail) word_store_u16(dst + full_words * 32, ~bits[full_words] & ((1u << tail) - 1u), neg);
+}
+
+static int cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+#else
+#define HAVE_AVX512_PATH 0
+static int cpu_has_avx512(void) { return 0; }
+#endif
+
 /* ---- Python entry point ----------------------------------------------------------------- */
 
 typedef struct {
@@ -142,15 +212,46 @@ typedef struct {
     Py_ssize_t vocab_size;
     int element_size;
     uint16_t neg16;
+    int avx512; /* use the AVX-512 row loops */
 } MaskJob;
 
 static void mask_one_row(const MaskJob *job, Py_ssize_t row) {
     char *dst = job->logits + row * job->logits_row_bytes;
     const uint32_t *bits = job->bitmask + row * job->bitmask_row_stride;
+#if HAVE_AVX512_PATH
+    if (job->avx512) {
+        if (job->element_size == 4)
+            row_u32_avx512((uint32_t *)dst, bits, job->vocab_size);
+        else
+            row_u16_avx512((uint16_t *)dst, bits, job->vocab_size, job->neg16);
+        return;
+    }
+#endif
     if (job->element_size == 4)
         row_u32((uint32_t *)dst, bits, job->vocab_size);
     else
         row_u16((uint16_t *)dst, bits, job->vocab_size, job->neg16);
+}
+
+static int avx512_available = 0; /* set once at import */
+
+/* "auto" -> the fastest path this CPU runs; "avx512" / "portable" force one (tests, benches). */
+static int set_path(MaskJob *job, const char *path) {
+    if (strcmp(path, "auto") == 0) {
+        job->avx512 = avx512_available;
+    } else if (strcmp(path, "portable") == 0) {
+        job->avx512 = 0;
+    } else if (strcmp(path, "avx512") == 0) {
+        if (!avx512_available) {
+            PyErr_SetString(PyExc_ValueError, "the avx512 path needs an x86-64 CPU with AVX-512 F and BW");
+            return -1;
+        }
+        job->avx512 = 1;
+    } else {
+        PyErr_Format(PyExc_ValueError, "path must be 'auto', 'avx512' or 'portable', got '%s'", path);
+        return -1;
+    }
+    return 0;
 }
 
 /* Fills job's dtype fields; returns -1 with an exception set for an unsupported dtype. */
@@ -202,23 +303,25 @@ fail:
 
 PyDoc_STRVAR(apply_doc,
     "apply(logits_ptr, logits_row_stride, dtype, bitmask_ptr, bitmask_row_stride, vocab_size,\n"
-    "      num_rows, indices=None)\n"
+    "      num_rows, indices=None, path='auto')\n"
     "--\n\n"
     "Set masked logits to -inf in place. Pointers are addresses as ints, strides are in\n"
     "elements (the last dimension of both arrays must be contiguous), dtype is 'float32',\n"
     "'float16' or 'bfloat16'. Rows 0..num_rows-1 are processed, or only `indices` (each in\n"
-    "[0, num_rows)). Bitmask row i applies to logits row i. The GIL is released while looping.");
+    "[0, num_rows)). Bitmask row i applies to logits row i. The GIL is released while looping.\n"
+    "path: 'auto' (the fastest this CPU runs), 'avx512' or 'portable'; see paths().");
 
 static PyObject *apply(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"logits_ptr", "logits_row_stride", "dtype", "bitmask_ptr",
-                               "bitmask_row_stride", "vocab_size", "num_rows", "indices", NULL};
+                               "bitmask_row_stride", "vocab_size", "num_rows", "indices", "path", NULL};
     unsigned long long logits_ptr, bitmask_ptr;
     Py_ssize_t logits_row_stride, bitmask_row_stride, vocab_size, num_rows;
     const char *dtype;
     PyObject *indices = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KnsKnnn|O", keywords, &logits_ptr,
+    const char *path = "auto";
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KnsKnnn|Os", keywords, &logits_ptr,
                                      &logits_row_stride, &dtype, &bitmask_ptr,
-                                     &bitmask_row_stride, &vocab_size, &num_rows, &indices))
+                                     &bitmask_row_stride, &vocab_size, &num_rows, &indices, &path))
         return NULL;
     if (vocab_size < 0 || num_rows < 0) {
         PyErr_SetString(PyExc_ValueError, "vocab_size and num_rows must be >= 0");
@@ -229,8 +332,8 @@ static PyObject *apply(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     MaskJob job = {(char *)(uintptr_t)logits_ptr, 0, (const uint32_t *)(uintptr_t)bitmask_ptr,
-                   bitmask_row_stride, vocab_size, 0, 0};
-    if (set_dtype(&job, dtype) < 0) return NULL;
+                   bitmask_row_stride, vocab_size, 0, 0, 0};
+    if (set_dtype(&job, dtype) < 0 || set_path(&job, path) < 0) return NULL;
     job.logits_row_bytes = logits_row_stride * job.element_size;
 
     Py_ssize_t *rows = NULL, count = num_rows;
@@ -247,8 +350,13 @@ static PyObject *apply(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
+static PyObject *paths(PyObject *self, PyObject *unused) {
+    return avx512_available ? Py_BuildValue("(ss)", "avx512", "portable") : Py_BuildValue("(s)", "portable");
+}
+
 static PyMethodDef methods[] = {
     {"apply", (PyCFunction)(void (*)(void))apply, METH_VARARGS | METH_KEYWORDS, apply_doc},
+    {"paths", paths, METH_NOARGS, "Row loops this CPU runs, fastest first ('auto' takes the first)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -258,4 +366,7 @@ static struct PyModuleDef module = {
     -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__cpu_mask(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__cpu_mask(void) {
+    avx512_available = cpu_has_avx512();
+    return PyModule_Create(&module);
+}
