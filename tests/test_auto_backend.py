@@ -160,3 +160,25 @@ def test_one_engine_batch_mixes_backends_per_request():
     assert metrics.labelled("auto_choice_total") == {"xgrammar": 4, "llguidance": 3}
     assert 'requests_by_backend_total{backend="llguidance"} 3' in metrics.to_prometheus()
     engine.close()
+
+
+def test_regex_features_xgrammar_lacks_go_to_llguidance():
+    """xgrammar's "not supported yet" is a limit, not a syntax error: Python-style named groups work."""
+    spec = parse_guided_request({"guided_regex": "(?P<word>ab)+c"}, AUTO)
+    assert choose_backend(spec) == "llguidance"
+    engine = ReferenceEngine.default(preset="tiny", guided_config=AUTO)
+    result = engine.generate([{"prompt": "x", "guided_regex": "(?P<word>ab)+c"}], max_tokens=24)[0]
+    engine.close()
+    assert result.finish_reason == "stop", result.error
+    assert validate_output(spec, result.text).valid, result.text
+
+
+def test_unicode_property_escapes_are_refused_not_misread():
+    """Inside a class xgrammar reads [\\p{L}] as the characters p, {, L, }: refused everywhere."""
+    for pattern in (r"[\p{L}]+", r"\p{Lu}x", r"[a-z\P{N}]"):
+        with pytest.raises(InvalidGrammarError, match="no backend can enforce") as caught:
+            parse_guided_request({"guided_regex": pattern}, AUTO)
+        assert "Unicode property" in caught.value.feature
+        with pytest.raises(InvalidGrammarError, match="Unicode property"):
+            parse_guided_request({"guided_regex": pattern}, GuidedConfig(backend="xgrammar"))
+    assert choose_backend(parse_guided_request({"guided_regex": r"[\\p]+"}, AUTO)) == "xgrammar"  # an escaped backslash

@@ -104,10 +104,17 @@ class XGrammarBackend(GuidedBackend):
         gap = xgrammar_gap(spec)
         if gap is not None:
             _refuse(*gap)
+        if spec.kind == "regex" and has_unicode_property_escape(spec.source):
+            feature = "Unicode property escapes (\\p{...}, \\P{...})"
+            raise InvalidGrammarError(f"xgrammar cannot enforce {feature}", part=_part_of(spec), feature=feature)
         try:
             _grammar_without_tokenizer(spec)
         except (RuntimeError, ValueError, TypeError) as error:
-            raise InvalidGrammarError(f"rejected by xgrammar: {_first_line(error)}", part=_part_of(spec)) from None
+            message = _first_line(error)
+            # "... is not supported yet" is a limit of xgrammar, not a mistake in the request:
+            # marked as a feature, so `auto` can hand the request to llguidance.
+            feature = message if "not supported" in message else None
+            raise InvalidGrammarError(f"rejected by xgrammar: {message}", part=_part_of(spec), feature=feature) from None
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
         try:
@@ -305,9 +312,22 @@ def check_schema_keywords(schema: Any, path: str = "$") -> None:
         check_schema_keywords(child, child_path)
 
 
+def has_unicode_property_escape(pattern: str) -> bool:
+    """True if `pattern` uses ``\\p``/``\\P``: xgrammar refuses them at top level but, inside a
+    character class, silently reads ``[\\p{L}]`` as the characters ``p{L}`` (it admits ``{``)."""
+    escaped = False
+    for char in pattern:
+        if escaped and char in "pP":
+            return True
+        escaped = not escaped and char == "\\"
+    return False
+
+
 def _check_pattern(pattern: str, location: str) -> None:
     """Inside a JSON schema xgrammar drops what its regex parser refuses (lookaround, backreferences,
     word boundaries) with only a log line; such a pattern must be refused, not weakened."""
+    if has_unicode_property_escape(pattern):
+        _refuse(f"pattern {pattern!r} (Unicode property escapes)", location)
     try:
         xgr.Grammar.from_regex(pattern)
     except (RuntimeError, ValueError) as error:
