@@ -163,34 +163,27 @@ AVX512 static inline uint32_t block_not_all_allowed(const uint32_t *bits) {
     return (uint32_t)(uint16_t)~_mm512_cmpeq_epi32_mask(block, _mm512_set1_epi32(-1));
 }
 
-AVX512 static void row_u32_avx512(uint32_t *dst, const uint32_t *bits, Py_ssize_t vocab) {
-    const __m512i neg = _mm512_set1_epi32((int)NEG_INF_F32);
-    const Py_ssize_t full_words = vocab / 32;
-    Py_ssize_t w = 0;
-    for (; w + BLOCK_WORDS <= full_words; w += BLOCK_WORDS) {
-        for (uint32_t todo = block_not_all_allowed(bits + w); todo; todo &= todo - 1) {
-            const int k = __builtin_ctz(todo);
-            word_store_u32(dst + (w + k) * 32, ~bits[w + k], neg);
-        }
-    }
-    for (; w < full_words; w++) word_store_u32(dst + w * 32, ~bits[w], neg);
-    const int tail = (int)(vocab - full_words * 32);
-    if (tail) word_store_u32(dst + full_words * 32, ~bits[full_words] & ((1u << tail) - 1u), neg);
+/* One bitmask word: 32 tokens of a row of 4-byte or 2-byte elements. */
+AVX512 static inline void word_store(char *row, Py_ssize_t word, uint32_t masked, int element_size, __m512i neg) {
+    if (element_size == 4)
+        word_store_u32((uint32_t *)row + word * 32, masked, neg);
+    else
+        word_store_u16((uint16_t *)row + word * 32, masked, neg);
 }
 
-AVX512 static void row_u16_avx512(uint16_t *dst, const uint32_t *bits, Py_ssize_t vocab, uint16_t neg16) {
-    const __m512i neg = _mm512_set1_epi16((short)neg16);
+AVX512 static void row_avx512(char *dst, const uint32_t *bits, Py_ssize_t vocab, int element_size, uint16_t neg16) {
+    const __m512i neg = element_size == 4 ? _mm512_set1_epi32((int)NEG_INF_F32) : _mm512_set1_epi16((short)neg16);
     const Py_ssize_t full_words = vocab / 32;
     Py_ssize_t w = 0;
     for (; w + BLOCK_WORDS <= full_words; w += BLOCK_WORDS) {
         for (uint32_t todo = block_not_all_allowed(bits + w); todo; todo &= todo - 1) {
             const int k = __builtin_ctz(todo);
-            word_store_u16(dst + (w + k) * 32, ~bits[w + k], neg);
+            word_store(dst, w + k, ~bits[w + k], element_size, neg);
         }
     }
-    for (; w < full_words; w++) word_store_u16(dst + w * 32, ~bits[w], neg);
+    for (; w < full_words; w++) word_store(dst, w, ~bits[w], element_size, neg);
     const int tail = (int)(vocab - full_words * 32);
-    if (tail) word_store_u16(dst + full_words * 32, ~bits[full_words] & ((1u << tail) - 1u), neg);
+    if (tail) word_store(dst, full_words, ~bits[full_words] & ((1u << tail) - 1u), element_size, neg);
 }
 
 static int cpu_has_avx512(void) {
@@ -220,10 +213,7 @@ static void mask_one_row(const MaskJob *job, Py_ssize_t row) {
     const uint32_t *bits = job->bitmask + row * job->bitmask_row_stride;
 #if HAVE_AVX512_PATH
     if (job->avx512) {
-        if (job->element_size == 4)
-            row_u32_avx512((uint32_t *)dst, bits, job->vocab_size);
-        else
-            row_u16_avx512((uint16_t *)dst, bits, job->vocab_size, job->neg16);
+        row_avx512(dst, bits, job->vocab_size, job->element_size, job->neg16);
         return;
     }
 #endif
