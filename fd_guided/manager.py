@@ -131,6 +131,17 @@ class GuidedDecodingManager:
             check_with_backend(type(self.backend), spec)
         return spec
 
+    def prefetch(self, spec: GrammarSpec | None) -> None:
+        """Start compiling `spec` now: when the request enters the engine's waiting queue.
+
+        Never blocks. When `add_request` later submits the same spec it finds the grammar cached
+        or joins the compile in flight, so a request that queued for a slot starts with its
+        grammar (nearly) ready instead of compiling during its own prefill. A failed compile is
+        remembered and fails the request when it is added, as it would have anyway.
+        """
+        if spec is not None:
+            self.compiler.submit(spec)
+
     def add_request(
         self,
         slot: int,

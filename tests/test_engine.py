@@ -123,3 +123,16 @@ def test_reasoning_request_is_constrained_after_think_end():
     assert think_end in engine.tokenizer.encode(prompt)
     assert results[0].finish_reason == "stop" and results[0].text in ("alpha", "beta")
     engine.close()
+
+
+def test_queued_requests_compile_while_they_wait():
+    """Compiles start at admission: a request waiting for a slot never misses the cache when added."""
+    engine = ReferenceEngine.default(preset="tiny", max_num_seqs=1)
+    requests = [{"prompt": f"Record {i}:", "guided_json": {**SCHEMAS["person"], "title": f"queued-{i}"}} for i in range(3)]
+    results = engine.generate(requests, max_tokens=MAX_TOKENS, seed=3)
+    check_results(requests, results, min_finished_fraction=0.5)
+    metrics = engine.manager.metrics
+    assert metrics.value("compile_requests_total") == 6  # one at admission, one when the slot is assigned
+    assert metrics.value("cache_misses_total") == 3
+    assert metrics.value("cache_hits_total") + metrics.value("inflight_joins_total") == 3
+    engine.close()

@@ -175,6 +175,8 @@ class ReferenceEngine:
         spec = self.validate(request)
         if spec is not None and self.manager is None:
             raise InvalidGrammarError("this engine runs without guided decoding", part="request")
+        if spec is not None:
+            self.manager.prefetch(spec)  # compiles while the request waits for a slot, too
         prompt_ids = self.tokenizer.encode(request["prompt"]) or list(self.tokenizer.eos_token_ids[:1])
         params = SamplingParams(**{k: request[k] for k in SAMPLING_FIELDS if k in request})
         thinking = request.get("enable_thinking", (request.get("chat_template_kwargs") or {}).get("enable_thinking"))
