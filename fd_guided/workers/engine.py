@@ -173,6 +173,7 @@ class ReferenceEngine:
         if not isinstance(request, dict) or not isinstance(request.get("prompt"), str):
             raise InvalidGrammarError("each request needs a string 'prompt'", part="prompt")
         spec = self.validate(request)
+        admitted_at = time.perf_counter()  # before the compile starts and the prompt is encoded
         if spec is not None and self.manager is None:
             raise InvalidGrammarError("this engine runs without guided decoding", part="request")
         if spec is not None:
@@ -181,7 +182,7 @@ class ReferenceEngine:
         params = SamplingParams(**{k: request[k] for k in SAMPLING_FIELDS if k in request})
         thinking = request.get("enable_thinking", (request.get("chat_template_kwargs") or {}).get("enable_thinking"))
         return _Sequence(
-            admitted_at=time.perf_counter(),
+            admitted_at=admitted_at,
             index=index,
             prompt_ids=prompt_ids,
             max_tokens=int(request.get("max_tokens", max_tokens)),
