@@ -37,6 +37,9 @@ KIND_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choi
 KINDS = ("json_schema", "json_object", "regex", "choice", "ebnf", "lark", "structural_tag")
 JSON_KINDS = ("json_schema", "json_object", "structural_tag")
 COMPACT_SEPARATORS = (",", ":")
+# Deepest JSON document accepted (schemas, structural tags). SchemaStore's deepest schema has 27
+# levels; native parsers and converters recurse, so an unbounded depth could crash the process.
+MAX_NESTING = 128
 # Keywords whose values are JSON instances, not subschemas: never searched for $ref or patterns.
 _VALUE_KEYWORDS = ("const", "enum", "default", "examples")
 
@@ -265,15 +268,40 @@ def _load_schema(value: Any, part: str) -> dict:
     if isinstance(value, type) and hasattr(value, "model_json_schema"):
         return value.model_json_schema()
     if isinstance(value, (str, bytes)):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as error:
-            raise InvalidGrammarError(f"malformed JSON: {error}", part=part) from None
+        value = _load_json(value, part)
     if value is True:
         raise InvalidGrammarError("the schema `true` allows any JSON: use json_object instead", part=part)
     if not isinstance(value, dict):
         raise InvalidGrammarError(f"a JSON schema must be an object, got {type(value).__name__}", part=part)
+    _check_nesting(value, part)
     return value
+
+
+def _load_json(text: str | bytes, part: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidGrammarError(f"malformed JSON: {error}", part=part) from None
+    except RecursionError:
+        raise InvalidGrammarError(f"JSON nested more than {MAX_NESTING} levels deep", part=part) from None
+
+
+def _check_nesting(value: Any, part: str) -> None:
+    """Refuse documents deeper than MAX_NESTING (iteratively: the check itself cannot overflow).
+
+    Every later stage (meta-validation, checkers, the engines' converters) recurses over the
+    document; past a few hundred levels that is a RecursionError or, in native code, a crash of
+    the whole process. A cyclic Python dict is caught here too.
+    """
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise InvalidGrammarError(f"nested more than {MAX_NESTING} levels deep", part=part)
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
 
 
 def _check_json_schema(schema: dict, part: str) -> None:
@@ -374,10 +402,7 @@ def resolve_local_ref(root: Any, ref: str) -> Any:
 
 def _parse_structural_tag(value: Any, json_format: JsonFormat, *, part: str) -> GrammarSpec:
     if isinstance(value, (str, bytes)):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as error:
-            raise InvalidGrammarError(f"malformed JSON: {error}", part=part) from None
+        value = _load_json(value, part)
     value = _as_dict(value, part)
     if "format" in value:
         return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": value["format"]}), json_format)
@@ -448,12 +473,10 @@ def _bool_field(fields: Mapping[str, Any], name: str) -> bool:
 
 def _as_dict(value: Any, part: str) -> dict:
     if isinstance(value, (str, bytes)):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as error:
-            raise InvalidGrammarError(f"malformed JSON: {error}", part=part) from None
+        value = _load_json(value, part)
     if hasattr(value, "model_dump"):
         value = value.model_dump(by_alias=True)
     if not isinstance(value, dict):
         raise InvalidGrammarError(f"must be an object, got {type(value).__name__}", part=part)
+    _check_nesting(value, part)
     return value

@@ -246,3 +246,37 @@ def test_fast_meta_validation_never_accepts_what_jsonschema_refuses():
     for schema in schemas:
         if _fast_meta_valid(schema):
             jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+
+
+def nested_arrays(levels: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "array", "items": schema, "maxItems": 1}
+    return schema
+
+
+DEEP_REQUESTS = {  # built in the test: json.dumps cannot serialise 5000 levels either
+    "dict": lambda: {"guided_json": nested_arrays(5000)},
+    "text-overflowing-json": lambda: {"guided_json": '{"items":' * 5000 + "{}" + "}" * 5000},
+    "text": lambda: {"guided_json": json.dumps(nested_arrays(200))},  # parses, but deeper than the limit
+    "structural_tag": lambda: {"structural_tag": {"structures": [{"begin": "<f>", "schema": nested_arrays(300), "end": "</f>"}],
+                                                  "triggers": ["<f>"]}},
+}
+
+
+@pytest.mark.parametrize("name", DEEP_REQUESTS)
+def test_documents_nested_too_deeply_are_refused_not_crashing(name):
+    with pytest.raises(InvalidGrammarError, match="nested more than 128 levels deep"):
+        parse_guided_request(DEEP_REQUESTS[name]())
+
+
+def test_cyclic_schema_is_refused():
+    schema: dict = {"type": "array"}
+    schema["items"] = schema
+    with pytest.raises(InvalidGrammarError, match="nested more than"):
+        parse_guided_request({"guided_json": schema})
+
+
+def test_deep_but_reasonable_schema_is_admitted():
+    spec = parse_guided_request({"guided_json": nested_arrays(60)})  # 61 levels; SchemaStore's deepest: 27
+    assert spec.kind == "json_schema"
