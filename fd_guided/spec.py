@@ -327,6 +327,10 @@ def _fast_meta_valid(schema: dict) -> bool:
             return False
     except Exception:  # an unknown $schema URI, unexpected input: let jsonschema decide
         return False
+    except BaseException as error:  # a Rust panic arrives as pyo3's PanicException, a BaseException
+        if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise
+        return False
     return all(_compiles(pattern) for pattern in _schema_regexes(schema))
 
 
