@@ -40,7 +40,8 @@ COMPACT_SEPARATORS = (",", ":")
 # Deepest JSON document accepted (schemas, structural tags). SchemaStore's deepest schema has 27
 # levels; native parsers and converters recurse, so an unbounded depth could crash the process.
 MAX_NESTING = 128
-# Keywords whose values are JSON instances, not subschemas: never searched for $ref or patterns.
+# Keywords whose values are JSON instances, not subschemas: never searched for $ref or patterns
+# (see `_schema_objects`).
 _VALUE_KEYWORDS = ("const", "enum", "default", "examples")
 
 
@@ -307,7 +308,7 @@ def _check_nesting(value: Any, part: str) -> None:
 def _check_json_schema(schema: dict, part: str) -> None:
     if not _fast_meta_valid(schema):
         _check_meta_schema(schema, part)
-    _check_local_refs(schema, schema, part, "")
+    _check_local_refs(schema, part)
 
 
 def _fast_meta_valid(schema: dict) -> bool:
@@ -334,21 +335,15 @@ def _fast_meta_valid(schema: dict) -> bool:
     return all(_compiles(pattern) for pattern in _schema_regexes(schema))
 
 
-def _schema_regexes(node: Any) -> Iterator[str]:
-    """Every `pattern` value and `patternProperties` key in a schema document (not inside values)."""
-    if isinstance(node, dict):
+def _schema_regexes(schema: dict) -> Iterator[str]:
+    """Every `pattern` value and `patternProperties` key in a schema document."""
+    for node, _ in _schema_objects(schema):
         pattern = node.get("pattern")
         if isinstance(pattern, str):
             yield pattern
         pattern_properties = node.get("patternProperties")
         if isinstance(pattern_properties, dict):
             yield from pattern_properties
-        for key, child in node.items():
-            if key not in _VALUE_KEYWORDS:
-                yield from _schema_regexes(child)
-    elif isinstance(node, list):
-        for child in node:
-            yield from _schema_regexes(child)
 
 
 def _compiles(pattern: str) -> bool:
@@ -370,17 +365,24 @@ def _check_meta_schema(schema: dict, part: str) -> None:
         raise InvalidGrammarError(f"not a valid JSON schema: {error.message}", part=f"{part}{location}") from None
 
 
-def _check_local_refs(node: Any, root: dict, part: str, path: str) -> None:
-    if isinstance(node, dict):
+def _check_local_refs(schema: dict, part: str) -> None:
+    for node, path in _schema_objects(schema):
         ref = node.get("$ref")
         if isinstance(ref, str):
-            _resolve_local_ref(ref, root, f"{part}{path}.$ref")
+            _resolve_local_ref(ref, schema, f"{part}{path}.$ref")
+
+
+def _schema_objects(node: Any, path: str = "") -> Iterator[tuple[dict, str]]:
+    """Every object of a schema document with its path (``.a[0].b``), parents first; the values
+    of `_VALUE_KEYWORDS` are JSON instances, not schemas, and are not entered."""
+    if isinstance(node, dict):
+        yield node, path
         for key, child in node.items():
             if key not in _VALUE_KEYWORDS:
-                _check_local_refs(child, root, part, f"{path}.{key}")
+                yield from _schema_objects(child, f"{path}.{key}")
     elif isinstance(node, list):
         for index, child in enumerate(node):
-            _check_local_refs(child, root, part, f"{path}[{index}]")
+            yield from _schema_objects(child, f"{path}[{index}]")
 
 
 def _resolve_local_ref(ref: str, root: dict, part: str) -> None:
