@@ -41,7 +41,7 @@ COMPACT_SEPARATORS = (",", ":")
 # levels; native parsers and converters recurse, so an unbounded depth could crash the process.
 MAX_NESTING = 128
 # Keywords whose values are JSON instances, not subschemas: never searched for $ref or patterns
-# (see `_schema_objects`).
+# (see `schema_objects`).
 _VALUE_KEYWORDS = ("const", "enum", "default", "examples")
 
 
@@ -337,7 +337,7 @@ def _fast_meta_valid(schema: dict) -> bool:
 
 def _schema_regexes(schema: dict) -> Iterator[str]:
     """Every `pattern` value and `patternProperties` key in a schema document."""
-    for node, _ in _schema_objects(schema):
+    for node, _ in schema_objects(schema):
         pattern = node.get("pattern")
         if isinstance(pattern, str):
             yield pattern
@@ -366,23 +366,23 @@ def _check_meta_schema(schema: dict, part: str) -> None:
 
 
 def _check_local_refs(schema: dict, part: str) -> None:
-    for node, path in _schema_objects(schema):
+    for node, path in schema_objects(schema):
         ref = node.get("$ref")
         if isinstance(ref, str):
             _resolve_local_ref(ref, schema, f"{part}{path}.$ref")
 
 
-def _schema_objects(node: Any, path: str = "") -> Iterator[tuple[dict, str]]:
-    """Every object of a schema document with its path (``.a[0].b``), parents first; the values
-    of `_VALUE_KEYWORDS` are JSON instances, not schemas, and are not entered."""
+def schema_objects(node: Any, path: str = "") -> Iterator[tuple[dict, str]]:
+    """Every object of a schema (or structural tag) document with its path (``.a[0].b``), parents
+    first; the values of `_VALUE_KEYWORDS` are JSON instances, not schemas, and are not entered."""
     if isinstance(node, dict):
         yield node, path
         for key, child in node.items():
             if key not in _VALUE_KEYWORDS:
-                yield from _schema_objects(child, f"{path}.{key}")
+                yield from schema_objects(child, f"{path}.{key}")
     elif isinstance(node, list):
         for index, child in enumerate(node):
-            yield from _schema_objects(child, f"{path}[{index}]")
+            yield from schema_objects(child, f"{path}[{index}]")
 
 
 def _resolve_local_ref(ref: str, root: dict, part: str) -> None:

@@ -182,3 +182,27 @@ def test_unicode_property_escapes_are_refused_not_misread():
         with pytest.raises(InvalidGrammarError, match="Unicode property"):
             parse_guided_request({"guided_regex": pattern}, GuidedConfig(backend="xgrammar"))
     assert choose_backend(parse_guided_request({"guided_regex": r"[\\p]+"}, AUTO)) == "xgrammar"  # an escaped backslash
+
+
+@pytest.mark.parametrize("fields", [
+    {"guided_grammar": "start: /[\\p{L}]+/"},
+    {"structural_tag": {"format": {"type": "regex", "pattern": "[\\p{L}]+"}}},
+], ids=["lark-terminal", "structural-tag-regex"])
+def test_property_escapes_in_other_regexes_go_to_llguidance(fields):
+    """Lark terminals and structural-tag regexes go through the same xgrammar regex parser."""
+    with pytest.raises(InvalidGrammarError, match="Unicode property") as caught:
+        parse_guided_request(fields, GuidedConfig(backend="xgrammar"))
+    assert "Unicode property" in caught.value.feature
+    assert choose_backend(parse_guided_request(fields, AUTO)) == "llguidance"
+
+
+def test_lark_property_escape_is_enforced_under_auto():
+    import unicodedata
+
+    engine = ReferenceEngine.default(preset="tiny", guided_config=AUTO)
+    results = engine.generate([{"prompt": "x", "guided_grammar": "start: /[\\p{L}]+/", "seed": seed} for seed in range(3)],
+                              max_tokens=10)
+    engine.close()
+    for result in results:
+        assert result.error is None and result.text
+        assert all(unicodedata.category(char).startswith("L") for char in result.text), result.text

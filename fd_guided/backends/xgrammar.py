@@ -15,7 +15,7 @@ import xgrammar as xgr
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
-from ..spec import FIELD_OF_KIND, GrammarSpec, resolve_local_ref
+from ..spec import FIELD_OF_KIND, GrammarSpec, resolve_local_ref, schema_objects
 from ..tokenizer import TokenizerBundle
 from .formats import STRICT_FORMAT_PATTERNS, with_strict_formats
 from .schema_walk import for_each_schema_node, subschemas
@@ -104,7 +104,7 @@ class XGrammarBackend(GuidedBackend):
         gap = xgrammar_gap(spec)
         if gap is not None:
             _refuse(*gap)
-        if spec.kind == "regex" and has_unicode_property_escape(spec.source):
+        if any(has_unicode_property_escape(text) for text in _regex_texts(spec)):
             feature = "Unicode property escapes (\\p{...}, \\P{...})"
             raise InvalidGrammarError(f"xgrammar cannot enforce {feature}", part=_part_of(spec), feature=feature)
         try:
@@ -310,6 +310,17 @@ def check_schema_keywords(schema: Any, path: str = "$") -> None:
         _refuse("unevaluatedProperties with a schema", f"{path}.unevaluatedProperties")
     for child, child_path in subschemas(schema, path):
         check_schema_keywords(child, child_path)
+
+
+def _regex_texts(spec: GrammarSpec) -> Iterator[str]:
+    """Text xgrammar reads with its regex parser, outside JSON schemas (see `_check_pattern`):
+    a regex, a Lark grammar (its /.../ terminals) and the regex elements of a structural tag."""
+    if spec.kind in ("regex", "lark"):
+        yield spec.source
+    elif spec.kind == "structural_tag":
+        for node, _ in schema_objects(spec.structural_tag):
+            if node.get("type") == "regex" and isinstance(node.get("pattern"), str):
+                yield node["pattern"]
 
 
 def has_unicode_property_escape(pattern: str) -> bool:
