@@ -25,6 +25,7 @@ from typing import Any, Iterator, Mapping
 
 from .config import GuidedConfig
 from .errors import InvalidGrammarError
+from .limits import AdmissionLimits, check_choices, check_grammar, check_regex, check_schema, check_size
 
 try:  # fast meta-validation at admission; `jsonschema` alone gives the same verdicts, slower
     import jsonschema_rs as _jsonschema_rs
@@ -115,8 +116,14 @@ def parse_guided_request(
     config = config or GuidedConfig()
     if not isinstance(fields, Mapping):
         raise InvalidGrammarError(f"request fields must be a mapping, got {type(fields).__name__}")
-    json_format = _json_format(fields, config)
-    spec = _spec_from_fields(fields, json_format)
+    try:
+        json_format = _json_format(fields, config)
+        spec = _spec_from_fields(fields, json_format, config.limits)
+    except InvalidGrammarError:
+        raise
+    except Exception as error:  # noqa: BLE001 - hostile input must never escape as another type
+        logger.info("guided request rejected by an unexpected %s: %s", type(error).__name__, error)
+        raise InvalidGrammarError(f"could not read the guided fields ({type(error).__name__}: {_short(error)})", part="request") from None
     if spec is not None and check_backend:
         from .registry import get_backend_class
 
@@ -142,7 +149,12 @@ def check_with_backend(backend_class, spec: GrammarSpec) -> None:
         ) from None
 
 
-def _spec_from_fields(fields: Mapping[str, Any], json_format: JsonFormat) -> GrammarSpec | None:
+def _short(error: BaseException, limit: int = 200) -> str:
+    text = str(error)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _spec_from_fields(fields: Mapping[str, Any], json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec | None:
     given = [name for name in KIND_FIELDS if _is_set(fields.get(name))]
     response_format = fields.get("response_format")
     if response_format is not None and _response_format_type(response_format) != "text":
@@ -156,8 +168,8 @@ def _spec_from_fields(fields: Mapping[str, Any], json_format: JsonFormat) -> Gra
     name = given[0]
     value = fields[name]
     if name == "response_format":
-        return _from_response_format(value, json_format)
-    return _FIELD_PARSERS[name](value, json_format)
+        return _from_response_format(value, json_format, limits)
+    return _FIELD_PARSERS[name](value, json_format, limits)
 
 
 def _is_set(value: Any) -> bool:
@@ -175,14 +187,14 @@ def _response_format_type(response_format: Any) -> str:
     return kind
 
 
-def _from_response_format(response_format: Any, json_format: JsonFormat) -> GrammarSpec:
+def _from_response_format(response_format: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
     response_format = _as_dict(response_format, "response_format")
     kind = _response_format_type(response_format)
     if kind == "json_object":
         return GrammarSpec("json_object", "", json_format)
     if kind == "structural_tag":
         body = {key: value for key, value in response_format.items() if key != "type"}
-        return _parse_structural_tag(body, json_format, part="response_format")
+        return _parse_structural_tag(body, json_format, limits, part="response_format")
     json_schema = _as_dict(response_format.get("json_schema"), "response_format.json_schema")
     schema = json_schema.get("schema", json_schema.get("json_schema"))
     if schema is None:
@@ -192,28 +204,38 @@ def _from_response_format(response_format: Any, json_format: JsonFormat) -> Gram
         if not isinstance(strict, bool):
             raise InvalidGrammarError("must be a boolean", part="response_format.json_schema.strict")
         json_format = JsonFormat(json_format.any_whitespace, json_format.max_whitespace_cnt, json_format.separators, strict)
-    return _parse_json_schema(schema, json_format, part="response_format.json_schema.schema")
+    return _parse_json_schema(schema, json_format, limits, part="response_format.json_schema.schema")
 
 
-def _parse_guided_json(value: Any, json_format: JsonFormat) -> GrammarSpec:
-    return _parse_json_schema(value, json_format, part="guided_json")
+def _parse_guided_json(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
+    return _parse_json_schema(value, json_format, limits, part="guided_json")
 
 
-def _parse_json_object(value: Any, json_format: JsonFormat) -> GrammarSpec:
+def _parse_json_object(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
     if value is not True:
         raise InvalidGrammarError("must be true when given", part="guided_json_object")
     return GrammarSpec("json_object", "", json_format)
 
 
-def _parse_regex(value: Any, json_format: JsonFormat) -> GrammarSpec:
+def _parse_regex(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
     if not isinstance(value, str) or not value:
         raise InvalidGrammarError("must be a non-empty string", part="guided_regex")
     if "\x00" in value:
         raise InvalidGrammarError("must not contain NUL characters", part="guided_regex")
+    _check_text(value, "guided_regex")
+    check_regex(value, limits, "guided_regex")
+    try:
+        re.compile(value)
+    except re.error as error:
+        if "bad escape \\p" in str(error) or "bad escape \\P" in str(error):
+            feature = "Unicode property escapes (\\p{...}, \\P{...})"
+            raise InvalidGrammarError(f"{feature} cannot be enforced: Python's re, which judges outputs, does not read them",
+                                      part="guided_regex", feature=feature) from None
+        raise InvalidGrammarError(f"not a valid regular expression: {error}", part="guided_regex") from None
     return GrammarSpec("regex", value)
 
 
-def _parse_choice(value: Any, json_format: JsonFormat) -> GrammarSpec:
+def _parse_choice(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
         raise InvalidGrammarError("must be a list of strings", part="guided_choice")
     if not value:
@@ -223,17 +245,30 @@ def _parse_choice(value: Any, json_format: JsonFormat) -> GrammarSpec:
             raise InvalidGrammarError(f"must be a string, got {type(choice).__name__}", part=f"guided_choice[{index}]")
         if not choice:
             raise InvalidGrammarError("must not be empty", part=f"guided_choice[{index}]")
+        _check_text(choice, f"guided_choice[{index}]")
+    check_choices(list(value), limits, "guided_choice")
     return GrammarSpec("choice", json.dumps(list(value), ensure_ascii=False))
 
 
-def _parse_grammar(value: Any, json_format: JsonFormat) -> GrammarSpec:
+def _parse_grammar(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
     if not isinstance(value, str) or not value.strip():
         raise InvalidGrammarError("must be a non-empty grammar string", part="guided_grammar")
-    return GrammarSpec("lark" if grammar_is_lark(value) else "ebnf", value)
+    _check_text(value, "guided_grammar")
+    lark = grammar_is_lark(value)
+    check_grammar(value, lark, limits, "guided_grammar")
+    return GrammarSpec("lark" if lark else "ebnf", value)
 
 
-def _parse_structural_tag_field(value: Any, json_format: JsonFormat) -> GrammarSpec:
-    return _parse_structural_tag(value, json_format, part="structural_tag")
+def _parse_structural_tag_field(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
+    return _parse_structural_tag(value, json_format, limits, part="structural_tag")
+
+
+def _check_text(text: str, part: str) -> None:
+    """Constraint text must be valid Unicode (a lone surrogate cannot be UTF-8 encoded for an engine)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidGrammarError(f"not valid Unicode text ({error.reason} at position {error.start})", part=part) from None
 
 
 FIELD_OF_KIND = {"json_schema": "guided_json", "json_object": "json_object", "regex": "guided_regex", "choice": "guided_choice",
@@ -259,10 +294,13 @@ def grammar_is_lark(text: str) -> bool:
     return bool(_LARK_RULE.search(text)) or text.lstrip().startswith("%")
 
 
-def _parse_json_schema(value: Any, json_format: JsonFormat, *, part: str) -> GrammarSpec:
+def _parse_json_schema(value: Any, json_format: JsonFormat, limits: AdmissionLimits, *, part: str) -> GrammarSpec:
     schema = _load_schema(value, part)
+    source = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+    check_size(source, limits.max_constraint_bytes, part, "schema")
+    check_schema(schema, limits, part)
     _check_json_schema(schema, part)
-    return GrammarSpec("json_schema", json.dumps(schema, ensure_ascii=False, separators=(",", ":")), json_format)
+    return GrammarSpec("json_schema", source, json_format)
 
 
 def _load_schema(value: Any, part: str) -> dict:
@@ -279,6 +317,11 @@ def _load_schema(value: Any, part: str) -> dict:
 
 
 def _load_json(text: str | bytes, part: str) -> Any:
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidGrammarError(f"not valid UTF-8 ({error.reason} at byte {error.start})", part=part) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
@@ -288,21 +331,33 @@ def _load_json(text: str | bytes, part: str) -> Any:
 
 
 def _check_nesting(value: Any, part: str) -> None:
-    """Refuse documents deeper than MAX_NESTING (iteratively: the check itself cannot overflow).
+    """Refuse what is not a plain JSON document, iteratively (the check itself cannot overflow).
 
-    Every later stage (meta-validation, checkers, the engines' converters) recurses over the
-    document; past a few hundred levels that is a RecursionError or, in native code, a crash of
-    the whole process. A cyclic Python dict is caught here too.
+    Deeper than MAX_NESTING: every later stage (meta-validation, checkers, the engines'
+    converters) recurses over the document, and past a few hundred levels that is a RecursionError
+    or, in native code, a crash of the whole process; a cyclic dict is caught here too. Keys must be
+    strings, values JSON values (a tuple reads as an array), numbers finite and strings valid Unicode.
     """
-    stack = [(value, 1)]
+    stack = [(value, 1, "")]
     while stack:
-        node, depth = stack.pop()
+        node, depth, path = stack.pop()
         if depth > MAX_NESTING:
             raise InvalidGrammarError(f"nested more than {MAX_NESTING} levels deep", part=part)
         if isinstance(node, dict):
-            stack.extend((child, depth + 1) for child in node.values())
-        elif isinstance(node, list):
-            stack.extend((child, depth + 1) for child in node)
+            for key, child in node.items():
+                if not isinstance(key, str):
+                    raise InvalidGrammarError(f"object keys must be strings, got {type(key).__name__} {key!r:.40}", part=f"{part}{path}")
+                _check_text(key, f"{part}{path}")
+                stack.append((child, depth + 1, f"{path}.{key}"))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((child, depth + 1, f"{path}[{index}]") for index, child in enumerate(node))
+        elif isinstance(node, str):
+            _check_text(node, f"{part}{path}")
+        elif isinstance(node, float):
+            if node != node or node in (float("inf"), float("-inf")):
+                raise InvalidGrammarError(f"{node!r} is not a JSON number", part=f"{part}{path}")
+        elif node is not None and not isinstance(node, (bool, int)):
+            raise InvalidGrammarError(f"{type(node).__name__} is not a JSON value", part=f"{part}{path}")
 
 
 def _check_json_schema(schema: dict, part: str) -> None:
@@ -349,7 +404,7 @@ def _schema_regexes(schema: dict) -> Iterator[str]:
 def _compiles(pattern: str) -> bool:
     try:
         re.compile(pattern)
-    except re.error:
+    except (re.error, RecursionError, OverflowError):
         return False
     return True
 
@@ -406,12 +461,15 @@ def resolve_local_ref(root: Any, ref: str) -> Any:
     return node
 
 
-def _parse_structural_tag(value: Any, json_format: JsonFormat, *, part: str) -> GrammarSpec:
+def _parse_structural_tag(value: Any, json_format: JsonFormat, limits: AdmissionLimits, *, part: str) -> GrammarSpec:
     if isinstance(value, (str, bytes)):
         value = _load_json(value, part)
     value = _as_dict(value, part)
     if "format" in value:
-        return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": value["format"]}), json_format)
+        source = json.dumps({"type": "structural_tag", "format": value["format"]}, ensure_ascii=False)
+        check_size(source, limits.max_constraint_bytes, part, "structural tag")
+        check_schema(value["format"], limits, part)
+        return GrammarSpec("structural_tag", source, json_format)
     structures = value.get("structures")
     triggers = value.get("triggers")
     if not isinstance(structures, list) or not structures:
@@ -428,10 +486,13 @@ def _parse_structural_tag(value: Any, json_format: JsonFormat, *, part: str) -> 
         if not any(begin.startswith(trigger) for trigger in triggers):
             raise InvalidGrammarError(f"begin {begin!r} starts with none of the triggers {triggers}", part=where)
         schema = _load_schema(structure.get("schema", {"type": "object"}), f"{where}.schema")
+        check_schema(schema, limits, f"{where}.schema")
         _check_json_schema(schema, f"{where}.schema")
         normalised.append({"begin": begin, "schema": schema, "end": end})
     canonical = {"structures": normalised, "triggers": triggers}
-    return GrammarSpec("structural_tag", json.dumps(canonical, ensure_ascii=False, separators=(",", ":")), json_format)
+    source = json.dumps(canonical, ensure_ascii=False, separators=(",", ":"))
+    check_size(source, limits.max_constraint_bytes, part, "structural tag")
+    return GrammarSpec("structural_tag", source, json_format)
 
 
 def _json_format(fields: Mapping[str, Any], config: GuidedConfig) -> JsonFormat:
