@@ -6,7 +6,10 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from .limits import AdmissionLimits
+
 REJECTION_POLICIES = ("error",)
+COMPILE_ISOLATIONS = ("process", "thread")
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
 
 
@@ -16,7 +19,8 @@ def _default_threads() -> int:
 
 def _default_compile_workers() -> int:
     # Several workers even on small machines: one slow grammar must not queue every other
-    # request's compile behind it (compiles release the GIL; an idle worker costs nothing).
+    # request's compile behind it. Workers are forked from one process that already holds the
+    # tokenizer tables, so an idle one costs little memory.
     return max(4, _default_threads())
 
 
@@ -30,6 +34,24 @@ class GuidedConfig:
     Whitespace fields are the defaults a request may override (see `fd_guided.spec`).
     `max_whitespace_cnt` bounds every whitespace run so a model cannot loop on spaces until
     `max_tokens`; set it to None only together with `any_whitespace=False`.
+
+    Compiles (see `fd_guided.compile`): with `compile_isolation` ``process`` (the default) every
+    compile runs in a killable worker process: past `compile_timeout_s` seconds or
+    `compile_memory_limit_bytes` of growth it is killed, its request fails with a
+    `CompileBudgetError` (an `InvalidGrammarError`) and the worker is replaced; a native crash
+    costs only that request. `compile_workers` compiles run at normal priority at once; one that
+    runs longer than `compile_demote_after_s` drops to the lowest CPU priority and stops counting
+    against that number, so a few slow compiles cannot hold back quick ones. ``thread`` compiles
+    in this process (no kill, no crash isolation: for backends that cannot serialize grammars).
+    `auto_first_ready`: ``auto`` compiles an uncached request with every engine at once; it runs on
+    xgrammar if xgrammar is done within `auto_fallback_grace_s` of the start, else on the first
+    engine ready (llguidance usually, in milliseconds) while xgrammar compiles for the cache.
+    `limits` bound what may reach a native compiler at all (`fd_guided.limits`).
+
+    A step never waits for a compile: hosts sample a guided request only once
+    `GuidedDecodingManager.is_ready(slot)`. A row whose grammar is still compiling when the mask is
+    applied waits at most `first_token_wait_s` (default 0), then its request finishes with reason
+    ``error`` and its row allows only stop tokens; the rest of the batch goes on.
     """
 
     backend: str = "auto"
@@ -40,7 +62,14 @@ class GuidedConfig:
     compile_threads: int = dataclasses.field(default_factory=_default_threads)
     compile_workers: int = dataclasses.field(default_factory=_default_compile_workers)
     cache_limit_bytes: int = DEFAULT_CACHE_BYTES
-    compile_timeout_s: float = 30.0
+    compile_timeout_s: float = 10.0
+    compile_isolation: Literal["process", "thread"] = "process"
+    compile_memory_limit_bytes: int = 2 << 30
+    compile_demote_after_s: float = 0.5
+    auto_first_ready: bool = True
+    auto_fallback_grace_s: float = 0.1
+    first_token_wait_s: float = 0.0
+    limits: AdmissionLimits = dataclasses.field(default_factory=AdmissionLimits)
     fill_threads: int = dataclasses.field(default_factory=_default_threads)
     parallel_fill_min_rows: int = 16
     rejection_policy: Literal["error"] = "error"
@@ -56,6 +85,16 @@ class GuidedConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.compile_timeout_s <= 0:
             raise ValueError("compile_timeout_s must be positive")
+        if self.compile_isolation not in COMPILE_ISOLATIONS:
+            raise ValueError(f"compile_isolation must be one of {COMPILE_ISOLATIONS}, got {self.compile_isolation!r}")
+        if self.compile_memory_limit_bytes <= 0:
+            raise ValueError("compile_memory_limit_bytes must be positive")
+        if self.auto_fallback_grace_s < 0:
+            raise ValueError("auto_fallback_grace_s must be >= 0")
+        if self.first_token_wait_s < 0:
+            raise ValueError("first_token_wait_s must be >= 0")
+        if self.compile_demote_after_s <= 0:
+            raise ValueError("compile_demote_after_s must be positive")
         if self.max_whitespace_cnt is not None and self.max_whitespace_cnt < 1:
             raise ValueError("max_whitespace_cnt must be >= 1 or None")
 

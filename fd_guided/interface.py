@@ -4,6 +4,12 @@
 its bounded cache, and knows how to fill many bitmask rows at once. `Grammar` lives as long as one
 request in one slot: it is that request's matcher, advanced token by token.
 
+Process contract (untrusted constraints may crash or stall native compilers):
+  - `check` runs at admission on the caller's thread: pure Python, cheap, bounded, no native
+    compiler calls. Native validation and compiling happen in `compile`, which the compile
+    service runs in a killable worker process built from `worker_recipe()`; the result comes back
+    through `serialize`/`deserialize`. A backend without a recipe compiles in threads instead.
+
 Threading contract (the reason LMDeploy crashed with tensor parallel):
   - `GuidedBackend.compile` may run concurrently on pool threads and must not write shared
     mutable state except its own thread-safe cache;
@@ -21,7 +27,7 @@ import abc
 from typing import Any, ClassVar, Sequence
 
 from .config import GuidedConfig
-from .spec import GrammarSpec
+from .spec import FIELD_OF_KIND, GrammarSpec
 from .tokenizer import TokenizerBundle
 
 
@@ -98,11 +104,61 @@ class GuidedBackend(abc.ABC):
     @abc.abstractmethod
     def check(cls, spec: GrammarSpec) -> None:
         """Admission check without a tokenizer: raise InvalidGrammarError if this backend cannot
-        enforce `spec` faithfully (syntax errors, keywords it would silently ignore)."""
+        enforce `spec` faithfully (keywords it would silently ignore, syntax Python can judge).
+
+        Runs on the caller's thread: pure Python, bounded cost, no native compiler calls (those
+        belong in `compile`, which runs where a crash or a runaway costs only the request)."""
 
     @abc.abstractmethod
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        """Compile (or fetch from cache). Thread-safe; raises InvalidGrammarError on bad input."""
+        """Validate natively and compile. Thread-safe; raises InvalidGrammarError on bad input."""
+
+    @classmethod
+    def compile_engines(cls, spec: GrammarSpec) -> tuple[str, ...]:
+        """The engines that may compile `spec`, preferred first (see `engine`). Admission-cheap.
+
+        A single-engine backend checks the spec and names itself; ``auto`` names every engine
+        whose check passes. Raises InvalidGrammarError when none can enforce `spec`.
+        """
+        cls.check(spec)
+        return (cls.name,)
+
+    @classmethod
+    def static_refusals(cls, spec: GrammarSpec) -> list[tuple[str, Any]]:
+        """(engine, InvalidGrammarError) for each engine whose admission check refused `spec`:
+        named beside the compile errors when every candidate engine failed. Empty by default."""
+        return []
+
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        """Every engine this backend can compile with (see `engine`)."""
+        return (self.name,)
+
+    def engine(self, name: str) -> "GuidedBackend":
+        """The backend that compiles, serializes and runs the grammars of engine `name`."""
+        if name != self.name:
+            raise KeyError(f"backend {self.name!r} has no engine {name!r}")
+        return self
+
+    def compile_checked(self, spec: GrammarSpec) -> CompiledGrammar:
+        """`compile`, then refuse a grammar no output can satisfy (what compile workers run)."""
+        compiled = self.compile(spec)
+        check_satisfiable(self, compiled)
+        return compiled
+
+    def warm_up(self) -> None:
+        """Pay one-time native set-up costs now (compile workers call it before forking)."""
+
+    def worker_recipe(self) -> tuple[str, dict] | None:
+        """``("module:factory", kwargs)`` that rebuilds this backend in a compile worker process
+        (picklable; ``kwargs["config"]`` is this backend's config), or None to compile in-process."""
+        return None
+
+    def with_config(self, config: GuidedConfig) -> "GuidedBackend":
+        """This backend with another config, sharing its tokenizer tables (compile workers use it)."""
+        if config == self.config:
+            return self
+        return type(self)(self.tokenizer, vocab_size=self.vocab_size, config=config, stop_token_ids=self.stop_token_ids)
 
     @abc.abstractmethod
     def new_grammar(self, compiled: CompiledGrammar) -> Grammar:
@@ -134,3 +190,38 @@ class GuidedBackend(abc.ABC):
 
     def close(self) -> None:
         """Release threads and caches. Idempotent."""
+
+
+def check_satisfiable(backend: GuidedBackend, compiled: CompiledGrammar) -> None:
+    """Refuse a compiled grammar whose first step allows nothing (an empty language, e.g.
+    ``{"$ref": "#"}`` or ``[^\\s\\S]``), or only a stop token where the empty output is not in
+    the language (JSON, choices, a regex that does not match ""): no request could succeed under it.
+    """
+    import torch
+
+    from .errors import UnsatisfiableGrammarError
+
+    spec = compiled.spec
+    bitmask = torch.zeros((1, (backend.vocab_size + 31) // 32), dtype=torch.int32)
+    backend.new_grammar(compiled).fill_bitmask(bitmask, 0)
+    words = bitmask[0].numpy().view("uint32").copy()
+    part = FIELD_OF_KIND.get(spec.kind)
+    if not words.any():
+        raise UnsatisfiableGrammarError("the constraint is unsatisfiable: no output can match it", part=part)
+    for token in backend.stop_token_ids:
+        if 0 <= token < backend.vocab_size:
+            words[token >> 5] &= ~(1 << (token & 31)) & 0xFFFFFFFF
+    if not words.any() and not _empty_output_allowed(spec):
+        raise UnsatisfiableGrammarError("the constraint is unsatisfiable: it admits only an empty output, which it does not match",
+                                        part=part)
+
+
+def _empty_output_allowed(spec: GrammarSpec) -> bool:
+    if spec.kind == "regex":
+        import re
+
+        try:
+            return re.fullmatch(spec.source, "") is not None
+        except (re.error, RecursionError):
+            return False
+    return spec.kind in ("ebnf", "lark", "structural_tag")

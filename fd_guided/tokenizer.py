@@ -49,6 +49,34 @@ class TokenizerBundle:
     def special_token_ids(self) -> list[int]:
         return [i for i, text in enumerate(self.token_bytes) if text is None]
 
+    def portable(self) -> "TokenizerBundle":
+        """A picklable copy for compile worker processes: the same token table, stop and think ids,
+        no HF object, and a byte-by-byte encoder (compilers read the token table; they encode text
+        only for diagnostics, where any valid tokenization serves)."""
+        return TokenizerBundle(
+            name=self.name,
+            token_bytes=self.token_bytes,
+            eos_token_ids=self.eos_token_ids,
+            encode=ByteEncoder(self.token_bytes),
+            decode_bytes=functools.partial(_join_bytes, self.token_bytes),
+            think_start_id=self.think_start_id,
+            think_end_id=self.think_end_id,
+            padded_vocab_size=self.padded_vocab_size,
+        )
+
+
+class ByteEncoder:
+    """Text -> one token per byte (the single-byte tokens of a byte-level vocabulary); picklable."""
+
+    def __init__(self, token_bytes: Sequence[bytes | None]):
+        self._ids: dict[int, int] = {}
+        for token_id, text in enumerate(token_bytes):
+            if text is not None and len(text) == 1:
+                self._ids.setdefault(text[0], token_id)
+
+    def __call__(self, text: str) -> list[int]:
+        return [self._ids[byte] for byte in text.encode("utf-8", errors="replace") if byte in self._ids]
+
 
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str = "deepseek") -> TokenizerBundle:

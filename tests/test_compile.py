@@ -29,7 +29,8 @@ class GatedBackend(XGrammarBackend):
 
 @pytest.fixture()
 def gated():
-    backend = GatedBackend(load_tokenizer("deepseek"), vocab_size=129_280, config=GuidedConfig(compile_workers=2))
+    # Thread isolation: the gate is an in-process Event (tests/test_compile_workers.py covers processes).
+    backend = GatedBackend(load_tokenizer("deepseek"), vocab_size=129_280, config=GuidedConfig(compile_workers=2, compile_isolation="thread"))
     service = CompileService(backend)
     yield backend, service
     backend.gate.set()
@@ -83,16 +84,33 @@ class Sized:
 
 
 def test_cache_is_bounded_by_bytes_and_lru():
-    cache = CompiledGrammarCache(limit_bytes=100)
-    a, b, c = spec_of(10), spec_of(11), spec_of(12)
+    from fd_guided.compile.cache import ENTRY_OVERHEAD_BYTES, key_bytes
+
+    a, b, c = (("xgrammar", spec_of(i)) for i in (10, 11, 12))
+    entry = 40 + key_bytes(a) + ENTRY_OVERHEAD_BYTES  # values, their keys' text and bookkeeping count
+    cache = CompiledGrammarCache(limit_bytes=2 * entry + 10)
     cache.put(a, Sized(40))
     cache.put(b, Sized(40))
     assert cache.get(a) is not None  # a is now most recent
     cache.put(c, Sized(40))          # evicts b, the least recently used
     assert cache.get(b) is None and cache.get(a) is not None and cache.get(c) is not None
-    assert cache.size_bytes == 80
-    cache.put(spec_of(13), Sized(1000))  # larger than the whole cache: not stored
-    assert cache.size_bytes == 80
+    assert cache.size_bytes == 2 * entry
+    cache.put(("xgrammar", spec_of(13)), Sized(10_000))  # larger than the whole cache: not stored
+    assert cache.size_bytes == 2 * entry
+
+
+def test_remembered_errors_are_bounded_by_bytes_and_budget_errors_expire():
+    from fd_guided.compile import RememberedErrors
+
+    errors = RememberedErrors(limit_bytes=4096, budget_ttl_s=0.05)
+    big = GrammarSpec("regex", "a" * 3000)
+    errors.put(("xgrammar", big), InvalidGrammarError("bad"), transient=False)
+    errors.put(("xgrammar", spec_of(1)), GrammarCompileTimeout("slow"), transient=True)
+    assert errors.get(("xgrammar", spec_of(1))) is not None and errors.size_bytes <= 4096
+    errors.put(("llguidance", big), InvalidGrammarError("bad"), transient=False)  # evicts the oldest
+    assert errors.get(("xgrammar", big)) is None and errors.size_bytes <= 4096
+    time.sleep(0.1)
+    assert errors.get(("xgrammar", spec_of(1))) is None  # a timeout under load is retried later
 
 
 def test_default_cache_is_far_above_fastdeploys_4mib():

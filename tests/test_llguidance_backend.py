@@ -6,6 +6,7 @@ Every probe goes through a real LLMatcher (no mocks): the valid instance must be
 import json
 
 import pytest
+from guided_helpers import admit_and_compile
 import torch
 
 from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
@@ -134,14 +135,14 @@ REFUSED = [
 @pytest.mark.parametrize("schema, feature", REFUSED, ids=[name for _, name in REFUSED])
 def test_refused_features_are_named(schema, feature):
     with pytest.raises(InvalidGrammarError, match=feature.replace("(", r"\(")) as caught:
-        parse_guided_request({"guided_json": schema}, LLG)
+        admit_and_compile({"guided_json": schema}, "llguidance")
     assert caught.value.feature and feature.split()[-1].strip("'") in caught.value.feature
 
 
 def test_lenient_cannot_be_switched_on_from_inside_the_schema():
     schema = {"type": "object", "x-guidance": {"lenient": True, "coerce_one_of": True}, "not": {"required": ["a"]}}
     with pytest.raises(InvalidGrammarError, match="not"):
-        parse_guided_request({"guided_json": schema}, LLG)
+        admit_and_compile({"guided_json": schema}, "llguidance")
 
 
 def test_syntax_errors_have_no_feature():
@@ -149,7 +150,7 @@ def test_syntax_errors_have_no_feature():
         parse_guided_request({"guided_regex": "(unclosed"}, LLG)
     assert caught.value.feature is None and caught.value.part == "guided_regex"
     with pytest.raises(InvalidGrammarError) as caught:
-        parse_guided_request({"guided_grammar": "root ::= missing_rule"}, LLG)
+        admit_and_compile({"guided_grammar": "root ::= missing_rule"}, "llguidance")
     assert caught.value.feature is None
 
 

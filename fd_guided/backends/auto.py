@@ -1,21 +1,20 @@
 """The ``auto`` backend: xgrammar when it enforces the whole constraint, llguidance when it cannot.
 
-The choice is a pure function of the spec (`choose_backend`), made at admission by `check` and
-again, identically, by `compile`, so the compile cache keyed by spec stays valid and one
-request's fallback never changes another's engine. xgrammar is preferred: its compiled masks
-are fastest per step on long generations. llguidance takes over only when xgrammar refuses a
-*feature* (a keyword it would ignore, a format it lacks, a schema it cannot build), never for a
-syntax error, which is reported as xgrammar reports it. When both refuse, the error names what
-each could not enforce.
+At admission `compile_engines` (pure Python) names the engines whose checks pass, xgrammar first;
+when neither can enforce the constraint the error names what each could not. The compile service
+then compiles with those engines (`fd_guided.compile.service`): a request whose xgrammar compile
+fails, crashes or runs out of budget is served by llguidance (compile-time fallback), and with
+``GuidedConfig.auto_first_ready`` an uncached request starts on whichever engine is ready first
+while xgrammar compiles for the cache. xgrammar is preferred once compiled: its masks are fastest
+per step on long generations.
 """
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any, Sequence
 
 from ..config import GuidedConfig
-from ..errors import InvalidGrammarError
+from ..errors import InvalidGrammarError, combine_engine_errors
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle
@@ -37,34 +36,56 @@ def _fallback_class():
     return LLGuidanceBackend
 
 
-@functools.lru_cache(maxsize=4096)
-def choose_backend(spec: GrammarSpec) -> str:
-    """``"xgrammar"`` or ``"llguidance"`` for `spec`; raises InvalidGrammarError if neither can enforce it.
+def candidate_engines(spec: GrammarSpec) -> tuple[str, ...]:
+    """The engines whose admission checks pass for `spec`, xgrammar first.
 
-    Memoised: a pure function of the (frozen) spec, so admission and compile agree and repeated
-    schemas cost one check.
+    Raises InvalidGrammarError naming what each engine cannot enforce when none can. A spec
+    xgrammar refuses for a syntax error (no `feature`) is not offered to llguidance unless it is a
+    JSON schema (those already passed the meta-schema check, so a refusal is a limit of xgrammar).
     """
+    engines: list[str] = []
     try:
         XGrammarBackend.check(spec)
-        return PREFERRED
+        engines.append(PREFERRED)
+        first = None
     except InvalidGrammarError as refused:
         first = refused
-    # A schema already passed the JSON-Schema meta-schema check, so xgrammar refusing it is a
-    # limit of xgrammar; for regexes and grammars only an explicit feature refusal is.
-    is_limit = first.feature is not None or spec.kind == "json_schema"
     fallback = _fallback_class()
-    if not is_limit or fallback is None:
-        raise first
+    if fallback is None or (first is not None and first.feature is None and spec.kind != "json_schema"):
+        if first is not None:
+            raise first
+        return tuple(engines)
     try:
         fallback.check(spec)
-        return FALLBACK
+        engines.append(FALLBACK)
     except InvalidGrammarError as second:
+        if first is None:
+            return tuple(engines)
         features = [f"xgrammar: {first.feature or _reason(first)}", f"llguidance: {second.feature or _reason(second)}"]
         raise InvalidGrammarError(
             "no backend can enforce this constraint faithfully (" + "; ".join(features) + ")",
             part=second.part if second.feature and not first.feature else first.part,
             feature=" / ".join(f for f in (first.feature, second.feature) if f) or None,
         ) from None
+    return tuple(engines)
+
+
+def static_refusals(spec: GrammarSpec) -> list[tuple[str, InvalidGrammarError]]:
+    """What each engine's admission check refuses in `spec` (for the error when every compile fails)."""
+    refusals = []
+    for name, backend_class in ((PREFERRED, XGrammarBackend), (FALLBACK, _fallback_class())):
+        if backend_class is None:
+            continue
+        try:
+            backend_class.check(spec)
+        except InvalidGrammarError as refused:
+            refusals.append((name, refused))
+    return refusals
+
+
+def choose_backend(spec: GrammarSpec) -> str:
+    """The engine auto prefers for `spec` at admission (compile-time fallback may still change it)."""
+    return candidate_engines(spec)[0]
 
 
 def _reason(error: InvalidGrammarError) -> str:
@@ -102,14 +123,55 @@ class AutoBackend(GuidedBackend):
 
     @classmethod
     def check(cls, spec: GrammarSpec) -> None:
-        choose_backend(spec)
+        candidate_engines(spec)
+
+    @classmethod
+    def compile_engines(cls, spec: GrammarSpec) -> tuple[str, ...]:
+        return candidate_engines(spec)
+
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        return tuple(self.backends)
+
+    def engine(self, name: str) -> GuidedBackend:
+        return self.backends[name]
+
+    def warm_up(self) -> None:
+        for backend in self.backends.values():
+            backend.warm_up()
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        name = choose_backend(spec)
-        logger.info("auto backend: %s compiles %s", name, spec.describe())
-        if self.metrics is not None:
-            self.metrics.inc_labelled("auto_choice_total", "backend", name)
-        return self.backends[name].compile(spec)
+        """In-process compile (tools, thread isolation): each candidate engine in turn."""
+        return self._first_engine(spec, lambda backend: backend.compile(spec))
+
+    def compile_checked(self, spec: GrammarSpec) -> CompiledGrammar:
+        return self._first_engine(spec, lambda backend: backend.compile_checked(spec))
+
+    def _first_engine(self, spec: GrammarSpec, run) -> CompiledGrammar:
+        failures = []
+        for name in candidate_engines(spec):
+            try:
+                return run(self.backends[name])
+            except InvalidGrammarError as error:
+                failures.append((name, error))
+        raise combine_engine_errors(self.static_refusals(spec) + failures)
+
+    @classmethod
+    def static_refusals(cls, spec: GrammarSpec) -> list[tuple[str, InvalidGrammarError]]:
+        return static_refusals(spec)
+
+    def worker_recipe(self) -> tuple[str, dict]:
+        kwargs = self.backends[PREFERRED]._recipe_kwargs()
+        kwargs["with_fallback"] = FALLBACK in self.backends
+        return "fd_guided.backends.auto:backend_from_recipe", kwargs
+
+    def with_config(self, config: GuidedConfig) -> "AutoBackend":
+        if config == self.config:
+            return self
+        clone = object.__new__(AutoBackend)
+        GuidedBackend.__init__(clone, self.tokenizer, vocab_size=self.vocab_size, config=config, stop_token_ids=self.stop_token_ids)
+        clone.backends = {name: backend.with_config(config) for name, backend in self.backends.items()}
+        return clone
 
     def new_grammar(self, compiled: CompiledGrammar) -> Grammar:
         return self._owner(compiled).new_grammar(compiled)
@@ -131,8 +193,8 @@ class AutoBackend(GuidedBackend):
     def deserialize(self, spec: GrammarSpec, data: bytes) -> CompiledGrammar | None:
         name, _, payload = data.partition(_SERIAL_SEPARATOR)
         backend = self.backends.get(name.decode("ascii", errors="replace"))
-        if backend is None or name.decode("ascii", errors="replace") != _safe_choice(spec):
-            return None  # written by another choice rule or without llguidance: compile instead
+        if backend is None:
+            return None  # written by an engine this process lacks: compile instead
         return backend.deserialize(spec, payload)
 
     def cache_stats(self) -> dict[str, Any]:
@@ -149,8 +211,15 @@ class AutoBackend(GuidedBackend):
         return backend
 
 
-def _safe_choice(spec: GrammarSpec) -> str | None:
-    try:
-        return choose_backend(spec)
-    except InvalidGrammarError:
-        return None
+def backend_from_recipe(*, with_fallback: bool, tokenizer_info_json: str, **kwargs) -> AutoBackend:
+    """`AutoBackend.worker_recipe`'s factory (see `fd_guided.backends.xgrammar.backend_from_recipe`)."""
+    import xgrammar as xgr
+
+    backend = object.__new__(AutoBackend)
+    GuidedBackend.__init__(backend, kwargs["tokenizer"], vocab_size=kwargs["vocab_size"], config=kwargs["config"],
+                           stop_token_ids=kwargs["stop_token_ids"])
+    backend.backends = {PREFERRED: XGrammarBackend(tokenizer_info=xgr.TokenizerInfo.deserialize_json(tokenizer_info_json), **kwargs)}
+    fallback = _fallback_class()
+    if with_fallback and fallback is not None:
+        backend.backends[FALLBACK] = fallback(**kwargs)
+    return backend

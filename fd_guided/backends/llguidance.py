@@ -25,6 +25,7 @@ Those rewrites live in `llguidance_schema`; format-style structural tags become 
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import logging
@@ -98,6 +99,11 @@ class LLGuidanceMatcher(Grammar):
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         pointer, row_bytes = _row_pointer(bitmask, row, self.vocab_size)
+        if self.matcher.is_error():
+            # A matcher in its error state (e.g. a parser limit hit) allows nothing: the manager
+            # fails the request, instead of letting a stop token end it as if it were complete.
+            ctypes.memset(pointer, 0, row_bytes)
+            return
         self.matcher.unsafe_compute_mask_ptr(pointer, row_bytes)
 
     def is_terminated(self) -> bool:
@@ -144,7 +150,9 @@ class LLGuidanceBackend(GuidedBackend):
 
     @classmethod
     def check(cls, spec: GrammarSpec) -> None:
-        _validate(spec, grammar_text(spec), None)
+        """Pure Python: the rewrites and refusals of `grammar_text` without llguidance's own
+        parsers, which run in `compile` (a compile worker), never at admission."""
+        _STATIC_CHECKS[spec.kind](spec)
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceCompiled:
         grammar = grammar_text(spec)
@@ -154,6 +162,15 @@ class LLGuidanceBackend(GuidedBackend):
         if problems:
             raise _invalid(spec, problems[0])
         return LLGuidanceCompiled(spec, grammar, template)
+
+    def warm_up(self) -> None:
+        # The first matcher over a tokenizer builds its token trie (~1 s for 129k tokens).
+        LLMatcher(self.ll_tokenizer, LLMatcher.grammar_from_regex("a"), log_level=0)
+
+    def worker_recipe(self) -> tuple[str, dict]:
+        return "fd_guided.backends.llguidance:LLGuidanceBackend", {
+            "tokenizer": self.tokenizer.portable(), "vocab_size": self.vocab_size, "config": self.config,
+            "stop_token_ids": self.stop_token_ids}
 
     def new_grammar(self, compiled: CompiledGrammar) -> LLGuidanceMatcher:
         if not isinstance(compiled, LLGuidanceCompiled):
@@ -171,6 +188,9 @@ class LLGuidanceBackend(GuidedBackend):
             if self._executor is None:
                 self._executor = LLExecutor(num_threads=self.config.fill_threads)
             self._executor.unsafe_compute_mask_ptr(pairs, pointer, row_bytes, int(bitmask.shape[0]))
+        for grammar, row in zip(grammars, rows):
+            if grammar.matcher.is_error():
+                ctypes.memset(pointer + int(row) * row_bytes, 0, row_bytes)  # see LLGuidanceMatcher.fill_bitmask
 
     def serialize(self, compiled: CompiledGrammar) -> bytes | None:
         if not isinstance(compiled, LLGuidanceCompiled):
@@ -298,11 +318,44 @@ _GRAMMAR_BUILDERS = {
 }
 
 
-def _validate(spec: GrammarSpec, grammar: str, tokenizer: LLTokenizer | None) -> None:
-    _, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-    if messages:
-        # A warning would stand for an unenforced constraint: refuse it like an error.
-        raise _invalid(spec, messages[0])
+def _check_json_schema(spec: GrammarSpec) -> None:
+    prepare_schema(spec.schema, strict=spec.json_format.strict)
+
+
+def _check_regex(spec: GrammarSpec) -> None:
+    python_compiles(spec.source, "guided_regex")
+    python_exact_regex(spec.source)
+
+
+def _check_structural_tag(spec: GrammarSpec) -> None:
+    tag = spec.structural_tag
+    if "format" in tag:
+        format_to_lark(tag["format"], spec.json_format)
+        return
+    for index, structure in enumerate(tag["structures"]):
+        prepare_schema(structure["schema"], strict=spec.json_format.strict, path=f"structures[{index}].schema")
+
+
+def _static(builder):
+    """A static check that runs `builder`'s Python-only part and turns its Refusals into errors."""
+    def check(spec: GrammarSpec) -> None:
+        try:
+            builder(spec)
+        except Refusal as refusal:
+            part = f"json schema {refusal.location}" if refusal.location else _part_of(spec)
+            raise InvalidGrammarError(f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
+    return check
+
+
+_STATIC_CHECKS = {
+    "json_schema": _static(_check_json_schema),
+    "json_object": _static(lambda spec: None),
+    "regex": _static(_check_regex),
+    "choice": _static(lambda spec: None),
+    "ebnf": _static(lambda spec: None),
+    "lark": _static(lambda spec: None),
+    "structural_tag": _static(_check_structural_tag),
+}
 
 
 def _invalid(spec: GrammarSpec, message: str) -> InvalidGrammarError:

@@ -85,20 +85,19 @@ class XGrammarBackend(GuidedBackend):
         vocab_size: int,
         config: GuidedConfig | None = None,
         stop_token_ids: Sequence[int] | None = None,
+        tokenizer_info: xgr.TokenizerInfo | None = None,
     ):
         super().__init__(tokenizer, vocab_size=vocab_size, config=config, stop_token_ids=stop_token_ids)
-        self.tokenizer_info = _tokenizer_info(tokenizer, vocab_size, list(self.stop_token_ids))
-        self.compiler = xgr.GrammarCompiler(
-            self.tokenizer_info,
-            max_threads=self.config.compile_threads,
-            cache_enabled=True,
-            cache_limit_bytes=self.config.cache_limit_bytes,
-        )
+        self.tokenizer_info = tokenizer_info or _tokenizer_info(tokenizer, vocab_size, list(self.stop_token_ids))
+        # No compiler cache: the compile service's byte-bounded LRU is the one cache (a second
+        # one here would hold every grammar twice).
+        self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=self.config.compile_threads, cache_enabled=False)
         self._batch_matcher = xgr.BatchGrammarMatcher(max_threads=self.config.fill_threads)
         self._batch_lock = threading.Lock()
 
     @classmethod
     def check(cls, spec: GrammarSpec) -> None:
+        """Pure Python: keywords and constructs xgrammar would not enforce. Its own parsers run in `compile`."""
         for schema, part in _schemas_of(spec):
             check_schema_keywords(schema, part)
         gap = xgrammar_gap(spec)
@@ -107,21 +106,32 @@ class XGrammarBackend(GuidedBackend):
         if any(has_unicode_property_escape(text) for text in _regex_texts(spec)):
             feature = "Unicode property escapes (\\p{...}, \\P{...})"
             raise InvalidGrammarError(f"xgrammar cannot enforce {feature}", part=_part_of(spec), feature=feature)
-        try:
-            _grammar_without_tokenizer(spec)
-        except (RuntimeError, ValueError, TypeError) as error:
-            message = _first_line(error)
-            # "... is not supported yet" is a limit of xgrammar, not a mistake in the request:
-            # marked as a feature, so `auto` can hand the request to llguidance.
-            feature = message if "not supported" in message else None
-            raise InvalidGrammarError(f"rejected by xgrammar: {message}", part=_part_of(spec), feature=feature) from None
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
+        for schema, part in _schemas_of(spec):
+            check_schema_patterns(schema, part)
         try:
             native = _compile(self.compiler, spec)
         except (RuntimeError, ValueError, TypeError) as error:
-            raise InvalidGrammarError(f"rejected by xgrammar: {_first_line(error)}", part=_part_of(spec)) from None
+            message = _first_line(error)
+            # "... is not supported yet" is a limit of xgrammar, not a mistake in the request:
+            # marked as a feature, so `auto` can serve the request with llguidance.
+            feature = message if "not supported" in message else None
+            raise InvalidGrammarError(f"rejected by xgrammar: {message}", part=_part_of(spec), feature=feature) from None
         return XGrammarCompiled(spec, native)
+
+    def worker_recipe(self) -> tuple[str, dict]:
+        return "fd_guided.backends.xgrammar:backend_from_recipe", self._recipe_kwargs()
+
+    def _recipe_kwargs(self) -> dict:
+        return {"tokenizer": self.tokenizer.portable(), "vocab_size": self.vocab_size, "config": self.config,
+                "stop_token_ids": self.stop_token_ids, "tokenizer_info_json": self.tokenizer_info.serialize_json()}
+
+    def with_config(self, config: GuidedConfig) -> "XGrammarBackend":
+        if config == self.config:
+            return self
+        return XGrammarBackend(self.tokenizer, vocab_size=self.vocab_size, config=config, stop_token_ids=self.stop_token_ids,
+                               tokenizer_info=self.tokenizer_info)
 
     def new_grammar(self, compiled: CompiledGrammar) -> XGrammarMatcher:
         if not isinstance(compiled, XGrammarCompiled):
@@ -149,11 +159,12 @@ class XGrammarBackend(GuidedBackend):
             return None  # other xgrammar version or tokenizer: compile instead
         return XGrammarCompiled(spec, native)
 
-    def cache_stats(self) -> dict[str, Any]:
-        return {"cache_bytes": int(self.compiler.get_cache_size_bytes()), "cache_limit_bytes": self.config.cache_limit_bytes}
 
-    def close(self) -> None:
-        self.compiler.clear_cache()
+
+def backend_from_recipe(*, tokenizer_info_json: str, **kwargs) -> XGrammarBackend:
+    """`XGrammarBackend.worker_recipe`'s factory: the parent's exact TokenizerInfo, so compiled
+    grammars deserialize there (a TokenizerInfo rebuilt from raw bytes would not match)."""
+    return XGrammarBackend(tokenizer_info=xgr.TokenizerInfo.deserialize_json(tokenizer_info_json), **kwargs)
 
 
 def _tokenizer_info(tokenizer: TokenizerBundle, vocab_size: int, stop_token_ids: list[int]) -> xgr.TokenizerInfo:
@@ -220,23 +231,6 @@ def _compile(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.CompiledGr
     if kind == "lark":
         return compiler.compile_lark(spec.source)
     return compiler.compile_structural_tag(structural_tag_json(spec))
-
-
-def _grammar_without_tokenizer(spec: GrammarSpec) -> xgr.Grammar:
-    kind = spec.kind
-    if kind == "json_schema":
-        return xgr.Grammar.from_json_schema(_enforced_schema(spec), **_json_options(spec))
-    if kind == "json_object":
-        return xgr.Grammar.from_json_schema(_ANY_OBJECT_SCHEMA, **{**_json_options(spec), "strict_mode": False})
-    if kind == "regex":
-        return xgr.Grammar.from_regex(spec.source)
-    if kind == "choice":
-        return xgr.Grammar.from_ebnf(choice_ebnf(spec.choices))
-    if kind == "ebnf":
-        return xgr.Grammar.from_ebnf(spec.source)
-    if kind == "lark":
-        return xgr.Grammar.from_lark(spec.source)
-    return xgr.Grammar.from_structural_tag(structural_tag_json(spec))
 
 
 def choice_ebnf(choices: Sequence[str]) -> str:
@@ -335,14 +329,28 @@ def has_unicode_property_escape(pattern: str) -> bool:
 
 
 def _check_pattern(pattern: str, location: str) -> None:
-    """Inside a JSON schema xgrammar drops what its regex parser refuses (lookaround, backreferences,
-    word boundaries) with only a log line; such a pattern must be refused, not weakened."""
     if has_unicode_property_escape(pattern):
         _refuse(f"pattern {pattern!r} (Unicode property escapes)", location)
-    try:
-        xgr.Grammar.from_regex(pattern)
-    except (RuntimeError, ValueError) as error:
-        _refuse(f"pattern {pattern!r} ({_first_line(error)})", location)
+
+
+def check_schema_patterns(schema: Any, path: str = "$") -> None:
+    """Inside a JSON schema xgrammar drops what its regex parser refuses (lookaround, backreferences,
+    word boundaries) with only a log line; such a pattern must be refused, not weakened. Native:
+    runs in `compile` (a compile worker), never at admission."""
+    for node, where in _pattern_nodes(schema, path):
+        try:
+            xgr.Grammar.from_regex(node["pattern"])
+        except (RuntimeError, ValueError) as error:
+            _refuse(f"pattern {node['pattern']!r} ({_first_line(error)})", f"{where}.pattern")
+
+
+def _pattern_nodes(schema: Any, path: str) -> Iterator[tuple[dict, str]]:
+    if not isinstance(schema, dict):
+        return
+    if isinstance(schema.get("pattern"), str):
+        yield schema, path
+    for child, child_path in subschemas(schema, path):
+        yield from _pattern_nodes(child, child_path)
 
 
 def _refuse(feature: str, location: str) -> None:

@@ -1,0 +1,13 @@
+"""Asynchronous grammar compilation in killable workers: tickets, budgets, caches, fallback.
+
+The map (one module per concern):
+  service.py  `CompileService`: per-request tickets over per-engine jobs, L1/L2 caches, fallback
+  pool.py     `CompileProcessPool`: forked worker processes with time and memory budgets
+  worker.py   what runs inside the zygote and worker processes
+  cache.py    the byte-bounded LRU of compiled grammars and the memory of failed compiles
+  threads.py  deep-stack threads for native compilers
+"""
+from .cache import CompiledGrammarCache, RememberedErrors
+from .service import CompileService, SharedGrammarCache, join
+
+__all__ = ["CompileService", "CompiledGrammarCache", "RememberedErrors", "SharedGrammarCache", "join"]

@@ -1,0 +1,387 @@
+"""Killable compile workers: a pool of forked processes with per-job time and memory budgets.
+
+One *zygote* process per tokenizer (shared by every pool of this process that uses it) imports
+the engines and builds the tokenizer tables once; workers are forked from it on demand, ready in
+milliseconds. The pool's one loop thread owns every worker: it dispatches jobs (smallest
+constraint first, so a quick compile is not queued behind a bomb), polls each busy worker's memory,
+lowers the CPU priority of a job that runs past `demote_after_s` (it then stops counting against
+`max_workers`, so fresh compiles get a worker and most of the CPU; at most twice `max_workers`
+jobs run demoted), and kills a job that runs past
+`timeout_s` or grows its worker by more than `memory_limit_bytes`. A killed or crashed worker is
+simply gone: its job fails with a typed error and a fresh worker is forked when one is needed.
+`close()` kills everything and returns at once; so does interpreter exit, and the workers and
+zygotes exit by themselves when this process dies.
+"""
+from __future__ import annotations
+
+import atexit
+import heapq
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from concurrent.futures import Future
+from multiprocessing import connection, reduction
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..errors import (
+    GrammarCompileCrash,
+    GrammarCompileMemoryError,
+    GrammarCompileTimeout,
+    GuidedDecodingError,
+    InvalidGrammarError,
+    error_class,
+)
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.02
+# A demoted worker cannot be raised back to normal priority without privileges: it exits after its job.
+_DEMOTED_NICE = 19
+_MAX_JOBS_PER_WORKER = 256
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# ----- zygotes ----------------------------------------------------------------------------------------
+
+
+class Zygote:
+    """One process holding a backend's engines and tokenizer tables, forking compile workers."""
+
+    def __init__(self, recipe: tuple[str, dict]):
+        parent, child = socket.socketpair()
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("FD_GUIDED_COMPILE_OMP_THREADS", "1"))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fd_guided.compile.worker", str(child.fileno())],
+            pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL, close_fds=True,
+        )
+        child.close()
+        self.conn = Connection(parent.detach())
+        self.conn.send((recipe, os.getpid()))
+        self._lock = threading.Lock()
+        self._ready: bool | None = None
+        self.error: str | None = None
+
+    def wait_ready(self) -> bool:
+        """Block until the zygote has built its backend (seconds, once). False if it failed."""
+        with self._lock:
+            if self._ready is None:
+                try:
+                    status, detail = self.conn.recv()
+                except (EOFError, OSError) as error:
+                    status, detail = "failed", f"the zygote exited while starting ({error!r})"
+                self._ready = status == "ready"
+                self.error = None if self._ready else str(detail)
+            return self._ready
+
+    def fork(self, config: Any) -> tuple[int, Connection] | None:
+        """A new worker (pid, connection) built with `config`, or None if the zygote is gone."""
+        if not self.wait_ready():
+            return None
+        ours, theirs = socket.socketpair()
+        with self._lock:
+            try:
+                self.conn.send(("fork", config))
+                reduction.send_handle(self.conn, theirs.fileno(), self.process.pid)
+                _, pid = self.conn.recv()
+            except (EOFError, OSError):
+                self._ready, self.error = False, "the zygote exited"
+                return None
+            finally:
+                theirs.close()
+        return pid, Connection(ours.detach())
+
+    def alive(self) -> bool:
+        return self.process.poll() is None and self._ready is not False
+
+    def close(self) -> None:
+        try:
+            self.conn.send(("exit",))
+        except OSError:
+            pass
+        self.process.kill()
+        self.conn.close()
+
+
+_zygotes: dict[str, Zygote] = {}
+_zygotes_lock = threading.Lock()
+
+
+def zygote_for(key: str, recipe: tuple[str, dict]) -> Zygote:
+    """The shared zygote of `key` (a digest of the recipe without its config), started if needed."""
+    with _zygotes_lock:
+        zygote = _zygotes.get(key)
+        if zygote is None or not zygote.alive():
+            if zygote is not None:
+                zygote.close()
+            zygote = _zygotes[key] = Zygote(recipe)
+        return zygote
+
+
+def shutdown_zygotes() -> None:
+    with _zygotes_lock:
+        for zygote in _zygotes.values():
+            zygote.close()
+        _zygotes.clear()
+
+
+# ----- the pool ---------------------------------------------------------------------------------------
+
+
+class _Job:
+    __slots__ = ("id", "engine", "spec", "future", "started")
+
+    def __init__(self, job_id: int, engine: str, spec, future: Future):
+        self.id, self.engine, self.spec, self.future = job_id, engine, spec, future
+        self.started = 0.0
+
+
+class _Worker:
+    __slots__ = ("pid", "conn", "job", "baseline_rss", "demoted", "jobs_done")
+
+    def __init__(self, pid: int, conn: Connection):
+        self.pid, self.conn = pid, conn
+        self.job: _Job | None = None
+        self.baseline_rss = 0
+        self.demoted = False
+        self.jobs_done = 0
+
+
+class CompileProcessPool:
+    """Compile jobs ``(engine, spec)`` in killable worker processes; see the module docstring.
+
+    `submit` returns a Future of ``(serialized grammar bytes, compile seconds)`` or fails it with
+    `GrammarCompileTimeout`, `GrammarCompileMemoryError`, `GrammarCompileCrash` or the
+    `InvalidGrammarError` the compiler raised. `on_event(name)` is called for "killed_timeout",
+    "killed_memory", "crashed", "demoted" and "forked" (metrics).
+    """
+
+    def __init__(self, zygote_key: str, recipe: tuple[str, dict], config: Any, *, max_workers: int, timeout_s: float,
+                 memory_limit_bytes: int, demote_after_s: float, spare_workers: int = 1, on_event=None):
+        self._zygote_key, self._recipe, self._config = zygote_key, recipe, config
+        self.max_workers = max_workers
+        self.timeout_s = timeout_s
+        self.memory_limit_bytes = memory_limit_bytes
+        self.demote_after_s = demote_after_s
+        self.spare_workers = spare_workers
+        self._on_event = on_event or (lambda name: None)
+        self._pending: list[tuple[int, int, _Job]] = []
+        self._incoming: list[_Job] = []
+        self._incoming_lock = threading.Lock()
+        self._workers: dict[int, _Worker] = {}
+        self._ids = itertools.count()
+        self._closed = False
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+        self._thread = threading.Thread(target=self._loop, name="fd-guided-compile-pool", daemon=True)
+        self._thread.start()
+        _live_pools.add(self)
+
+    # ----- caller side -----
+
+    def submit(self, engine: str, spec) -> Future:
+        future: Future = Future()
+        if self._closed:
+            future.set_exception(GuidedDecodingError("the compile service is closed"))
+            return future
+        with self._incoming_lock:
+            self._incoming.append(_Job(next(self._ids), engine, spec, future))
+        self._wake()
+        return future
+
+    def worker_pids(self) -> list[int]:
+        return list(self._workers)
+
+    def stats(self) -> dict[str, int]:
+        workers = list(self._workers.values())
+        return {"workers": len(workers), "busy": sum(w.job is not None for w in workers),
+                "demoted": sum(w.demoted for w in workers), "queued": len(self._pending) + len(self._incoming)}
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Kill every worker, fail every job still pending or running; returns within `timeout_s`."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+        for worker in list(self._workers.values()):  # in case the loop is stuck
+            _kill(worker.pid)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_write, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    # ----- the loop (one thread owns all worker state) -----
+
+    def _loop(self) -> None:
+        try:
+            while not self._closed:
+                self._take_incoming()
+                self._fork_workers()
+                self._dispatch()
+                busy = [w for w in self._workers.values() if w.job is not None]
+                ready = connection.wait([self._wake_read] + [w.conn for w in busy], _POLL_S if busy else None)
+                for item in ready:
+                    if item == self._wake_read:
+                        os.read(self._wake_read, 4096)
+                    else:
+                        self._receive(next(w for w in busy if w.conn is item))
+                self._police()
+        except Exception:  # noqa: BLE001 - a bug here must fail the jobs, not leave them hanging
+            logger.exception("the compile pool loop failed")
+        finally:
+            self._closed = True
+            self._shutdown()
+
+    def _take_incoming(self) -> None:
+        with self._incoming_lock:
+            jobs, self._incoming = self._incoming, []
+        for job in jobs:
+            if job.future.set_running_or_notify_cancel():
+                # Smallest constraint first (by order of magnitude, FIFO within one): a short
+                # regex is not queued behind four 100k-entry choice lists.
+                heapq.heappush(self._pending, (len(job.spec.source).bit_length(), job.id, job))
+
+    def _foreground(self) -> list[_Worker]:
+        return [w for w in self._workers.values() if not w.demoted]
+
+    def _fork_workers(self) -> None:
+        foreground = self._foreground()
+        idle = sum(w.job is None for w in foreground)
+        wanted = min(self.max_workers, len(foreground) - idle + len(self._pending) + self.spare_workers)
+        for _ in range(wanted - len(foreground)):
+            forked = zygote_for(self._zygote_key, self._recipe).fork(self._config)
+            if forked is None:
+                self._fail_pending(InvalidGrammarError(
+                    f"the compile workers could not start: {zygote_for(self._zygote_key, self._recipe).error}"))
+                return
+            worker = _Worker(*forked)
+            self._workers[worker.pid] = worker
+            self._on_event("forked")
+
+    def _dispatch(self) -> None:
+        for worker in self._foreground():
+            if not self._pending:
+                return
+            if worker.job is not None:
+                continue
+            _, _, job = heapq.heappop(self._pending)
+            try:
+                worker.conn.send((job.id, job.engine, job.spec))
+            except OSError:
+                self._drop(worker)
+                heapq.heappush(self._pending, (len(job.spec.source).bit_length(), job.id, job))
+                continue
+            worker.job, job.started = job, time.monotonic()
+            worker.baseline_rss = _rss(worker.pid)
+
+    def _receive(self, worker: _Worker) -> None:
+        job = worker.job
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):
+            self._drop(worker)
+            self._on_event("crashed")
+            job.future.set_exception(GrammarCompileCrash(
+                f"the {job.engine} compiler crashed on this constraint; its worker process was replaced"))
+            return
+        worker.job = None
+        worker.jobs_done += 1
+        if message[1] == "ok":
+            job.future.set_result((message[2], message[3]))
+        else:
+            _, _, class_name, text, part, feature = message
+            job.future.set_exception(error_class(class_name)(text, part=part, feature=feature))
+        if worker.demoted or worker.jobs_done >= _MAX_JOBS_PER_WORKER or self._leaked(worker):
+            self._drop(worker)
+
+    def _leaked(self, worker: _Worker) -> bool:
+        # Native allocators keep freed memory; a worker that kept a quarter of the budget is retired.
+        return _rss(worker.pid) - worker.baseline_rss > self.memory_limit_bytes // 4
+
+    def _police(self) -> None:
+        now = time.monotonic()
+        demoted = sum(w.demoted for w in self._workers.values())
+        for worker in [w for w in self._workers.values() if w.job is not None]:
+            job, elapsed = worker.job, now - worker.job.started
+            if elapsed > self.timeout_s:
+                self._kill_job(worker, GrammarCompileTimeout(
+                    f"the {job.engine} compile ran past its {self.timeout_s:g} s budget and was stopped"), "killed_timeout")
+            elif _rss(worker.pid) - worker.baseline_rss > self.memory_limit_bytes:
+                self._kill_job(worker, GrammarCompileMemoryError(
+                    f"the {job.engine} compile grew past its {self.memory_limit_bytes >> 20} MiB memory budget and was stopped"),
+                    "killed_memory")
+            elif not worker.demoted and elapsed > self.demote_after_s and demoted < 2 * self.max_workers:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, worker.pid, _DEMOTED_NICE)
+                except OSError:
+                    continue
+                worker.demoted = True
+                demoted += 1
+                self._on_event("demoted")
+
+    def _kill_job(self, worker: _Worker, error: BaseException, event: str) -> None:
+        job = worker.job
+        _kill(worker.pid)
+        self._drop(worker)
+        self._on_event(event)
+        job.future.set_exception(error)
+
+    def _drop(self, worker: _Worker) -> None:
+        self._workers.pop(worker.pid, None)
+        _kill(worker.pid)
+        worker.conn.close()
+
+    def _fail_pending(self, error: BaseException) -> None:
+        while self._pending:
+            _, _, job = heapq.heappop(self._pending)
+            job.future.set_exception(error)
+
+    def _shutdown(self) -> None:
+        closed = GuidedDecodingError("the compile service was closed before this compile finished")
+        self._take_incoming()
+        self._fail_pending(closed)
+        for worker in list(self._workers.values()):
+            if worker.job is not None and not worker.job.future.done():
+                worker.job.future.set_exception(closed)
+            self._drop(worker)
+        for fd in (self._wake_read, self._wake_write):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+_live_pools: "weakref.WeakSet[CompileProcessPool]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for pool in list(_live_pools):
+        pool.close(timeout_s=0.5)
+    shutdown_zygotes()

@@ -1,0 +1,410 @@
+"""The compile service: per-request tickets over per-engine jobs, bounded caches, killable workers.
+
+`CompileService.submit(spec)` never blocks. It returns a *ticket*, a `Future` that resolves with
+the `CompiledGrammar` the request will run, or fails with the `InvalidGrammarError` that explains
+why no engine could compile it. Behind a ticket are *jobs*, one per engine that may compile the spec
+(`GuidedBackend.compile_engines`: xgrammar then llguidance for ``auto``, one engine otherwise):
+
+  - a job is looked up in the in-process LRU (keys ``(engine, spec)``, bounded by the bytes held,
+    keys included), then in the optional shared L2 cache, then compiled by the runner;
+  - identical jobs in flight are shared, identical tickets too; failed jobs are remembered;
+  - with ``GuidedConfig.auto_first_ready`` every engine's job starts at once and the ticket takes
+    the first success in preference order among the jobs done: an uncached request starts on
+    llguidance's millisecond compile while xgrammar's compile finishes for the cache, and a request
+    whose xgrammar compile fails or runs out of budget is served by llguidance (compile-time
+    fallback). Without it, the next engine starts only when the previous one failed.
+
+Runners: ``process`` compiles in killable workers (`fd_guided.compile.pool`; the result crosses
+as the engine's serialized grammar and is rebuilt here on a deep-stack loader thread), ``thread``
+compiles in this process (no kill: a job past its budget fails its requests but keeps running).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import pickle
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Protocol
+
+from ..errors import (
+    CompileBudgetError,
+    GrammarCompileTimeout,
+    GuidedDecodingError,
+    InvalidGrammarError,
+    combine_engine_errors,
+)
+from ..interface import CompiledGrammar, GuidedBackend
+from ..metrics import GuidedMetrics
+from ..spec import GrammarSpec
+from .cache import CompiledGrammarCache, RememberedErrors
+from .pool import CompileProcessPool
+from .threads import DeepStackExecutor
+
+logger = logging.getLogger(__name__)
+
+# Loader threads rebuild compiled grammars from worker bytes and talk to the L2 cache.
+_LOADER_THREADS = 2
+
+
+class SharedGrammarCache(Protocol):
+    """An L2 cache shared between processes (e.g. `fd_guided.redis_cache.RedisGrammarCache`).
+
+    Keys are derived from the spec and the engine backend's tokenizer; values are the backend's
+    `serialize` bytes. Implementations must never raise on a miss or an unreachable store.
+    """
+
+    def get(self, spec: GrammarSpec, backend: GuidedBackend) -> bytes | None: ...
+
+    def put(self, spec: GrammarSpec, backend: GuidedBackend, data: bytes) -> None: ...
+
+
+class _Ticket:
+    """One request-level compile: its engines in preference order and their jobs."""
+
+    __slots__ = ("spec", "engines", "jobs", "future", "lock", "settled", "started", "timer")
+
+    def __init__(self, spec: GrammarSpec, engines: tuple[str, ...]):
+        self.spec, self.engines = spec, engines
+        self.jobs: dict[str, Future] = {}
+        self.future: Future = Future()
+        self.lock = threading.RLock()
+        self.settled = False
+        self.started = time.monotonic()
+        self.timer: threading.Timer | None = None
+
+
+class CompileService:
+    """Compiles specs for one backend; see the module docstring.
+
+    Args:
+        backend: the engine-level backend (its `config` sets budgets, workers and isolation).
+        metrics: shared metrics sink; a private one otherwise.
+        workers: most compile processes (or threads) at normal priority; `config.compile_workers`.
+        shared_cache: an optional L2 (`SharedGrammarCache`).
+        isolation: ``process`` or ``thread``; `config.compile_isolation` by default. A backend
+            without a `worker_recipe` always compiles in threads.
+    """
+
+    def __init__(self, backend: GuidedBackend, *, metrics: GuidedMetrics | None = None, workers: int | None = None,
+                 shared_cache: SharedGrammarCache | None = None, isolation: str | None = None):
+        self.backend = backend
+        self.config = backend.config
+        self.metrics = metrics or GuidedMetrics()
+        if backend.metrics is None:
+            backend.metrics = self.metrics
+        self.shared_cache = shared_cache
+        self.cache = CompiledGrammarCache(self.config.cache_limit_bytes)
+        self.errors = RememberedErrors(max(1 << 20, self.config.cache_limit_bytes // 16))
+        self._lock = threading.Lock()
+        self._jobs: dict[tuple[str, GrammarSpec], Future] = {}
+        self._tickets: dict[GrammarSpec, _Ticket] = {}
+        self._loaders = DeepStackExecutor(_LOADER_THREADS, name="fd-guided-load")
+        self._loaders.submit(backend.warm_up)
+        self._closed = False
+        self.isolation, self._runner = self._make_runner(workers or self.config.compile_workers, isolation or self.config.compile_isolation)
+
+    def _make_runner(self, workers: int, isolation: str):
+        recipe = self.backend.worker_recipe() if isolation == "process" else None
+        if isolation == "process" and recipe is None:
+            logger.warning("backend %s cannot compile in worker processes: compiling in threads (no kill on budget)", self.backend.name)
+        if recipe is None:
+            return "thread", _ThreadRunner(self.backend, workers, self.config.compile_timeout_s)
+        pool = CompileProcessPool(
+            _zygote_key(recipe), recipe, self.config, max_workers=workers, timeout_s=self.config.compile_timeout_s,
+            memory_limit_bytes=self.config.compile_memory_limit_bytes, demote_after_s=self.config.compile_demote_after_s,
+            on_event=lambda name: self.metrics.inc_labelled("compile_worker_events_total", "event", name))
+        return "process", pool
+
+    # ----- tickets ------------------------------------------------------------------------------
+
+    def submit(self, spec: GrammarSpec) -> Future:
+        """The ticket (a Future of the CompiledGrammar) of `spec`; never blocks on compiling."""
+        self.metrics.inc("compile_requests_total")
+        try:
+            engines = tuple(self.backend.compile_engines(spec))
+        except InvalidGrammarError as error:
+            return _failed(error)
+        hits = [self.cache.get((engine, spec)) for engine in engines]
+        if hits[0] is not None:
+            self.metrics.inc("cache_hits_total")
+            return _resolved(hits[0])
+        with self._lock:
+            ticket = self._tickets.get(spec)
+            if ticket is not None:
+                self.metrics.inc("inflight_joins_total")
+                return ticket.future
+            if not self._closed and not any(hits):
+                ticket = self._tickets[spec] = _Ticket(spec, engines)
+        if ticket is None:
+            if self._closed:
+                return _failed(GuidedDecodingError("the compile service is closed"))
+            # A later engine has it cached: serve that now, and compile the preferred one for next time.
+            self.metrics.inc("cache_hits_total")
+            self._job(engines[0], spec)
+            return _resolved(next(hit for hit in hits if hit is not None))
+        self.metrics.inc("cache_misses_total")
+        self._advance(ticket)
+        return ticket.future
+
+    def _advance(self, ticket: _Ticket) -> None:
+        """Start the jobs the policy allows, and settle the ticket once its outcome is known."""
+        started: list[Future] = []
+        with ticket.lock:
+            if ticket.settled:
+                return
+            for index, engine in enumerate(ticket.engines):
+                if engine in ticket.jobs:
+                    continue
+                earlier = [ticket.jobs.get(e) for e in ticket.engines[:index]]
+                if index == 0 or self.config.auto_first_ready or all(j is not None and _failed_job(j) for j in earlier):
+                    ticket.jobs[engine] = self._job(engine, ticket.spec)
+                    started.append(ticket.jobs[engine])
+            outcome = self._decide(ticket)
+            if outcome is not None:
+                ticket.settled = True
+        for job in started:
+            job.add_done_callback(lambda _, t=ticket: self._advance(t))
+        if outcome is None:
+            return
+        with self._lock:
+            if self._tickets.get(ticket.spec) is ticket:
+                del self._tickets[ticket.spec]
+        kind, value = outcome
+        if not ticket.future.done():
+            if kind == "ok":
+                ticket.future.set_result(value)
+            else:
+                ticket.future.set_exception(value)
+
+    def _decide(self, ticket: _Ticket):
+        """("ok", compiled) or ("error", why) once the ticket's outcome is known, else None.
+
+        - the first success in preference order among finished jobs wins; a later engine's success
+          waits for a pending earlier one, with `auto_first_ready` only up to
+          `auto_fallback_grace_s` after the ticket started (a timer re-checks then);
+        - every engine failed: the errors combined.
+        """
+        jobs = [(engine, ticket.jobs.get(engine)) for engine in ticket.engines]
+        errors, waiting_for_earlier = [], False
+        for engine, job in jobs:
+            if job is None:
+                return None
+            if not job.done():
+                if not self.config.auto_first_ready:
+                    return None
+                waiting_for_earlier = True
+                continue
+            if _failed_job(job):
+                errors.append((engine, job.exception()))
+                continue
+            if waiting_for_earlier and not self._grace_over(ticket):
+                return None
+            if engine != ticket.engines[0]:
+                self.metrics.inc_labelled("auto_served_by_total", "engine", engine)
+            return "ok", job.result()
+        if len(errors) < len(ticket.engines):
+            return None
+        return "error", combine_engine_errors(self.backend.static_refusals(ticket.spec) + errors)
+
+    def _grace_over(self, ticket: _Ticket) -> bool:
+        remaining = ticket.started + self.config.auto_fallback_grace_s - time.monotonic()
+        if remaining <= 0:
+            return True
+        if ticket.timer is None:
+            ticket.timer = threading.Timer(remaining, self._advance, (ticket,))
+            ticket.timer.daemon = True
+            ticket.timer.start()
+        return False
+
+    # ----- jobs (one engine, one spec) ---------------------------------------------------------------
+
+    def _job(self, engine: str, spec: GrammarSpec) -> Future:
+        key = (engine, spec)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return _resolved(cached)
+        error = self.errors.get(key)
+        if error is not None:
+            return _failed(error)
+        with self._lock:
+            future = self._jobs.get(key)
+            if future is not None:
+                return future
+            future = self._jobs[key] = Future()
+        self.metrics.add_gauge("compiles_in_flight", 1)
+        self._loaders.submit(self._start_job, engine, spec, future)
+        return future
+
+    def _start_job(self, engine: str, spec: GrammarSpec, future: Future) -> None:
+        started = time.perf_counter()
+        try:
+            compiled = self._from_shared_cache(engine, spec)
+        except Exception:  # noqa: BLE001 - an L2 problem means compiling here
+            compiled = None
+        if compiled is not None:
+            self._finish_job(engine, spec, future, compiled, None)
+            return
+        run = self._runner.submit(engine, spec)
+        run.add_done_callback(lambda done: self._loaders.submit(self._after_run, engine, spec, done, future, started))
+
+    def _after_run(self, engine: str, spec: GrammarSpec, run: Future, future: Future, started: float) -> None:
+        try:
+            result, compile_seconds = run.result()
+            backend = self.backend.engine(engine)
+            data = result if isinstance(result, bytes) else None
+            compiled = backend.deserialize(spec, data) if data is not None else result
+            if compiled is None:
+                raise InvalidGrammarError(f"the {engine} grammar compiled in a worker could not be loaded here")
+            self.metrics.observe("compile_seconds", compile_seconds)
+            self.metrics.inc_labelled("compiles_by_engine_total", "engine", engine)
+            self._to_shared_cache(engine, spec, compiled, data)
+            self._finish_job(engine, spec, future, compiled, None)
+        except BaseException as error:  # noqa: BLE001 - every failure travels in the future
+            if not isinstance(error, GuidedDecodingError):
+                error = InvalidGrammarError(f"the {engine} compile failed: {type(error).__name__}: {error}")
+            self._finish_job(engine, spec, future, None, error)
+
+    def _finish_job(self, engine: str, spec: GrammarSpec, future: Future, compiled: CompiledGrammar | None,
+                    error: BaseException | None) -> None:
+        key = (engine, spec)
+        if compiled is not None:
+            # Cached before leaving the in-flight table, so no submit in between misses both.
+            self.cache.put(key, compiled)
+            self.metrics.set_gauge("cache_bytes", self.cache.size_bytes)
+        elif isinstance(error, InvalidGrammarError):
+            self.metrics.inc("compile_errors_total")
+            self.errors.put(key, error, transient=isinstance(error, CompileBudgetError))
+            if isinstance(error, GrammarCompileTimeout):
+                self.metrics.inc("compile_timeouts_total")
+        with self._lock:
+            self._jobs.pop(key, None)
+        self.metrics.add_gauge("compiles_in_flight", -1)
+        if future.done():
+            return
+        if error is None:
+            future.set_result(compiled)
+        else:
+            future.set_exception(error)
+
+    def _from_shared_cache(self, engine: str, spec: GrammarSpec) -> CompiledGrammar | None:
+        if self.shared_cache is None:
+            return None
+        backend = self.backend.engine(engine)
+        data = self.shared_cache.get(spec, backend)
+        compiled = backend.deserialize(spec, data) if data else None
+        self.metrics.inc("shared_cache_hits_total" if compiled is not None else "shared_cache_misses_total")
+        return compiled
+
+    def _to_shared_cache(self, engine: str, spec: GrammarSpec, compiled: CompiledGrammar, data: bytes | None) -> None:
+        if self.shared_cache is None:
+            return
+        backend = self.backend.engine(engine)
+        data = data if data is not None else backend.serialize(compiled)
+        if data is not None:
+            self.shared_cache.put(spec, backend, data)
+
+    # ----- tools and lifetime --------------------------------------------------------------------
+
+    def compile_now(self, spec: GrammarSpec, timeout_s: float | None = None) -> CompiledGrammar:
+        """Submit and wait (tools and tests; the serving path never calls this)."""
+        if timeout_s is None:
+            # Every engine's budget in turn, plus the workers' first start.
+            timeout_s = self.config.compile_timeout_s * 2 + 60
+        return join(self.submit(spec), time.monotonic() + timeout_s)
+
+    def stats(self) -> dict:
+        runner = self._runner.stats() if hasattr(self._runner, "stats") else {}
+        return {"cache_entries": len(self.cache), "cache_bytes": self.cache.size_bytes,
+                "remembered_errors": len(self.errors), "remembered_error_bytes": self.errors.size_bytes, **runner}
+
+    def close(self) -> None:
+        """Stop every compile (workers are killed) and fail the tickets still pending. Never hangs."""
+        with self._lock:
+            self._closed = True
+            tickets = list(self._tickets.values())
+            self._tickets.clear()
+        self._runner.close()
+        self._loaders.shutdown()
+        closed = GuidedDecodingError("the compile service was closed before this compile finished")
+        for ticket in tickets:
+            if not ticket.future.done():
+                ticket.future.set_exception(closed)
+
+
+class _ThreadRunner:
+    """Compiles in this process on deep-stack threads. A job past its budget fails (its thread runs on)."""
+
+    def __init__(self, backend: GuidedBackend, workers: int, timeout_s: float):
+        self.backend, self.timeout_s = backend, timeout_s
+        self._executor = DeepStackExecutor(workers, name="fd-guided-compile")
+
+    def submit(self, engine: str, spec: GrammarSpec) -> Future:
+        outer: Future = Future()
+
+        def work():
+            started = time.perf_counter()
+            return self.backend.engine(engine).compile_checked(spec), time.perf_counter() - started
+
+        timer = threading.Timer(self.timeout_s, _settle, (outer, None, GrammarCompileTimeout(
+            f"the {engine} compile ran past its {self.timeout_s:g} s budget (it cannot be stopped in thread isolation)")))
+        timer.daemon = True
+        inner = self._executor.submit(work)
+        inner.add_done_callback(lambda done: (timer.cancel(), _copy(done, outer)))
+        timer.start()
+        return outer
+
+    def close(self) -> None:
+        self._executor.shutdown()
+
+
+def _zygote_key(recipe: tuple[str, dict]) -> str:
+    """Pools whose recipes differ only in config share one zygote (the config reaches each worker)."""
+    path, kwargs = recipe
+    material = pickle.dumps((path, {k: v for k, v in sorted(kwargs.items()) if k != "config"}), protocol=4)
+    return hashlib.sha256(material).hexdigest()
+
+
+def _failed_job(job: Future) -> bool:
+    return job.done() and (job.cancelled() or job.exception() is not None)
+
+
+def _settle(future: Future, result, error: BaseException | None) -> None:
+    try:
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except Exception:  # noqa: BLE001 - already settled (InvalidStateError): the first outcome stands
+        pass
+
+
+def _copy(source: Future, target: Future) -> None:
+    if source.cancelled():
+        _settle(target, None, GuidedDecodingError("the compile was cancelled"))
+    elif source.exception() is not None:
+        _settle(target, None, source.exception())
+    else:
+        _settle(target, source.result(), None)
+
+
+def join(future: Future, deadline: float) -> CompiledGrammar:
+    """Wait for `future` until the monotonic `deadline`; raise GrammarCompileTimeout past it."""
+    try:
+        return future.result(timeout=max(0.0, deadline - time.monotonic()))
+    except FutureTimeout:
+        raise GrammarCompileTimeout("the grammar did not compile before the request needed its first token") from None
+
+
+def _resolved(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+def _failed(error: BaseException) -> Future:
+    future: Future = Future()
+    future.set_exception(error)
+    return future

@@ -1,0 +1,78 @@
+"""Threads whose stacks are deep enough for native grammar compilers.
+
+Native compilers recurse over reference and rule chains; on a thread with a small stack a long
+chain is a segfault of the whole process. Compiles run in worker processes on threads of
+`WORKER_STACK_BYTES`; anything the parent then rebuilds from a compiled grammar (llguidance
+re-validates its grammar text, xgrammar deserializes) runs on threads of `PARENT_STACK_BYTES`,
+eight times deeper: what compiled in a worker cannot overflow here. `fd_guided.limits` keeps
+admitted constraints far inside both.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
+
+WORKER_STACK_BYTES = 8 << 20
+PARENT_STACK_BYTES = 64 << 20
+
+_stack_size_lock = threading.Lock()
+
+
+def start_thread(target: Callable[[], None], *, name: str, stack_bytes: int, daemon: bool = True) -> threading.Thread:
+    """Start a thread with a stack of `stack_bytes` (the process-wide default is restored)."""
+    with _stack_size_lock:
+        previous = threading.stack_size(stack_bytes)
+        try:
+            thread = threading.Thread(target=target, name=name, daemon=daemon)
+            thread.start()
+        finally:
+            threading.stack_size(previous)
+    return thread
+
+
+class DeepStackExecutor:
+    """A small fixed pool of daemon threads with deep stacks; `submit` returns a Future.
+
+    Daemon threads: a native call that never returns cannot hold the interpreter's exit.
+    """
+
+    def __init__(self, threads: int, *, name: str, stack_bytes: int = PARENT_STACK_BYTES):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._threads = [start_thread(self._run, name=f"{name}-{i}", stack_bytes=stack_bytes) for i in range(threads)]
+
+    def submit(self, function: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        if self._closed:
+            future.set_exception(RuntimeError("executor is shut down"))
+            return future
+        self._queue.put((future, function, args))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, function, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(function(*args))
+            except BaseException as error:  # noqa: BLE001 - delivered to the waiter
+                future.set_exception(error)
+
+    def shutdown(self) -> None:
+        """Stop taking work; queued work is dropped with a cancelled Future. Never waits."""
+        self._closed = True
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in self._threads:
+            self._queue.put(None)

@@ -1,0 +1,150 @@
+"""The processes that compile untrusted constraints: one zygote per pool, and its forked workers.
+
+Runs as ``python -m fd_guided.compile.worker FD`` (started by `fd_guided.compile.pool`), never
+imported by the serving process for its own use. The zygote reads a backend recipe, builds the
+backend once (imports xgrammar and llguidance, loads the tokenizer tables: seconds), then forks a
+worker whenever the pool asks: a worker is ready in milliseconds and shares the zygote's memory
+copy-on-write. A worker compiles one job at a time on a thread of `WORKER_STACK_BYTES` and sends
+back the serialized grammar or the error. Both exit on their own when the serving process dies.
+
+Protocol (pickles over a socket pair; see `CompileProcessPool`):
+  pool -> zygote:  (recipe, serving_pid); then ("fork", config) + a socket handle; ("exit",)
+  zygote -> pool:  ("ready", pid) or ("failed", traceback); ("forked", pid) per fork
+  pool -> worker:  (job_id, engine, spec)
+  worker -> pool:  (job_id, "ok", data, seconds) or (job_id, "error", class_name, message, part, feature)
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import time
+import traceback
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
+
+from .threads import WORKER_STACK_BYTES, start_thread
+
+_POLL_S = 1.0
+
+
+def build_backend(recipe: tuple[str, dict]):
+    """Instantiate a backend from `GuidedBackend.worker_recipe()`: ("module:factory", kwargs)."""
+    path, kwargs = recipe
+    module_name, _, attribute = path.partition(":")
+    factory = getattr(importlib.import_module(module_name), attribute)
+    return factory(**kwargs)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _warm_up(backend) -> None:
+    """Pay every lazy first-use cost (imports, token tries) once here; forked workers inherit it."""
+    from ..spec import GrammarSpec, parse_guided_request
+
+    backend.warm_up()
+    specs = [GrammarSpec("regex", "[a-z]{1,3}"), parse_guided_request({"guided_json_object": True}, check_backend=False)]
+    for name in backend.engine_names:
+        engine = backend.engine(name)
+        for spec in specs:
+            engine.serialize(engine.compile_checked(spec))
+
+
+def zygote(conn: Connection) -> None:
+    recipe, serving_pid = conn.recv()
+    try:
+        backend = build_backend(recipe)
+        _warm_up(backend)
+    except BaseException:  # noqa: BLE001 - reported to the pool, which fails its compiles
+        conn.send(("failed", traceback.format_exc()))
+        return
+    # Forked workers are reaped by the kernel; the pool watches their pipes, not their exit codes.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    conn.send(("ready", os.getpid()))
+    while True:
+        if not conn.poll(_POLL_S):
+            if not _alive(serving_pid):
+                return
+            continue
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] != "fork":
+            return
+        fd = reduction.recv_handle(conn)
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            code = 0
+            try:
+                serve(backend.with_config(message[1]), Connection(fd), serving_pid)
+            except BaseException:  # noqa: BLE001 - a worker must never return into the zygote's loop
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(fd)
+        conn.send(("forked", pid))
+
+
+def serve(backend, conn: Connection, serving_pid: int) -> None:
+    """A worker's loop: compile jobs one at a time until the pool hangs up or the server dies."""
+    while True:
+        if not conn.poll(_POLL_S):
+            if not _alive(serving_pid):
+                return
+            continue
+        try:
+            job_id, engine, spec = conn.recv()
+        except (EOFError, OSError):
+            return
+        outcome: list = []
+        thread = start_thread(lambda: outcome.append(_compile(backend, engine, spec)), name="fd-guided-compile",
+                              stack_bytes=WORKER_STACK_BYTES)
+        while thread.is_alive():
+            thread.join(_POLL_S)
+            if not _alive(serving_pid):
+                os._exit(0)
+        conn.send((job_id, *outcome[0]))
+
+
+def _compile(backend, engine: str, spec) -> tuple:
+    from ..errors import InvalidGrammarError
+
+    started = time.perf_counter()
+    try:
+        engine_backend = backend.engine(engine)
+        compiled = engine_backend.compile_checked(spec)
+        data = engine_backend.serialize(compiled)
+        if data is None:
+            raise RuntimeError(f"the {engine} backend cannot serialize its grammars")
+        return ("ok", data, time.perf_counter() - started)
+    except InvalidGrammarError as error:
+        return ("error", type(error).__name__, _message(error), error.part, error.feature)
+    except BaseException as error:  # noqa: BLE001 - any failure is this job's failure
+        return ("error", "InvalidGrammarError", f"the {engine} compiler failed: {type(error).__name__}: {error}", None, None)
+
+
+def _message(error) -> str:
+    text = str(error)
+    prefix = f"{error.part}: " if error.part else ""
+    return text[len(prefix):] if prefix and text.startswith(prefix) else text
+
+
+def main(argv: list[str]) -> int:
+    zygote(Connection(int(argv[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

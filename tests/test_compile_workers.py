@@ -1,0 +1,248 @@
+"""Compiles in killable worker processes: crashes, budgets, demotion, shutdown, fallback, no head-of-line blocking.
+
+Every case that could crash a process runs in a fresh interpreter (`tests.isolated`), so a crash
+fails that test and not the suite.
+"""
+import os
+import time
+
+import pytest
+
+from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
+from fd_guided.compile import CompileService
+from fd_guided.errors import GrammarCompileCrash, GrammarCompileTimeout
+from fd_guided.limits import AdmissionLimits
+from fd_guided.registry import create_backend
+from fd_guided.tokenizer import load_tokenizer
+
+from isolated import run_isolated
+
+pytestmark = pytest.mark.cpu
+
+VOCAB = 129_280
+# Lifts the admission bounds, so bombs reach the compilers and the budgets must stop them.
+OPEN_LIMITS = AdmissionLimits(max_choices=10**6, max_constraint_bytes=10**8, max_ref_depth=10**6, max_repetition=10**8)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("deepseek")
+
+
+def service_for(tokenizer, backend="auto", **config):
+    config = GuidedConfig(backend=backend, limits=OPEN_LIMITS, **config)
+    return CompileService(create_backend(backend, tokenizer, vocab_size=VOCAB, config=config))
+
+
+def choices(count: int, salt: str) -> dict:
+    return {"guided_choice": [f"{salt}{i}x{i * 7919 % 100003}" for i in range(count)]}
+
+
+def spec_of(fields, backend="auto"):
+    return parse_guided_request(fields, GuidedConfig(backend=backend, limits=OPEN_LIMITS))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed worker is reaped by its zygote; until then it is a zombie, which is gone for our purpose.
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_timed_out_compile_is_killed_and_its_cpu_comes_back(tokenizer):
+    service = service_for(tokenizer, "xgrammar", compile_timeout_s=1.0)
+    try:
+        service.compile_now(spec_of({"guided_regex": "[a-z]+"}, "xgrammar"))  # workers up
+        ticket = service.submit(spec_of(choices(20_000, "t"), "xgrammar"))
+        time.sleep(0.3)
+        busy = [pid for pid in service._runner.worker_pids() if alive(pid)]
+        with pytest.raises(GrammarCompileTimeout, match="budget"):
+            ticket.result(timeout=30)
+        assert isinstance(ticket.exception(), InvalidGrammarError)  # a server's HTTP 400
+        time.sleep(0.2)
+        killed = [pid for pid in busy if pid not in service._runner.worker_pids()]
+        assert killed and not any(alive(pid) for pid in killed)
+        assert service.metrics.labelled("compile_worker_events_total").get("killed_timeout") == 1
+        assert service.compile_now(spec_of({"guided_regex": "[0-9]+"}, "xgrammar")).backend_name == "xgrammar"
+    finally:
+        service.close()
+
+
+def test_a_compile_over_its_memory_budget_is_killed(tokenizer):
+    service = service_for(tokenizer, "xgrammar", compile_memory_limit_bytes=32 << 20)
+    try:
+        with pytest.raises(InvalidGrammarError, match="memory budget"):
+            service.compile_now(spec_of(choices(20_000, "m"), "xgrammar"))
+        assert service.metrics.labelled("compile_worker_events_total").get("killed_memory") == 1
+    finally:
+        service.close()
+
+
+def test_a_slow_compile_is_demoted_to_the_lowest_cpu_priority(tokenizer):
+    service = service_for(tokenizer, "xgrammar", compile_demote_after_s=0.2)
+    try:
+        service.compile_now(spec_of({"guided_regex": "[a-z]+"}, "xgrammar"))
+        ticket = service.submit(spec_of(choices(20_000, "d"), "xgrammar"))
+        deadline = time.monotonic() + 5
+        niceness = []
+        while time.monotonic() < deadline and not ticket.done() and 19 not in niceness:
+            niceness = [os.getpriority(os.PRIO_PROCESS, pid) for pid in service._runner.worker_pids() if alive(pid)]
+            time.sleep(0.05)
+        assert 19 in niceness
+        assert service.metrics.labelled("compile_worker_events_total").get("demoted", 0) >= 1
+    finally:
+        service.close()
+
+
+def test_a_good_request_behind_four_bombs_compiles_in_its_own_time(tokenizer):
+    service = service_for(tokenizer, "auto", compile_timeout_s=8.0)
+    try:
+        service.compile_now(spec_of({"guided_regex": "[a-z]+"}))
+        bombs = [service.submit(spec_of(choices(20_000, f"b{i}"))) for i in range(4)]
+        time.sleep(0.05)
+        started = time.monotonic()
+        good = service.submit(spec_of({"guided_json": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}}))
+        good.result(timeout=30)
+        elapsed = time.monotonic() - started
+        pending = [bomb for bomb in bombs if not bomb.done()]
+        assert len(pending) == 4, f"the good request waited for {4 - len(pending)} bombs ({elapsed:.2f} s)"
+    finally:
+        started = time.monotonic()
+        service.close()
+        assert time.monotonic() - started < 3  # close() kills the bombs; it does not wait for them
+    assert all(bomb.done() for bomb in bombs)
+
+
+def test_close_returns_at_once_and_leaves_no_worker(tokenizer):
+    service = service_for(tokenizer, "xgrammar")
+    service.compile_now(spec_of({"guided_regex": "[a-z]+"}, "xgrammar"))
+    ticket = service.submit(spec_of(choices(20_000, "c"), "xgrammar"))
+    time.sleep(0.2)
+    pids = service._runner.worker_pids()
+    started = time.monotonic()
+    service.close()
+    assert time.monotonic() - started < 3
+    with pytest.raises(Exception):
+        ticket.result(timeout=5)
+    time.sleep(0.3)
+    assert pids and not any(alive(pid) for pid in pids)
+
+
+def test_interpreter_exit_does_not_wait_for_a_compile_and_leaves_no_worker():
+    result = run_isolated("""
+        import json, time
+        from fd_guided import GuidedConfig, parse_guided_request, load_tokenizer
+        from fd_guided.compile import CompileService
+        from fd_guided.limits import AdmissionLimits
+        from fd_guided.registry import create_backend
+        config = GuidedConfig(backend="xgrammar", limits=AdmissionLimits(max_choices=10**6), compile_timeout_s=60)
+        service = CompileService(create_backend("xgrammar", load_tokenizer("deepseek"), vocab_size=129280, config=config))
+        service.compile_now(parse_guided_request({"guided_regex": "[a-z]+"}, config))
+        service.submit(parse_guided_request({"guided_choice": [f"w{i}q{i*31}" for i in range(20000)]}, config))
+        time.sleep(0.3)
+        from fd_guided.compile.pool import _zygotes
+        pids = service._runner.worker_pids() + [z.process.pid for z in _zygotes.values()]
+        print(json.dumps({"pids": pids, "exiting_at": time.time()}), flush=True)
+    """, timeout_s=120)
+    exited = time.time() - result["exiting_at"]
+    assert exited < 20  # the 60 s compile did not hold the interpreter
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(alive(pid) for pid in result["pids"]):
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in result["pids"])
+
+
+def test_a_compiler_crash_costs_only_its_request():
+    # 3,000 chained $refs overflow llguidance's native stack (a segfault). With the admission
+    # bound lifted the schema reaches the compiler: its worker dies, the request gets a typed
+    # error, and the service goes on compiling in fresh workers.
+    result = run_isolated("""
+        import json
+        from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request, load_tokenizer
+        from fd_guided.compile import CompileService
+        from fd_guided.limits import AdmissionLimits
+        from fd_guided.registry import create_backend
+        config = GuidedConfig(backend="llguidance", limits=AdmissionLimits(max_ref_depth=10**6))
+        service = CompileService(create_backend("llguidance", load_tokenizer("deepseek"), vocab_size=129280, config=config))
+        defs = {f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(3000)}
+        defs["a3000"] = {"type": "object", "patternProperties": {"^x": {"type": "integer"}}}
+        bomb = parse_guided_request({"guided_json": {"$defs": defs, "$ref": "#/$defs/a0"}}, config)
+        try:
+            service.compile_now(bomb)
+            outcome = "compiled"
+        except InvalidGrammarError as error:
+            outcome = type(error).__name__
+        after = service.compile_now(parse_guided_request({"guided_regex": "[a-z]+"}, config)).backend_name
+        events = service.metrics.labelled("compile_worker_events_total")
+        service.close()
+        print(json.dumps({"outcome": outcome, "after": after, "crashed": events.get("crashed", 0)}))
+    """)
+    assert result == {"outcome": "GrammarCompileCrash", "after": "llguidance", "crashed": 1}
+
+
+def test_auto_falls_back_to_llguidance_when_xgrammar_fails_to_compile(tokenizer):
+    service = service_for(tokenizer, "auto")
+    try:
+        # Python-style named groups pass the static checks but xgrammar's parser refuses them.
+        compiled = service.compile_now(spec_of({"guided_regex": "(?P<user>[a-z]+)@(?P<host>[a-z]+)"}))
+        assert compiled.backend_name == "llguidance"
+    finally:
+        service.close()
+
+
+def test_auto_starts_on_the_first_engine_ready_and_caches_xgrammar_for_next_time(tokenizer):
+    service = service_for(tokenizer, "auto", auto_fallback_grace_s=0.05)
+    try:
+        spec = spec_of(choices(10_000, "f"))
+        first = service.compile_now(spec)
+        assert first.backend_name == "llguidance"  # ~0.7 s, while xgrammar needs ~2 s
+        deadline = time.monotonic() + 60
+        while service.cache.get(("xgrammar", spec)) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert service.compile_now(spec).backend_name == "xgrammar"
+        assert service.metrics.labelled("auto_served_by_total") == {"llguidance": 1}
+    finally:
+        service.close()
+
+
+@pytest.mark.parametrize("fields", [
+    {"guided_json": {"$ref": "#"}},
+    {"guided_json": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}},
+    {"guided_json": {"type": "integer", "minimum": 5, "maximum": 4}},
+], ids=["self-ref", "ref-cycle", "empty-range"])
+def test_unsatisfiable_constraints_are_invalid_grammar_errors(tokenizer, fields):
+    service = service_for(tokenizer, "auto")
+    try:
+        with pytest.raises(InvalidGrammarError, match="unsatisfiable|greater than") as caught:
+            service.compile_now(spec_of(fields))
+        assert caught.value.feature is None  # a request error, not a missing feature
+    finally:
+        service.close()
+
+
+def test_one_engines_false_unsatisfiable_verdict_falls_back(tokenizer):
+    # xgrammar's number grammar admits nothing here, yet 0.10000005 is valid: llguidance serves it.
+    service = service_for(tokenizer, "auto")
+    try:
+        spec = spec_of({"guided_json": {"type": "number", "exclusiveMinimum": 0.1, "maximum": 0.1000001}})
+        assert service.compile_now(spec).backend_name == "llguidance"
+    finally:
+        service.close()
+
+
+def test_thread_isolation_still_compiles_and_times_out(tokenizer):
+    service = service_for(tokenizer, "xgrammar", compile_isolation="thread", compile_timeout_s=0.5)
+    try:
+        assert service.isolation == "thread"
+        assert service.compile_now(spec_of({"guided_regex": "[a-z]+"}, "xgrammar")).backend_name == "xgrammar"
+        with pytest.raises(GrammarCompileTimeout):
+            service.compile_now(spec_of(choices(20_000, "th"), "xgrammar"))
+    finally:
+        service.close()
+
+
+def test_a_crash_error_type_is_an_invalid_grammar_error():
+    assert issubclass(GrammarCompileCrash, InvalidGrammarError) and issubclass(GrammarCompileTimeout, InvalidGrammarError)
