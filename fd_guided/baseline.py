@@ -22,19 +22,23 @@ class FastDeployStyleManager(GuidedDecodingManager):
     def begin_step(self, rows) -> None:
         self._join_fill()
         self._rows = list(rows)
-        self._masked_rows = []
+        self._step_open = True
+        self._masked_rows, self._stop_rows = [], []
         self._deferred_rows = [
             row for row, slot in enumerate(self._rows)
             if slot is not None and slot in self._slots and self._slots[slot].prefill_done and self._slots[slot].finish is None
         ]
 
     def apply(self, logits):
-        """Serial fill, then the numpy round trip; returns a NEW Paddle tensor of masked logits."""
+        """Blocking compile joins, serial fill, then the numpy round trip; returns a NEW Paddle tensor."""
         import paddle
         import torch
         import xgrammar as xgr
 
-        rows = self._join_deferred()
+        started = time.perf_counter()
+        self.wait_ready([self._rows[r] for r in self._deferred_rows])
+        self.timings.compile_wait += time.perf_counter() - started
+        rows = self._resolve_deferred()
         if rows:
             self._timed_fill([self._slots[self._rows[r]].grammar for r in rows], rows)
         started = time.perf_counter()

@@ -3,7 +3,9 @@
 Per request (a *slot* is the host's batch index for it)::
 
     spec = manager.validate(fields)                 # admission; InvalidGrammarError -> HTTP 400
-    manager.add_request(slot, spec, ...)            # at prefill: the compile starts in the background
+    manager.prefetch(spec)                          # optional, when it queues: the compile starts
+    manager.add_request(slot, spec, ...)            # at prefill: the compile starts (or is joined)
+    manager.is_ready(slot)                          # the scheduler samples its first token only then
     manager.mark_prefill_done([slot])               # in the step whose forward ends the prompt
 
 Per decode step, with ``rows[i]`` the slot whose logits are row i (None for a row of no slot)::
@@ -15,23 +17,31 @@ Per decode step, with ``rows[i]`` the slot whose logits are row i (None for a ro
     finished = manager.accept(tokens)               # advance matchers; finished slots with reasons
     manager.release(slot)                           # when the host retires the request
 
-Guarantees: a slot is masked only after its prefill is done, its compile is joined and its
-reasoning (if any) has ended; a failed compile, a compile timeout or a rejected token finishes
-only that slot (reason ``error``, message in `GuidedFinish.error`) and the batch goes on; every
-slot owns its matcher, compiled grammars are shared read-only; the host thread never blocks on a
-compile before the step that samples the request's first token.
+Guarantees: a slot is masked only after its prefill is done, its grammar is ready and its
+reasoning (if any) has ended; the step never waits for a compile (a row sampled before its
+grammar is ready waits at most `GuidedConfig.first_token_wait_s`, then fails alone). A failed or
+over-budget compile, a rejected token or a row the grammar leaves without any allowed token
+finishes only that slot (reason ``error``, message in `GuidedFinish.error`) and the batch goes on.
+Rows of finished slots allow only the engine's stop tokens, so a host that keeps sampling them
+(``min_tokens``, a late retire) samples a stop token, never an unconstrained one and never from an
+all-masked row. Every slot owns its matcher; compiled grammars are shared read-only. Hooks called
+out of order raise `SlotStateError`.
 """
 from __future__ import annotations
 
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
-from .compile import CompileService, join
+import numpy as np
+
+from .compile import CompileService
 from .config import GuidedConfig
-from .errors import GrammarCompileTimeout, GuidedDecodingError, InvalidGrammarError, SlotStateError
+from .errors import CompileBudgetError, GuidedDecodingError, InvalidGrammarError, SlotStateError
 from .interface import Grammar, GuidedBackend
 from .kernels import apply_token_bitmask_inplace
 from .metrics import GuidedMetrics
@@ -68,8 +78,7 @@ class StepTimings:
 class _Slot:
     request_id: Any
     spec: GrammarSpec
-    future: Future
-    deadline: float
+    ticket: Future
     pending_tokens: list[int]
     in_reasoning: bool
     prefill_done: bool = False
@@ -114,13 +123,17 @@ class GuidedDecodingManager:
         self._owns_compiler = compile_service is None
         self.compiler = compile_service or CompileService(backend, metrics=self.metrics)
         self.bitmask = backend.allocate_bitmask(max_num_seqs)
+        self._bitmask_words = _host_words(self.bitmask)
+        self._stop_row = _stop_only_row(backend.stop_token_ids, self._bitmask_words.shape[1])
         self.timings = StepTimings()
         self._slots: dict[int, _Slot] = {}
         self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-guided-fill")
         self._fill_future: Future | None = None
         self._rows: list[int | None] = []
+        self._step_open = False
         self._masked_rows: list[int] = []
         self._deferred_rows: list[int] = []
+        self._stop_rows: list[int] = []
 
     # ----- admission and slot lifecycle -------------------------------------------------------
 
@@ -153,7 +166,7 @@ class GuidedDecodingManager:
         enable_thinking: bool | None = None,
         prefill_done: bool = False,
     ) -> None:
-        """Start guiding `slot` with `spec` (None clears the slot: an unguided request).
+        """Start guiding `slot` with `spec` (None: an unguided request, nothing to do).
 
         `output_token_ids` are tokens already generated for this request elsewhere (a prefill
         node in disaggregated serving, or before a preemption); they are replayed into the new
@@ -161,18 +174,20 @@ class GuidedDecodingManager:
         template flag: with ``True`` on a reasoning model (`think_end_id` set) the constraint
         starts after the think-end token, unless the prompt already closed the section. ``None``
         and ``False`` constrain from the first token: a request is never unconstrained by omission.
+
+        Raises:
+            SlotStateError: `slot` is out of range or still holds a request (release it first).
         """
         self._check_slot(slot)
-        self._join_fill()
-        self._slots.pop(slot, None)
+        if slot in self._slots:
+            raise SlotStateError(f"slot {slot} still holds guided request {self._slots[slot].request_id!r}: release it first")
         if spec is None:
             return
         self.metrics.inc("requests_total")
         self._slots[slot] = _Slot(
             request_id=request_id,
             spec=spec,
-            future=self.compiler.submit(spec),
-            deadline=time.monotonic() + self.config.compile_timeout_s,
+            ticket=self.compiler.submit(spec),
             pending_tokens=list(output_token_ids),
             in_reasoning=self._starts_in_reasoning(prompt_token_ids, enable_thinking),
             prefill_done=prefill_done or bool(output_token_ids),
@@ -191,12 +206,33 @@ class GuidedDecodingManager:
                 state.prefill_done = True
 
     def release(self, slot: int) -> None:
-        """Forget `slot` (finished, aborted or preempted). Its compiled grammar stays cached."""
-        self._join_fill()
+        """Forget `slot` (finished, aborted or preempted). Its compiled grammar stays cached.
+
+        Raises SlotStateError while a step that has a row of `slot` is open (between `begin_step`
+        and `accept`): release it after the step.
+        """
+        if self._step_open and slot in self._rows and slot in self._slots:
+            raise SlotStateError(f"slot {slot} has a row in the open step: release it after accept()")
         self._slots.pop(slot, None)
 
     def is_guided(self, slot: int) -> bool:
         return slot in self._slots
+
+    def is_ready(self, slot: int) -> bool:
+        """True when sampling `slot`'s next token waits for nothing: its grammar is compiled (or
+        its compile failed, and it will finish with an error), or it is not guided. A host's
+        scheduler holds a guided request's first sampling step until then (vLLM keeps such
+        requests waiting); `apply` never waits for a compile."""
+        state = self._slots.get(slot)
+        return state is None or state.grammar is not None or state.finish is not None or state.ticket.done()
+
+    def wait_ready(self, slots: Sequence[int], timeout_s: float | None = None) -> bool:
+        """Block until every slot in `slots` `is_ready` (for simple hosts); False on timeout."""
+        tickets = [self._slots[s].ticket for s in slots if s in self._slots and not self.is_ready(s)]
+        if not tickets:
+            return True
+        _, pending = wait_futures(tickets, timeout=timeout_s)
+        return not pending
 
     def finish_of(self, slot: int) -> GuidedFinish | None:
         state = self._slots.get(slot)
@@ -210,39 +246,54 @@ class GuidedDecodingManager:
             raise ValueError(f"{len(rows)} logits rows exceed max_num_seqs={self.max_num_seqs}")
         self._join_fill()
         self._rows = list(rows)
-        ready_rows, grammars, deferred = [], [], []
+        self._step_open = True
+        ready_rows, grammars, deferred, stops = [], [], [], []
         for row, slot in enumerate(self._rows):
             state = self._slots.get(slot) if slot is not None else None
-            if state is None or not state.prefill_done or state.finish is not None:
+            if state is None or not state.prefill_done:
                 continue
-            if state.grammar is None and not state.future.done():
+            if state.finish is not None:
+                stops.append(row)
+                continue
+            if state.grammar is None and not state.ticket.done():
                 deferred.append(row)
                 continue
             self._materialise(slot, state)
-            if state.finish is None and not state.in_reasoning:
+            if state.finish is not None:
+                stops.append(row)
+            elif not state.in_reasoning:
                 ready_rows.append(row)
                 grammars.append(state.grammar)
-        self._masked_rows = ready_rows
-        self._deferred_rows = deferred
+        self._masked_rows, self._deferred_rows, self._stop_rows = ready_rows, deferred, stops
         if ready_rows:
             self._fill_future = self._fill_pool.submit(self._timed_fill, grammars, ready_rows)
 
     def apply(self, logits) -> None:
-        """Join pending compiles and fills, then mask `logits` in place (rows as given to begin_step)."""
+        """Mask `logits` in place (rows as given to begin_step). Never waits for a compile (see
+        `GuidedConfig.first_token_wait_s`); joins the background fill."""
         if len(self._rows) != _num_rows(logits):
             raise SlotStateError(f"begin_step announced {len(self._rows)} rows but the logits have {_num_rows(logits)}")
-        late_rows = self._join_deferred()
+        late_rows = self._resolve_deferred()
         started = time.perf_counter()
-        self._join_fill()
+        empty = self._join_fill() or []
         self.timings.fill_join += time.perf_counter() - started
         self.metrics.observe("fill_join_seconds", time.perf_counter() - started)
         if late_rows:
-            self._timed_fill([self._slots[self._rows[r]].grammar for r in late_rows], late_rows)
+            empty += self._timed_fill([self._slots[self._rows[r]].grammar for r in late_rows], late_rows)
             self._masked_rows = sorted(self._masked_rows + late_rows)
+        for row in empty:
+            slot = self._rows[row]
+            self.metrics.inc("dead_end_rows_total")
+            self._fail(slot, self._slots[slot], f"the {self._slots[slot].spec.kind} grammar allows no token here "
+                       f"(after {self._slots[slot].accepted} accepted tokens): no valid continuation exists")
+        rows = self._masked_rows
+        if self._stop_rows or empty:
+            self._write_stop_rows(self._stop_rows + empty)
+            rows = sorted(set(rows) | set(self._stop_rows))
         started = time.perf_counter()
-        if self._masked_rows:
+        if rows:
             # Every row guided: no row list (on CUDA that saves staging it and a scatter).
-            indices = None if len(self._masked_rows) == len(self._rows) else self._masked_rows
+            indices = None if len(rows) == len(self._rows) else rows
             apply_token_bitmask_inplace(logits, self.bitmask, indices=indices, impl=self.kernel_impl)
         elapsed = time.perf_counter() - started
         self.timings.apply += elapsed
@@ -262,6 +313,7 @@ class GuidedDecodingManager:
             if state is None or not state.prefill_done or state.finish is not None or state.grammar is None:
                 continue
             self._advance(slot, state, int(token))
+        self._step_open = False
         finished = self._collect_finishes()
         elapsed = time.perf_counter() - started
         self.timings.accept += elapsed
@@ -272,16 +324,16 @@ class GuidedDecodingManager:
     # ----- internals ----------------------------------------------------------------------------
 
     def _materialise(self, slot: int, state: _Slot) -> None:
-        """Create the slot's matcher from its joined compile and replay tokens made elsewhere."""
+        """Create the slot's matcher from its (done) ticket and replay tokens made elsewhere."""
         if state.grammar is not None:
             return
         try:
-            compiled = join(state.future, state.deadline)
-        except GrammarCompileTimeout as error:
-            self.metrics.inc("compile_timeouts_total")
-            self._fail(slot, state, str(error))
+            compiled = state.ticket.result(timeout=0)
+        except CompileBudgetError as error:
+            self.metrics.inc("compile_budget_failures_total")
+            self._fail(slot, state, f"grammar failed to compile: {error}")
             return
-        except GuidedDecodingError as error:
+        except (GuidedDecodingError, FutureTimeout) as error:
             self._fail(slot, state, f"grammar failed to compile: {error}")
             return
         state.grammar = self.backend.new_grammar(compiled)
@@ -293,17 +345,26 @@ class GuidedDecodingManager:
                 break
             self._advance(slot, state, token)
 
-    def _join_deferred(self) -> list[int]:
+    def _resolve_deferred(self) -> list[int]:
+        """Rows whose compile was pending at begin_step: ready now -> filled late; still pending
+        after `first_token_wait_s` -> the request fails alone (its row allows only stop tokens)."""
         late_rows = []
+        if self._deferred_rows and self.config.first_token_wait_s > 0:
+            started = time.perf_counter()
+            wait_futures([self._slots[self._rows[r]].ticket for r in self._deferred_rows], timeout=self.config.first_token_wait_s)
+            self.timings.compile_wait += time.perf_counter() - started
         for row in self._deferred_rows:
             slot = self._rows[row]
             state = self._slots[slot]
-            started = time.perf_counter()
-            self._materialise(slot, state)
-            waited = time.perf_counter() - started
-            self.timings.compile_wait += waited
-            self.metrics.observe("compile_wait_seconds", waited)
-            if state.finish is None and not state.in_reasoning:
+            if not state.ticket.done():
+                self.metrics.inc("unready_samples_total")
+                self._fail(slot, state, "its grammar was still compiling when its first token was sampled "
+                           "(the host must wait until is_ready(slot))")
+            else:
+                self._materialise(slot, state)
+            if state.finish is not None:
+                self._stop_rows.append(row)
+            elif not state.in_reasoning:
                 late_rows.append(row)
         self._deferred_rows = []
         return late_rows
@@ -337,17 +398,25 @@ class GuidedDecodingManager:
                 self.metrics.inc("requests_finished_total")
         return finished
 
-    def _timed_fill(self, grammars: list[Grammar], rows: list[int]) -> None:
+    def _timed_fill(self, grammars: list[Grammar], rows: list[int]) -> list[int]:
+        """Fill `rows`; return those the grammar left without a single allowed token."""
         started = time.perf_counter()
         self.backend.fill_bitmasks(grammars, self.bitmask, rows)
+        empty = [row for row in rows if not self._bitmask_words[row].any()]
         elapsed = time.perf_counter() - started
         self.timings.fill += elapsed
         self.metrics.observe("fill_seconds", elapsed)
+        return empty
 
-    def _join_fill(self) -> None:
+    def _write_stop_rows(self, rows: list[int]) -> None:
+        for row in rows:
+            self._bitmask_words[row] = self._stop_row
+
+    def _join_fill(self) -> list[int] | None:
         future, self._fill_future = self._fill_future, None
         if future is not None:
-            future.result()
+            return future.result()
+        return None
 
     def _check_slot(self, slot: int) -> None:
         if not isinstance(slot, int) or not 0 <= slot < self.max_num_seqs:
@@ -362,6 +431,19 @@ class GuidedDecodingManager:
 
 def _num_rows(logits) -> int:
     return int(logits.shape[0])
+
+
+def _host_words(bitmask) -> np.ndarray:
+    """The bitmask as a writable numpy int32 view (CPU memory, pinned or not)."""
+    return bitmask.numpy() if hasattr(bitmask, "numpy") else np.asarray(bitmask)
+
+
+def _stop_only_row(stop_token_ids: Sequence[int], words: int) -> np.ndarray:
+    row = np.zeros(words, dtype=np.uint32)
+    for token in stop_token_ids:
+        if 0 <= token < words * 32:
+            row[token >> 5] |= np.uint32(1 << (token & 31))
+    return row.view(np.int32)
 
 
 __all__ = ["GuidedDecodingManager", "GuidedFinish", "StepTimings", "InvalidGrammarError"]

@@ -248,6 +248,13 @@ class Rank0BroadcastGuided:
         if self.is_leader:
             self.manager.mark_prefill_done(slots)
 
+    def is_ready(self, slot: int) -> bool:
+        """Rank 0 decides readiness (it alone compiles); the others follow its broadcast masks."""
+        return self.manager.is_ready(slot) if self.is_leader else True
+
+    def wait_ready(self, slots: Sequence[int], timeout_s: float | None = None) -> bool:
+        return self.manager.wait_ready(slots, timeout_s) if self.is_leader else True
+
     def release(self, slot: int) -> None:
         if self.is_leader:
             self.manager.release(slot)

@@ -1,5 +1,6 @@
 """The batch manager's hooks on real Paddle logits, a real tokenizer and real xgrammar matchers."""
 import threading
+import time
 
 import numpy as np
 import paddle
@@ -9,7 +10,9 @@ from fd_guided import GuidedConfig, parse_guided_request
 from fd_guided.backends.xgrammar import XGrammarBackend
 from fd_guided.manager import GuidedDecodingManager
 from fd_guided.spec import GrammarSpec
+from fd_guided.registry import create_backend
 from fd_guided.tokenizer import load_tokenizer
+from guided_helpers import add_ready
 
 pytestmark = pytest.mark.cpu
 
@@ -24,7 +27,7 @@ def tokenizer():
 
 @pytest.fixture()
 def manager(tokenizer):
-    backend = XGrammarBackend(tokenizer, vocab_size=VOCAB, config=GuidedConfig(compile_timeout_s=5))
+    backend = XGrammarBackend(tokenizer, vocab_size=VOCAB)
     manager = GuidedDecodingManager(backend, max_num_seqs=8, think_end_id=tokenizer.think_end_id)
     yield manager
     manager.close()
@@ -57,7 +60,7 @@ CHOICE = parse_guided_request({"guided_choice": ["yes", "no"]})
 
 
 def test_masks_only_guided_rows_and_in_place(manager, tokenizer):
-    manager.add_request(3, CHOICE, prefill_done=True)
+    add_ready(manager, 3, CHOICE, prefill_done=True)
     manager.begin_step([None, 3])
     logits = logits_for(2)
     before = logits.numpy().copy()
@@ -72,7 +75,7 @@ def test_masks_only_guided_rows_and_in_place(manager, tokenizer):
 
 
 def test_full_choice_then_stop(manager, tokenizer):
-    manager.add_request(0, CHOICE, prefill_done=True)
+    add_ready(manager, 0, CHOICE, prefill_done=True)
     _, finishes = step(manager, [0], [token_of(tokenizer, "yes")])
     assert finishes == []
     logits, finishes = step(manager, [0], [EOS])
@@ -81,7 +84,7 @@ def test_full_choice_then_stop(manager, tokenizer):
 
 
 def test_no_mask_before_the_final_prefill_chunk(manager):
-    manager.add_request(1, CHOICE)
+    add_ready(manager, 1, CHOICE)
     manager.begin_step([1])
     logits = logits_for(1)
     before = logits.numpy().copy()
@@ -94,8 +97,8 @@ def test_no_mask_before_the_final_prefill_chunk(manager):
 
 
 def test_rejected_token_fails_only_that_request(manager, tokenizer):
-    manager.add_request(0, CHOICE, prefill_done=True)
-    manager.add_request(1, CHOICE, prefill_done=True)
+    add_ready(manager, 0, CHOICE, prefill_done=True)
+    add_ready(manager, 1, CHOICE, prefill_done=True)
     _, finishes = step(manager, [0, 1], [token_of(tokenizer, "maybe"), token_of(tokenizer, "no")])
     assert [(f.slot, f.reason) for f in finishes] == [(0, "error")]
     assert "rejected" in finishes[0].error
@@ -106,7 +109,7 @@ def test_rejected_token_fails_only_that_request(manager, tokenizer):
 
 def test_reasoning_is_unconstrained_until_think_end(manager, tokenizer):
     think_end = tokenizer.think_end_id
-    manager.add_request(0, CHOICE, prefill_done=True, enable_thinking=True)
+    add_ready(manager, 0, CHOICE, prefill_done=True, enable_thinking=True)
     logits, _ = step(manager, [0], [token_of(tokenizer, "maybe")])
     assert len(allowed(logits[0])) == VOCAB
     logits, finishes = step(manager, [0], [think_end])
@@ -118,9 +121,9 @@ def test_reasoning_is_unconstrained_until_think_end(manager, tokenizer):
 @pytest.mark.parametrize("case", ["thinking_disabled", "think_end_in_prompt"])
 def test_constrained_at_once_without_reasoning(manager, tokenizer, case):
     if case == "thinking_disabled":
-        manager.add_request(0, CHOICE, prefill_done=True, enable_thinking=False)
+        add_ready(manager, 0, CHOICE, prefill_done=True, enable_thinking=False)
     else:
-        manager.add_request(0, CHOICE, prefill_done=True, enable_thinking=True, prompt_token_ids=[5, tokenizer.think_end_id])
+        add_ready(manager, 0, CHOICE, prefill_done=True, enable_thinking=True, prompt_token_ids=[5, tokenizer.think_end_id])
     logits, _ = step(manager, [0])
     assert len(allowed(logits[0])) < 20
 
@@ -128,14 +131,14 @@ def test_constrained_at_once_without_reasoning(manager, tokenizer, case):
 def test_replayed_tokens_continue_the_constraint(manager, tokenizer):
     schema = parse_guided_request({"guided_json": {"type": "object", "properties": {"a": {"enum": ["x"]}}, "required": ["a"]}, "disable_any_whitespace": True})
     replay = tokenizer.encode('{"a":')
-    manager.add_request(2, schema, output_token_ids=replay, enable_thinking=False)
+    add_ready(manager, 2, schema, output_token_ids=replay, enable_thinking=False)
     logits, _ = step(manager, [2], [token_of(tokenizer, '"')])
     text_tokens = {tokenizer.decode([t]) for t in allowed(logits[0])}
     assert text_tokens and all('"x"'.startswith(t) for t in text_tokens), text_tokens
 
 
 def test_replay_with_a_rejected_token_fails_the_request(manager, tokenizer):
-    manager.add_request(0, CHOICE, output_token_ids=tokenizer.encode("maybe"))
+    add_ready(manager, 0, CHOICE, output_token_ids=tokenizer.encode("maybe"))
     _, finishes = step(manager, [0])
     assert [f.reason for f in finishes] == ["error"]
 
@@ -143,8 +146,8 @@ def test_replay_with_a_rejected_token_fails_the_request(manager, tokenizer):
 def test_compile_failure_fails_only_its_slot(manager):
     json_format = parse_guided_request({"guided_json": {"type": "integer"}}).json_format
     bad = GrammarSpec("json_schema", '{"type":"integer","minimum":0.5}', json_format)  # bypasses admission
-    manager.add_request(0, bad, prefill_done=True)
-    manager.add_request(1, CHOICE, prefill_done=True)
+    add_ready(manager, 0, bad, prefill_done=True)
+    add_ready(manager, 1, CHOICE, prefill_done=True)
     logits, finishes = step(manager, [0, 1], [EOS, token_of(manager.backend.tokenizer, "yes")])
     assert [(f.slot, f.reason) for f in finishes] == [(0, "error")]
     assert "failed to compile" in finishes[0].error
@@ -152,6 +155,8 @@ def test_compile_failure_fails_only_its_slot(manager):
 
 
 class SlowBackend(XGrammarBackend):
+    """The real xgrammar backend whose regex compiles wait for a gate (thread isolation: in-process)."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.gate = threading.Event()
@@ -162,24 +167,64 @@ class SlowBackend(XGrammarBackend):
         return super().compile(spec)
 
 
-def test_compile_timeout_fails_only_that_request(tokenizer):
-    backend = SlowBackend(tokenizer, vocab_size=VOCAB, config=GuidedConfig(compile_timeout_s=0.2))
+def test_the_step_never_waits_for_a_compile_and_an_unready_row_fails_alone(tokenizer):
+    backend = SlowBackend(tokenizer, vocab_size=VOCAB, config=GuidedConfig(compile_isolation="thread"))
     manager = GuidedDecodingManager(backend, max_num_seqs=4)
     try:
         manager.add_request(0, parse_guided_request({"guided_regex": "z+"}), prefill_done=True)
-        manager.add_request(1, CHOICE, prefill_done=True)
+        add_ready(manager, 1, CHOICE, prefill_done=True)
+        assert not manager.is_ready(0) and manager.is_ready(1) and manager.is_ready(3)  # 3: no request
+        started = time.perf_counter()
         logits, finishes = step(manager, [0, 1], [EOS, token_of(tokenizer, "no")])
-        assert [f.slot for f in finishes] == [0]
-        assert finishes[0].slot == 0 and finishes[0].reason == "error" and "did not compile" in finishes[0].error
-        assert manager.metrics.value("compile_timeouts_total") == 1
-        assert len(allowed(logits[1])) < 20 and len(allowed(logits[0])) == VOCAB
+        assert time.perf_counter() - started < 5  # the gate holds the compile for 10 s
+        assert [(f.slot, f.reason) for f in finishes] == [(0, "error")] and "still compiling" in finishes[0].error
+        assert manager.metrics.value("unready_samples_total") == 1
+        assert allowed(logits[0]) == {EOS}  # the failed row samples a stop token, never an unmasked one
+        assert len(allowed(logits[1])) < 20
     finally:
         backend.gate.set()
         manager.close()
 
 
+def test_finished_rows_allow_only_stop_tokens(manager, tokenizer):
+    add_ready(manager, 0, CHOICE, prefill_done=True)
+    step(manager, [0], [token_of(tokenizer, "no")])
+    _, finishes = step(manager, [0], [EOS])
+    assert [f.reason for f in finishes] == ["stop"]
+    logits, finishes = step(manager, [0], [EOS])  # the host keeps sampling it (min_tokens, late retire)
+    assert allowed(logits[0]) == {EOS} and finishes == []
+
+
+def test_a_dead_end_row_fails_its_request_not_the_batch(manager, tokenizer):
+    # "a" then a class that matches nothing: the grammar allows "a" and then no token at all.
+    add_ready(manager, 0, parse_guided_request({"guided_regex": r"a[^\s\S]"}, GuidedConfig(backend="xgrammar")), prefill_done=True)
+    add_ready(manager, 1, CHOICE, prefill_done=True)
+    _, finishes = step(manager, [0, 1], [token_of(tokenizer, "a"), token_of(tokenizer, "yes")])
+    assert finishes == []
+    logits, finishes = step(manager, [0, 1], [EOS, EOS])
+    assert allowed(logits[0]) == {EOS}  # nothing was allowed: the row sampled a stop token, not an unmasked one
+    assert [(f.slot, f.reason) for f in finishes] == [(0, "error"), (1, "stop")]
+    assert "allows no token" in finishes[0].error
+    assert manager.metrics.value("dead_end_rows_total") == 1
+
+
+def test_hooks_out_of_order_raise_slot_state_errors(manager):
+    from fd_guided import SlotStateError
+
+    add_ready(manager, 0, CHOICE, prefill_done=True)
+    with pytest.raises(SlotStateError, match="release it first"):
+        manager.add_request(0, CHOICE)
+    manager.begin_step([0])
+    with pytest.raises(SlotStateError, match="open step"):
+        manager.release(0)
+    manager.apply(logits_for(1))
+    manager.accept([EOS])
+    manager.release(0)
+    add_ready(manager, 0, CHOICE, prefill_done=True)  # free again
+
+
 def test_released_slot_is_not_masked_by_a_stale_row(manager):
-    manager.add_request(0, CHOICE, prefill_done=True)
+    add_ready(manager, 0, CHOICE, prefill_done=True)
     step(manager, [0])
     manager.release(0)
     logits, _ = step(manager, [0])  # the same slot now serves an unguided request
@@ -200,7 +245,7 @@ def test_many_rows_use_the_parallel_fill(tokenizer):
     backend = XGrammarBackend(tokenizer, vocab_size=VOCAB, config=GuidedConfig(parallel_fill_min_rows=4, fill_threads=2))
     manager = GuidedDecodingManager(backend, max_num_seqs=16)
     for slot in range(16):
-        manager.add_request(slot, CHOICE, prefill_done=True)
+        add_ready(manager, slot, CHOICE, prefill_done=True)
     logits, _ = step(manager, list(range(16)), [token_of(tokenizer, "yes")] * 16)
     expected = allowed(logits[0])
     assert all(allowed(logits[r]) == expected for r in range(16))

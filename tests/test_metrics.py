@@ -1,6 +1,7 @@
 """Metric values match what the test did, and the Prometheus text parses line by line."""
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from fd_guided.metrics import GuidedMetrics
 from fd_guided.tokenizer import load_tokenizer
 
 from fd_runner import fd_config
+from guided_helpers import add_ready
 
 pytestmark = pytest.mark.cpu
 
@@ -89,7 +91,7 @@ class GatedBackend(XGrammarBackend):
 
 
 def test_compiles_in_flight_rise_and_return_to_zero(tokenizer):
-    backend = GatedBackend(tokenizer, vocab_size=VOCAB, config=GuidedConfig(compile_workers=4))
+    backend = GatedBackend(tokenizer, vocab_size=VOCAB, config=GuidedConfig(compile_workers=4, compile_isolation="thread"))
     service = CompileService(backend)
     try:
         futures = [service.submit(regex_spec(f"[a-z]{{{n}}}x")) for n in range(1, 4)]
@@ -106,17 +108,22 @@ def test_compiles_in_flight_rise_and_return_to_zero(tokenizer):
         service.close()
 
 
-def test_compile_timeouts_are_counted(tokenizer):
-    backend = GatedBackend(tokenizer, vocab_size=VOCAB, config=GuidedConfig(compile_timeout_s=0.2))
+def test_compile_timeouts_and_unready_samples_are_counted(tokenizer):
+    backend = GatedBackend(tokenizer, vocab_size=VOCAB, config=GuidedConfig(compile_timeout_s=0.2, compile_isolation="thread"))
     manager = GuidedDecodingManager(backend, max_num_seqs=2)
     try:
         manager.add_request(0, regex_spec("slow[0-9]"), prefill_done=True)
         manager.add_request(1, regex_spec("slower[0-9]"), prefill_done=True)
-        manager.begin_step([0, 1])
+        manager.begin_step([0, 1])  # sampled before ready: both fail at once, the step does not wait
         manager.apply(np.zeros((2, VOCAB), dtype=np.float32))
         finishes = manager.accept([1, 1])
         assert {f.reason for f in finishes} == {"error"}
-        assert manager.metrics.value("compile_timeouts_total") == 2
+        assert manager.metrics.value("unready_samples_total") == 2
+        deadline = time.monotonic() + 10
+        while manager.metrics.value("compile_timeouts_total") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert manager.metrics.value("compile_timeouts_total") == 2  # each compile hit its budget
+        assert "fd_guided_unready_samples_total 2" in manager.metrics.to_prometheus()
     finally:
         backend.gate.set()
         manager.close()
@@ -130,8 +137,8 @@ def test_step_histograms_count_every_step_and_rejections_are_counted(backend, to
         spec, choice = regex_spec("[a-z]{100}"), parse_guided_request({"guided_choice": ["yes", "no"]})
         for compiled_first in (spec, choice):  # no compile left to join: one fill per step
             manager.compiler.compile_now(compiled_first)
-        manager.add_request(0, spec, prefill_done=True)
-        manager.add_request(1, choice, prefill_done=True)
+        add_ready(manager, 0, spec, prefill_done=True)
+        add_ready(manager, 1, choice, prefill_done=True)
         for step in range(steps):
             manager.begin_step([0, 1] if step == 0 else [0])
             manager.apply(np.zeros((2 if step == 0 else 1, VOCAB), dtype=np.float32))
@@ -181,7 +188,7 @@ def test_prometheus_text_parses_and_matches_the_python_values(backend, tokenizer
     try:
         spec = parse_guided_request({"guided_choice": ["yes", "no"]})
         for round_ in range(3):
-            manager.add_request(0, spec, prefill_done=True)
+            add_ready(manager, 0, spec, prefill_done=True)
             manager.begin_step([0])
             manager.apply(np.zeros((1, VOCAB), dtype=np.float32))
             manager.accept([token_of(tokenizer, "yes")])

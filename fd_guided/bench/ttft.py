@@ -12,7 +12,6 @@ import statistics
 import time
 import uuid
 
-from ..compile import join
 from ..config import GuidedConfig
 from ..manager import GuidedDecodingManager
 from ..spec import parse_guided_request
@@ -23,9 +22,8 @@ class InlineCompileManager(GuidedDecodingManager):
 
     def add_request(self, slot, spec, **kwargs) -> None:
         super().add_request(slot, spec, **kwargs)
-        state = self._slots.get(slot)
-        if state is not None:
-            join(state.future, state.deadline)
+        if slot in self._slots:
+            self.wait_ready([slot])
 
 
 def complex_schema(salt: str) -> dict:

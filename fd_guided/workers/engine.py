@@ -200,6 +200,10 @@ class ReferenceEngine:
             while waiting and free_slots:
                 self._start(waiting.popleft(), free_slots.pop(), running)
             chunks, rows, prefill_done, prompt_tokens = self._plan(running)
+            if not chunks:
+                # Every running request holds its last prompt token until its grammar is ready.
+                self.manager.wait_ready(list(running), timeout_s=0.05)
+                continue
             step_started = tick = time.perf_counter()
             logits = self.runner.execute_step(chunks, rows, prefill_done)
             self.stats.forward_seconds += time.perf_counter() - tick
@@ -229,6 +233,10 @@ class ReferenceEngine:
     def _plan(self, running: dict[int, _Sequence]) -> tuple[list[SeqChunk], list[int], list[int], int]:
         """Decode tokens first (one per running request), then prompt chunks within the budget.
 
+        A guided request whose grammar is not ready yet is prefilled up to its last prompt token
+        and holds that one (the step that would sample its first token) until the manager says
+        `is_ready`: its compile overlaps the prefill, and no step ever waits for a compile.
+
         Returns the chunks, the slot of each logits row, the slots finishing their prompt, and
         the number of prompt tokens scheduled.
         """
@@ -244,7 +252,10 @@ class ReferenceEngine:
             remaining = len(seq.prompt_ids) - seq.prefilled
             if remaining == 0 or budget <= 0:
                 continue
-            take = min(remaining, budget)
+            schedulable = remaining if self.manager is None or self.manager.is_ready(slot) else remaining - 1
+            if schedulable <= 0:
+                continue
+            take = min(schedulable, budget)
             final = take == remaining
             chunks.append(SeqChunk(seq.cache, seq.prompt_ids[seq.prefilled:seq.prefilled + take], final))
             seq.prefilled += take
