@@ -69,7 +69,8 @@ class RequestContext:
             prompt_token_ids=prompt,
             output_token_ids=output,
             enable_thinking=None if thinking is None else bool(thinking),
-            final_chunk=None if end is None else int(end) >= len(prompt) + len(output),
+            # v1 PREFILL tasks carry the chunk's end; v0 leaves Request's default 0: unknown then.
+            final_chunk=None if end is None or int(end) <= 0 else int(end) >= len(prompt) + len(output),
         )
 
 

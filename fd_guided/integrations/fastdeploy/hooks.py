@@ -125,7 +125,8 @@ def _rebind_by_name() -> None:
         return
     for name, original in _originals.items():
         for module_name, module in list(sys.modules.items()):
-            if module_name.startswith("fastdeploy") and module is not package and getattr(module, name, None) is original:
+            # vars(), not getattr(): fastdeploy's own __getattr__ prints on every unknown name.
+            if module_name.startswith("fastdeploy") and module is not package and vars(module).get(name) is original:
                 setattr(module, name, getattr(package, name))
 
 

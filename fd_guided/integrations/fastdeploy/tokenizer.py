@@ -75,7 +75,9 @@ def bundle_from_sentencepiece(tokenizer: Any, name: str = "sentencepiece") -> To
         name=name,
         token_bytes=frozen,
         eos_token_ids=eos,
-        encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        # sentencepiece itself: FastDeploy's Ernie4_5Tokenizer.tokenize refuses the keywords newer
+        # transformers pass from encode() (split_special_tokens); the ids are the same.
+        encode=lambda text: list(sp.encode(text)),
         decode_bytes=functools.partial(_join, frozen),
         think_start_id=think_start,
         think_end_id=think_end,
