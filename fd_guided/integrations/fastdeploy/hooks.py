@@ -6,6 +6,10 @@ FastDeploy loads ``fastdeploy.model_register_plugins`` entries named in ``FD_PLU
 patches the narrowest points, each idempotent (a marker on every wrapper) and each applied when its
 module is loaded, whichever comes first: now if it is loaded, else right after its import (a
 post-import hook on ``sys.meta_path``), and again whenever FastDeploy calls one of our factories.
+That last one matters: FastDeploy's runner module imports the model registry, which loads the
+plugins, halfway through its own import, before its class exists; the name it bound earlier is
+rebound at once, and ``GPUModelRunner.__init__`` calls ``get_guided_backend`` (ours now) before
+anything else guided happens, which wraps the finished class.
 
 ==========================================  ===============================================================
 FastDeploy name                             change
