@@ -16,8 +16,10 @@ admission      engine process: ``schema_checker`` -> `SchemaChecker` (errors -> 
 backend        worker: ``get_guided_backend`` -> `FDGuidedBackend`, processor futures
 tokenizer      the served model's tokenizer (HF fast, ERNIE sentencepiece) as a bundle
 sampler        worker: ``Sampler.guided_decoding`` -> `GuidedDecoding` over the manager
+shims          what the sampler needs from the manager's coming API (TODO(lead-api))
 reports        worker -> engine error reports (a failed request ends with its message)
 hooks          `register`: patching FastDeploy at the narrowest points, any import order
+post_import    the post-import hook `hooks` arms for modules imported later
 =============  ==============================================================================
 """
 from .admission import (
@@ -30,14 +32,8 @@ from .admission import (
     spec_from_schemata_key,
     write_spec_to_request,
 )
-from .backend import (
-    FDGuidedBackend,
-    LogitsProcessor,
-    ProcessorFuture,
-    ReasoningEndParser,
-    RequestContext,
-    get_guided_backend,
-)
+from .backend import FDGuidedBackend, ProcessorFuture, RequestContext, get_guided_backend
+from .processor import LogitsProcessor, ReasoningEndParser
 from .config import as_bool, backend_name_for, guided_config_from_fd, serves
 from .hooks import HOST_PLUGIN_GROUP, ensure_host_patched, is_registered, register
 from .reports import ErrorReports

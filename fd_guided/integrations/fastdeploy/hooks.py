@@ -29,9 +29,6 @@ FastDeploy name                             change
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.abc
-import importlib.util
 import logging
 import sys
 import threading
@@ -40,6 +37,7 @@ from typing import Any, Callable, Mapping
 from .admission import AdmissionError, schema_checker
 from .backend import ProcessorFuture, get_guided_backend
 from .config import as_bool, backend_name_for, read, serves
+from .post_import import PostImportHook
 from .reports import ErrorReports
 from .sampler import GuidedDecoding
 
@@ -79,8 +77,8 @@ def ensure_host_patched() -> None:
             if module is not None:
                 patch(module)
         _rebind_by_name()
-        if not any(isinstance(finder, _PostImportHook) for finder in sys.meta_path):
-            sys.meta_path.insert(0, _PostImportHook(_patches()))
+        if not any(isinstance(finder, PostImportHook) for finder in sys.meta_path):
+            sys.meta_path.insert(0, PostImportHook(_patches(), _lock))
 
 
 # ----- the patches ------------------------------------------------------------------------------
@@ -234,44 +232,3 @@ def _wrap_method(cls, name: str, make: Callable[[Callable], Callable]) -> None:
 def _marked(function):
     setattr(function, MARK, True)
     return function
-
-
-# ----- applying patches to modules imported later -----------------------------------------------
-
-class _PostImportHook(importlib.abc.MetaPathFinder):
-    """Runs a patch right after its module executes, for modules imported after `register`."""
-
-    def __init__(self, patches: dict[str, Callable[[Any], None]]):
-        self.patches = patches
-        self._finding: set[str] = set()
-
-    def find_spec(self, fullname, path=None, target=None):
-        patch = self.patches.get(fullname)
-        if patch is None or fullname in self._finding:
-            return None
-        self._finding.add(fullname)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._finding.discard(fullname)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _PatchingLoader(spec.loader, patch)
-        return spec
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader, patch):
-        self.loader = loader
-        self.patch = patch
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        with _lock:
-            self.patch(module)
-
-    def __getattr__(self, name):  # get_source, get_filename, ... of the real loader
-        return getattr(self.loader, name)

@@ -20,7 +20,6 @@ right state; its own ``enable_thinking`` decides whether it thinks first.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future, TimeoutError as FutureTimeout
 from typing import Any, Sequence
 
 import numpy as np
@@ -28,10 +27,10 @@ import numpy as np
 from ...errors import SlotStateError
 from ...kernels import apply_token_bitmask_inplace
 from ...manager import GuidedDecodingManager, GuidedFinish
-from ...spec import GrammarSpec
-from .backend import FDGuidedBackend, ProcessorFuture
+from .backend import FDGuidedBackend, HandoffCompileService, ProcessorFuture
 from .config import max_num_seqs_of, read, tensor_parallel_rank_of
 from .reports import ErrorReports
+from .shims import host_view, mask_allows, stop_only_bitmask, wait_for_first_samples
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +51,6 @@ class GuidedDecoding:
         self._thinking: set[int] = set()                 # TODO(lead-api): manager.accept(..., forced=...)
         self._stopped: dict[int, GuidedFinish] = {}      # TODO(lead-api): the manager masks these itself
         self._stop_bitmask = None
-        self._bitmask_view = None
         self._planned_rows: int | None = None
         self._last_rows = 0
         if backend is not None:
@@ -141,11 +139,13 @@ class GuidedDecoding:
         if self._planned_rows != rows:
             self._plan(rows)
         self._last_rows = rows
-        self._await_first_samples(rows)
+        wait_for_first_samples(self.manager, self._active, rows)
         self.manager.apply(logits)
         stop_rows = [idx for idx in self._stopped if idx < rows]
         if stop_rows:  # TODO(lead-api): finished slots masked to stop tokens by the manager
-            apply_token_bitmask_inplace(logits, self._stop_only_bitmask(), indices=stop_rows, impl=self.manager.kernel_impl)
+            if self._stop_bitmask is None:
+                self._stop_bitmask = stop_only_bitmask(self.backend, self.manager.max_num_seqs)
+            apply_token_bitmask_inplace(logits, self._stop_bitmask, indices=stop_rows, impl=self.manager.kernel_impl)
         return logits
 
     def update_output_tokens(self, next_tokens) -> list[GuidedFinish]:
@@ -162,7 +162,7 @@ class GuidedDecoding:
         if len(tokens) != self._planned_rows:
             raise SlotStateError(f"update_output_tokens got {len(tokens)} tokens for {self._planned_rows} logits rows")
         rows: list[int | None] = list(range(len(tokens)))
-        skipped = False
+        skipped, view = False, None
         for idx, token in enumerate(tokens):
             if token < 0:
                 if idx in self._pending or idx in self._active or idx in self._stopped:
@@ -170,7 +170,10 @@ class GuidedDecoding:
             elif idx in self._thinking:
                 if token == self.manager.think_end_id:
                     self._thinking.discard(idx)
-            elif idx in self._active and self.manager.finish_of(idx) is None and not self._allowed(idx, token):
+            elif idx in self._active and self.manager.finish_of(idx) is None:
+                view = host_view(self.manager.bitmask) if view is None else view
+                if mask_allows(view, idx, token):
+                    continue
                 stop = token in self.backend.stop_token_ids
                 self.manager.metrics.inc_labelled("host_forced_tokens_total", "kind", "stop" if stop else "other")
                 if stop:  # the host ended the request (max length, stop sequence): not a grammar failure
@@ -213,7 +216,7 @@ class GuidedDecoding:
         if self.backend is not None:
             raise SlotStateError("this GuidedDecoding is bound to another guided backend")
         self.backend = backend
-        self._handoff = _HandoffCompileService(backend.compile_service)
+        self._handoff = HandoffCompileService(backend.compile_service)
         think_end = self._think_end_id if self._parser_set else backend.think_end_id
         size = max_num_seqs_of(self.fd_config) if read(self.fd_config, "scheduler_config") else backend.max_num_seqs
         self.manager = GuidedDecodingManager(backend.guided_backend, size, metrics=backend.metrics,
@@ -231,26 +234,6 @@ class GuidedDecoding:
         self.manager.begin_step(range(rows))
         self._planned_rows = rows
 
-    def _await_first_samples(self, rows: int) -> None:
-        """FastDeploy cannot hold a request back: wait here for compiles of slots about to sample."""
-        is_ready = getattr(self.manager, "is_ready", None)  # TODO(lead-api): always there
-        for idx, future in self._active.items():
-            ready = is_ready(idx) if is_ready is not None else future.compile_future.done()
-            if idx < rows and not ready:
-                try:
-                    future.compile_future.exception(timeout=self.manager.config.compile_timeout_s)
-                except FutureTimeout:
-                    pass  # the manager fails the slot on its own deadline
-
-    def _allowed(self, idx: int, token: int) -> bool:
-        """Whether this step's mask row of slot `idx` allowed `token` (the row was filled this step)."""
-        if self._bitmask_view is None:
-            bitmask = self.manager.bitmask
-            self._bitmask_view = bitmask.numpy() if hasattr(bitmask, "numpy") else np.asarray(bitmask)
-        word, bit = divmod(int(token), 32)
-        row = self._bitmask_view[idx]
-        return word < row.shape[0] and bool((int(row[word]) >> bit) & 1)
-
     def _finish(self, idx: int, future: ProcessorFuture | None, finish: GuidedFinish, error_code: int) -> None:
         self._stopped[idx] = finish
         self._active.pop(idx, None)
@@ -262,18 +245,6 @@ class GuidedDecoding:
         elif self._reporter:
             self.reports.post(request_id, f"guided decoding failed: {finish.error}", error_code)
 
-    def _stop_only_bitmask(self):
-        if self._stop_bitmask is None:
-            bitmask = self.backend.allocate_token_bitmask(self.manager.max_num_seqs)
-            view = bitmask.numpy() if hasattr(bitmask, "numpy") else np.asarray(bitmask)
-            view[:] = 0
-            for token in self.backend.stop_token_ids:
-                word, bit = divmod(int(token), 32)
-                view[:, word] |= np.array(1 << bit, dtype=np.uint32).view(np.int32)
-            self._stop_bitmask = bitmask
-        return self._stop_bitmask
-
-
 def _request_id(future: ProcessorFuture | None) -> str | None:
     return future.request.request_id if future is not None and future.request is not None else None
 
@@ -282,27 +253,3 @@ def _token_list(sampled_token_ids) -> list[int]:
     if hasattr(sampled_token_ids, "numpy"):
         sampled_token_ids = sampled_token_ids.numpy()
     return [int(t) for t in np.asarray(sampled_token_ids).reshape(-1)]
-
-
-class _HandoffCompileService:
-    """The manager's compile service, fed the future `get_logits_processor` already started.
-
-    So one request costs one compile lookup (and one count in the cache metrics), not two.
-    """
-
-    def __init__(self, service):
-        self.service = service
-        self.metrics = service.metrics
-        self._handed: tuple[GrammarSpec, Future] | None = None
-
-    def hand_over(self, spec: GrammarSpec, future: Future) -> None:
-        self._handed = (spec, future)
-
-    def submit(self, spec: GrammarSpec) -> Future:
-        handed, self._handed = self._handed, None
-        if handed is not None and handed[0] == spec:
-            return handed[1]
-        return self.service.submit(spec)
-
-    def close(self) -> None:
-        """The backend owns the service."""
