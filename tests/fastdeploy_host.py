@@ -18,11 +18,13 @@ and ``post_process_normal``. Stood in, because it cannot exist on a CPU (docs/in
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import glob
 import importlib.util
 import os
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -61,6 +63,7 @@ def fastdeploy_source() -> str:
         root = snapshot
     else:
         root = tempfile.mkdtemp(prefix="fastdeploy-src-")
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
         with tarfile.open(snapshot) as archive:
             archive.extractall(root, filter="data")
     if root not in sys.path:
