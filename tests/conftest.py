@@ -1,4 +1,9 @@
-"""Shared pytest wiring: the `--require-cuda` switch and the CUDA skip rule."""
+"""Shared pytest wiring: the `--require-cuda` switch, the CUDA skip rule, the FastDeploy skip rule.
+
+Tests marked `fastdeploy` run real FastDeploy (tests/fastdeploy_host.py); they skip, with the
+reason, where the snapshot or FastDeploy's dependencies are missing (e.g. the main test venv,
+whose numpy 2 FastDeploy's paddleformers refuses). `.ci/run` runs them in their own venv.
+"""
 import functools
 
 import pytest
@@ -22,7 +27,16 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+@functools.lru_cache(maxsize=1)
+def fastdeploy_unavailable() -> str | None:
+    from fastdeploy_host import unavailable_reason
+
+    return unavailable_reason()
+
+
 def pytest_runtest_setup(item):
+    if "fastdeploy" in item.keywords and fastdeploy_unavailable():
+        pytest.skip(fastdeploy_unavailable())
     if "cuda" not in item.keywords or cuda_available():
         return
     if item.config.getoption("--require-cuda"):

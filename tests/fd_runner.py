@@ -1,11 +1,14 @@
 """A miniature FastDeploy model runner over the reference Paddle LM, for the adapter tests.
 
 It calls the adapter exactly where FastDeploy's ``GPUModelRunner`` calls its guided-decoding
-objects (research notes §1 step 4, §3, §4.1), with two documented one-line fixes of the runner
-itself: it passes the request's ``enable_thinking`` instead of a hard-coded False, and it
-replays a preempted request's generated tokens (``prefill_tokens``) when re-scheduling it.
+objects (research notes §1 step 4, §3, §4.1), unchanged: ``enable_thinking=False`` and no replay
+tokens for a resumed request, FastDeploy's ``_get_p_done_idxs_gd`` rule (which misses a resumed
+request). What the adapter's host hook adds to the real runner, binding the ``Request`` to the
+future ``_init_logits_processor`` returns, is done here too (tests/test_fastdeploy_real.py shows
+it on FastDeploy's own runner).
 
-    insert_tasks_v1 (per PREFILL chunk) -> get_logits_processor -> add_logits_processor
+    insert_tasks_v1 (per PREFILL chunk, with prefill_start/end_index)
+        -> get_logits_processor(key, enable_thinking=False) [+ bind_request] -> add_logits_processor
     execute_model:  p_done_idxs = _get_p_done_idxs_gd()
                     pre_process(p_done_idxs) -> forward -> apply_token_mask(logits, p_done_idxs)
                     -> sampling -> post_process(sampled_token_ids)
@@ -24,12 +27,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from fd_guided.integrations.fastdeploy import (
-    GuidedDecoding,
-    get_guided_backend,
-    request_enable_thinking,
-    schemata_key_of,
-)
+from fd_guided.integrations.fastdeploy import GuidedDecoding, get_guided_backend, schemata_key_of
 from fd_guided.tokenizer import load_tokenizer
 from fd_guided.workers.model import SeqChunk, TinyDecoderLM, TinyLMConfig
 from fd_guided.workers.sampling import SamplingParams, sample_next_tokens
@@ -55,6 +53,8 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     max_tokens: int = 64
     seed: int = 0
+    prefill_start_index: int = 0
+    prefill_end_index: int = 0
     scripted_tokens: list[int] = field(default_factory=list)  # test hook: "the model says these next"
     finish_reason: str | None = None
     error: str | None = None
@@ -129,34 +129,35 @@ class MiniFastDeployRunner:
             transferred = request.prompt_token_ids + request.output_token_ids[:-1]
             self.model.forward_batch([SeqChunk(cache, transferred, need_logits=False)])
             self.slots[slot] = _Slot(request, cache, transferred, [], rng, prefilled=len(transferred))
-            self._add_processor(slot, prefill_tokens=request.output_token_ids)
+            request.prefill_start_index = 0
+            request.prefill_end_index = len(request.prompt_token_ids) + len(request.output_token_ids)
+            self._add_processor(slot, prefill_tokens=request.output_token_ids)  # FastDeploy's own D call
             return slot
-        to_prefill = request.prompt_token_ids + (request.output_token_ids if resumed else [])
-        self.slots[slot] = _Slot(request, cache, to_prefill, list(request.output_token_ids) if resumed else [], rng)
-        self._insert_prefill_task(slot)
+        if not resumed:
+            request.output_token_ids = []
+        to_prefill = request.prompt_token_ids + request.output_token_ids
+        self.slots[slot] = _Slot(request, cache, to_prefill, [], rng)
         return slot
 
     def preempt(self, slot: int) -> Request:
-        """v1 preemption: the request goes back to the queue with its generated tokens."""
+        """v1 preemption: the request goes back to the queue with its generated tokens.
+
+        FastDeploy's runner handles the preempted task before ``apply_logits_processor`` and
+        leaves the slot's guided state alone; its row then samples -1 (stopped).
+        """
         request = self.slots[slot].request
         self.slots[slot] = None
-        self.guided_decoding.reset_processor(slot)  # FastDeploy leaves the stale processor
         return request
 
-    def _insert_prefill_task(self, slot: int) -> None:
-        state = self.slots[slot]
-        if state.replay:  # the fix: replay generated tokens, prefill done at the final chunk
-            self._add_processor(slot, prefill_tokens=state.replay, prefill_done=False)
-        else:
-            self._add_processor(slot)
-
-    def _add_processor(self, slot: int, prefill_tokens=(), **kwargs) -> None:
+    def _add_processor(self, slot: int, prefill_tokens=()) -> None:
+        """_init_logits_processor + apply_logits_processor, as FastDeploy's runner calls them."""
         request = self.slots[slot].request
-        key = schemata_key_of(request)  # _init_logits_processor
+        key = schemata_key_of(request)
         future = None
         if key is not None:
-            future = self.guided_backend.get_logits_processor(key, enable_thinking=request_enable_thinking(request))
-        self.guided_decoding.add_logits_processor(slot, future, list(prefill_tokens), **kwargs)
+            future = self.guided_backend.get_logits_processor(key, enable_thinking=False)  # "# TODO cfg"
+            future.bind_request(request)  # what fd_guided's hook on _init_logits_processor adds
+        self.guided_decoding.add_logits_processor(slot, future, list(prefill_tokens))
 
     # ----- execute_model ----------------------------------------------------------------------
 
@@ -164,9 +165,6 @@ class MiniFastDeployRunner:
         running = [i for i, s in enumerate(self.slots) if s is not None]
         if not running:
             return
-        for slot in running:  # the v1 scheduler re-sends the whole request as a PREFILL task per chunk
-            if self.slots[slot].prefilling and self.slots[slot].prefilled > 0:
-                self._insert_prefill_task(slot)
         chunks, p_done_idxs, prefilling = self._plan(running)
         self.guided_decoding.pre_process(p_done_idxs)
         logits = self._forward(chunks, running)
@@ -179,6 +177,7 @@ class MiniFastDeployRunner:
                 self._record_token(slot, tokens[slot])
 
     def _plan(self, running: list[int]):
+        """The v1 scheduler: decode slots take one token; prefilling slots get a chunk and a PREFILL task."""
         chunks, p_done, prefilling = {}, [], set()
         budget = self.chunk_budget
         for slot in running:
@@ -195,12 +194,18 @@ class MiniFastDeployRunner:
                 prefilling.add(slot)
                 continue
             budget -= take
+            request = state.request
+            request.prefill_start_index, request.prefill_end_index = state.prefilled, state.prefilled + take
+            self._add_processor(slot)  # the v1 scheduler re-sends the whole request per chunk
             chunks[slot] = SeqChunk(state.cache, state.to_prefill[state.prefilled:state.prefilled + take])
             state.prefilled += take
+            # FastDeploy's _get_p_done_idxs_gd (v1): step_idx == 0 and not mid-prompt. A resumed
+            # request's final chunk has step_idx = len(output) != 0, so FastDeploy misses it.
+            step_idx = len(request.output_token_ids) if request.prefill_end_index >= len(state.to_prefill) else 0
+            if step_idx == 0 and len(request.prompt_token_ids) <= request.prefill_end_index:
+                p_done.append(slot)
             if state.prefilling:
                 prefilling.add(slot)
-            else:
-                p_done.append(slot)  # _get_p_done_idxs_gd: this step ends the slot's prompt
         return chunks, p_done, prefilling
 
     def _forward(self, chunks: dict[int, SeqChunk], running: list[int]) -> paddle.Tensor:
@@ -246,8 +251,7 @@ class MiniFastDeployRunner:
 
     def _retire(self, slot: int, into: list) -> None:
         into.append(self.slots[slot].request)
-        self.slots[slot] = None
-        self.guided_decoding.reset_processor(slot)
+        self.slots[slot] = None  # FastDeploy resets nothing: the slot's row samples -1 from now on
 
     # ----- driving ----------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import types
 import pytest
 
 from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
+from fd_guided.errors import SlotStateError
 from fd_guided.integrations import fastdeploy as adapter
 from fd_guided.integrations.fastdeploy import (
     GuidedDecoding,
@@ -207,12 +208,12 @@ def test_whitespace_flag_decides_the_mask(tokenizer, flag, whitespace_allowed):
     backend.close()
 
 
-def test_the_cli_flag_name_fastdeploy_dropped_is_read_too():
-    config = fd_config(disable_any_whitespace=None)
-    config.structured_outputs_config.guided_decoding_disable_any_whitespace = "false"
-    assert guided_config_from_fd(config).any_whitespace is True
-    config.structured_outputs_config.guided_decoding_disable_any_whitespace = "true"
-    assert guided_config_from_fd(config).any_whitespace is False
+def test_cli_strings_of_the_whitespace_flag_are_parsed():
+    # FastDeploy's CLI flag is type=str: "false" must not become bool("false") == True.
+    assert guided_config_from_fd(fd_config(disable_any_whitespace="false")).any_whitespace is True
+    assert guided_config_from_fd(fd_config(disable_any_whitespace="true")).any_whitespace is False
+    with pytest.raises(ValueError):
+        guided_config_from_fd(fd_config(disable_any_whitespace="maybe"))
 
 
 @pytest.mark.parametrize("schema, keyword", [
@@ -252,18 +253,37 @@ def test_valid_regex_passes_admission_unchanged():
     assert request.guided_regex == REGEXES["semver"]
 
 
-def test_rejected_token_finishes_the_request_with_an_error_not_unconstrained(tokenizer):
+def test_tokens_the_host_forced_are_not_grammar_rejections(tokenizer):
+    # A scripted token bypasses the mask, as a token FastDeploy overwrites after sampling does
+    # (the thinking-length limit's line breaks): it is not fed to the matcher, the constraint holds.
     letter_a, letter_z = token_of(tokenizer, "a"), token_of(tokenizer, "z")
-    request = make_request(tokenizer, "reject", "Letters:", guided_regex="[a-c]{6}", scripted_tokens=[letter_a, letter_z])
+    request = make_request(tokenizer, "forced", "Letters:", guided_regex="[a-c]{6}", scripted_tokens=[letter_a, letter_z])
     admit(schema_checker("xgrammar"), request)
     runner = MiniFastDeployRunner(fd_config(max_num_seqs=2))
     try:
         runner.run([request])
-        assert request.finish_reason == "error" and "rejected" in request.error
-        assert request.output_token_ids == [letter_a, letter_z]  # then only a stop token was allowed
-        rows = [row[0] for row in runner.masked_rows if 0 in row]
-        assert rows[-1] == len(tokenizer.eos_token_ids)
-        assert runner.guided_backend.metrics.value("rejected_tokens_total") == 1
+        assert request.finish_reason == "stop" and request.error is None
+        assert request.output_token_ids[:2] == [letter_a, letter_z]
+        text = tokenizer.decode(request.output_token_ids[:1] + request.output_token_ids[2:])
+        assert validate_output(parse_guided_request({"guided_regex": "[a-c]{6}"}), text).valid, text
+        metrics = runner.guided_backend.metrics
+        assert metrics.value("rejected_tokens_total") == 0
+        assert metrics.labelled("host_forced_tokens_total") == {"other": 1}
+    finally:
+        runner.close()
+
+
+def test_eos_the_host_forces_at_max_length_ends_the_slot_without_an_error(tokenizer):
+    eos = tokenizer.eos_token_ids[0]
+    request = make_request(tokenizer, "cut", "Letters:", guided_regex="[a-c]{6}", scripted_tokens=[token_of(tokenizer, "a"), eos])
+    admit(schema_checker("xgrammar"), request)
+    runner = MiniFastDeployRunner(fd_config(max_num_seqs=2))
+    try:
+        runner.run([request])
+        assert request.finish_reason == "stop" and request.error is None
+        assert runner.guided_backend.metrics.value("rejected_tokens_total") == 0
+        assert runner.guided_backend.metrics.labelled("host_forced_tokens_total") == {"stop": 1}
+        assert runner.guided_decoding.manager.is_guided(0) is False  # released, not failed
     finally:
         runner.close()
 
@@ -400,6 +420,7 @@ def test_setup_declares_the_host_plugin_entry_point():
         text = handle.read()
     assert f'"{adapter.HOST_PLUGIN_GROUP}": [' in text
     assert '"fd_guided=fd_guided.integrations.fastdeploy:register"' in text
+    assert adapter.register.__module__ == "fd_guided.integrations.fastdeploy.hooks"
 
 
 HOST_FILES = {
@@ -444,16 +465,15 @@ def config(name):
     return NS(structured_outputs_config=NS(guided_decoding_backend=name, disable_any_whitespace=None, reasoning_parser=None),
               model_config=NS(model="deepseek", vocab_size=129280), scheduler_config=NS(max_num_seqs=4))
 
-ours = guided_decoding.get_guided_backend(config("xgrammar"))
+ours = guided_decoding.get_guided_backend(config("guidance"))
 print(json.dumps({
     "results": results,
     "wrapped_once": not getattr(guided_decoding.get_guided_backend.__wrapped__, "__fd_guided_hook__", False),
-    "backend_ours": isinstance(ours, adapter.FDGuidedBackend),
-    "backend_other": list(guided_decoding.get_guided_backend(config("guidance"))),
+    "backend_ours": isinstance(ours, adapter.FDGuidedBackend) and ours.config.backend == "llguidance",
+    "backend_other": list(guided_decoding.get_guided_backend(config("off"))),
     "checker_ours": isinstance(guided_decoding.schema_checker("auto"), adapter.SchemaChecker),
-    "checker_other": list(guided_decoding.schema_checker("guidance")),
+    "checker_other": list(guided_decoding.schema_checker("no-such-backend")),
     "sampler_ours": type(Sampler(config("xgrammar")).guided_decoding).__module__,
-    "sampler_other": type(Sampler(config("guidance")).guided_decoding).__module__,
 }))
 '''
 
@@ -470,17 +490,16 @@ def test_entry_point_registers_into_a_fastdeploy_layout_host_once(tmp_path):
     report = json.loads(completed.stdout.strip().splitlines()[-1])
     assert report["results"] == [True, False]
     assert report["wrapped_once"] and report["backend_ours"] and report["checker_ours"]
-    assert report["backend_other"] == ["host backend", "guidance"]
-    assert report["checker_other"] == ["host checker", "guidance"]
-    assert report["sampler_ours"] == "fd_guided.integrations.fastdeploy"
-    assert report["sampler_other"] == "fastdeploy.model_executor.layers.sample.sampler"
+    assert report["backend_other"] == ["host backend", "off"]
+    assert report["checker_other"] == ["host checker", "no-such-backend"]
+    assert report["sampler_ours"] == "fd_guided.integrations.fastdeploy.sampler"
 
 
 def test_guided_decoding_refuses_a_second_backend(tokenizer):
     config = fd_config(max_num_seqs=2)
     first, second = (get_guided_backend(config, tokenizer=tokenizer) for _ in range(2))
     decoding = GuidedDecoding(config, backend=first)
-    with pytest.raises(adapter.SlotStateError):
+    with pytest.raises(SlotStateError):
         decoding.add_logits_processor(0, second.get_logits_processor(("regex", "a")))
     decoding.close()
     first.close()

@@ -68,6 +68,7 @@ def test_repeated_schemas_through_the_adapter_count_one_miss_then_hits(tokenizer
             future = backend.get_logits_processor(key)
             future.result(timeout=10)
             decoding.add_logits_processor(slot, future)  # must not count a second lookup
+        decoding.pre_process(list(range(repeats + 1)))  # every prefill ends: the requests join the manager
         metrics = backend.metrics
         assert metrics.value("compile_requests_total") == repeats + 1
         assert metrics.value("cache_misses_total") == 1 and metrics.value("cache_hits_total") == repeats

@@ -530,10 +530,29 @@ def _attend_per_sequence(q, k, v, layer: int, plan: _StepPlan) -> paddle.Tensor:
 
 
 def _host_array(tensor: paddle.Tensor) -> np.ndarray | None:
-    """A zero-copy numpy view of a contiguous float32 CPU tensor, else None."""
+    """A zero-copy, WRITABLE numpy view of a contiguous float32 CPU tensor, else None.
+
+    numpy < 2.1 marks every `np.from_dlpack` result read-only (its DLPack import had no way to
+    ask for write access), so the KV-cache writes through it failed with "assignment destination
+    is read-only". The memory is the tensor's own and writable: rebuild the view over the same
+    address, keeping the tensor alive for as long as the view.
+    """
     if tensor.dtype != paddle.float32 or not tensor.place.is_cpu_place() or not tensor.is_contiguous():
         return None
-    return np.from_dlpack(tensor)
+    view = np.from_dlpack(tensor)
+    if view.flags.writeable:
+        return view
+    return np.asarray(_WritableBuffer(tensor, view))
+
+
+class _WritableBuffer:
+    """The array interface of a read-only DLPack view, declared writable; holds the tensor."""
+
+    def __init__(self, tensor: paddle.Tensor, view: np.ndarray):
+        self.tensor = tensor  # the view's memory lives as long as this object
+        interface = dict(view.__array_interface__)
+        interface["data"] = (interface["data"][0], False)  # (address, read_only=False)
+        self.__array_interface__ = interface
 
 
 def _apply_rotary(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:

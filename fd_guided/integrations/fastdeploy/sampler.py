@@ -1,0 +1,255 @@
+"""Sampler hooks: FastDeploy's ``Sampler.guided_decoding`` (``GuidedDecoding``) over one manager.
+
+FastDeploy's runner drives it, logits row i = slot i::
+
+    insert_tasks_v1, per PREFILL task (one per chunk): add_logits_processor(idx, future, prefill_tokens)
+    execute_model:  pre_process(p_done_idxs)                 # before the forward: fills start
+                    apply_token_mask(logits, p_done_idxs)    # inside Sampler.forward_cuda, in place
+                    ... FastDeploy's post_process (may overwrite sampled tokens: EOS at max length,
+                        thinking-length limits) ...
+                    update_output_tokens(sampled_token_ids)  # Sampler.post_process
+
+All guided state is the `GuidedDecodingManager`'s. A request joins the manager only when its
+prefill ends (its next sample is a generated token): the compile started at the first chunk, so
+nothing waits. Which chunk ends it comes from the request itself (`RequestContext`, bound by
+`hooks.py`), because FastDeploy's ``p_done_idxs`` misses a resumed (preempted) request; without a
+context FastDeploy's rule holds (``p_done_idxs``, or at once when ``prefill_tokens`` are given).
+The request's generated tokens are replayed, so a resumed or PD-decode request is masked from the
+right state; its own ``enable_thinking`` decides whether it thinks first.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...errors import SlotStateError
+from ...kernels import apply_token_bitmask_inplace
+from ...manager import GuidedDecodingManager, GuidedFinish
+from .backend import FDGuidedBackend, HandoffCompileService, ProcessorFuture
+from .config import max_num_seqs_of, read, tensor_parallel_rank_of
+from .reports import ErrorReports
+from .shims import host_view, mask_allows, stop_only_bitmask, wait_for_first_samples
+
+logger = logging.getLogger(__name__)
+
+
+class GuidedDecoding:
+    """Slot-indexed guided decoding for one FastDeploy sampler (one worker / TP rank)."""
+
+    def __init__(self, fd_config: Any = None, backend: FDGuidedBackend | None = None):
+        self.fd_config = fd_config
+        self.backend: FDGuidedBackend | None = None
+        self.manager: GuidedDecodingManager | None = None
+        self.reports = ErrorReports.for_this_deployment()
+        self._reporter = tensor_parallel_rank_of(fd_config) == 0  # every rank fails alike; one reports
+        self._think_end_id: int | None = None
+        self._parser_set = False
+        self._pending: dict[int, ProcessorFuture] = {}   # prefilling: joins the manager at its final chunk
+        self._active: dict[int, ProcessorFuture] = {}    # in the manager
+        self._thinking: set[int] = set()                 # TODO(lead-api): manager.accept(..., forced=...)
+        self._stopped: dict[int, GuidedFinish] = {}      # TODO(lead-api): the manager masks these itself
+        self._stop_bitmask = None
+        self._planned_rows: int | None = None
+        self._last_rows = 0
+        if backend is not None:
+            self._bind(backend)
+
+    # ----- insertion --------------------------------------------------------------------------
+
+    def apply_reasoning_parser(self, reasoning_parser: Any = None) -> None:
+        """FastDeploy's name: the parser's ``think_end_token_id`` gates requests that think."""
+        self._think_end_id = getattr(reasoning_parser, "think_end_token_id", None) if reasoning_parser else None
+        self._parser_set = True
+        if self.manager is not None:
+            self.manager.think_end_id = self._think_end_id
+
+    set_reasoning_parser = apply_reasoning_parser
+
+    def add_logits_processor(self, idx: int, future: ProcessorFuture | None = None, prefill_tokens: Sequence[int] = ()) -> None:
+        """Guide slot `idx` with the request behind `future` (None: the slot is unguided).
+
+        FastDeploy sends one call per prefill chunk: a later chunk of the request already pending
+        here changes nothing but the context; a PREFILL task for a slot that is decoding means the
+        request in it is (re)prefilled from scratch, so the slot starts over.
+        """
+        if future is None:
+            self.reset_processor(idx)
+            return
+        self._bind(future.backend)
+        if not isinstance(idx, int) or not 0 <= idx < self.manager.max_num_seqs:
+            raise SlotStateError(f"slot must be an int in [0, {self.manager.max_num_seqs}), got {idx!r}")
+        pending = self._pending.get(idx)
+        if pending is None or pending.spec != future.spec or _request_id(pending) != _request_id(future):
+            self.reset_processor(idx)
+            if future.spec is None:  # the key did not parse: fail the request, never run it unconstrained
+                self._finish(idx, future, GuidedFinish(idx, "error", f"invalid guided request: {future.exception()}"), 400)
+                return
+        self._pending[idx] = future
+        context = future.request
+        if context is not None and context.final_chunk is not None:
+            final = context.final_chunk
+        else:
+            final = bool(prefill_tokens)  # FastDeploy's rule: tokens from a prefill node -> decoding now
+        if final:
+            self._activate(idx, prefill_tokens)
+
+    def reset_processor(self, idx: int) -> None:
+        """Forget slot `idx` (finished, aborted, preempted or reused)."""
+        if self.manager is not None:
+            self.manager.release(idx)
+        for state in (self._pending, self._active, self._stopped):
+            state.pop(idx, None)
+        self._thinking.discard(idx)
+
+    def _activate(self, idx: int, prefill_tokens: Sequence[int] = ()) -> None:
+        future = self._pending.pop(idx)
+        context = future.request
+        replay = list(context.output_token_ids) if context is not None else [int(t) for t in prefill_tokens]
+        thinking = context.enable_thinking if context is not None and context.enable_thinking is not None \
+            else future.enable_thinking
+        prompt = list(context.prompt_token_ids) if context is not None else []
+        self._handoff.hand_over(future.spec, future.compile_future)
+        self.manager.add_request(idx, future.spec, request_id=_request_id(future), prompt_token_ids=prompt,
+                                 output_token_ids=replay, enable_thinking=thinking, prefill_done=True)
+        self._active[idx] = future
+        think_end = self.manager.think_end_id
+        if think_end is not None and thinking is True and think_end not in prompt and think_end not in replay:
+            self._thinking.add(idx)
+
+    # ----- the step ---------------------------------------------------------------------------
+
+    def pre_process(self, prefill_done_idxs: Sequence[int] = ()) -> None:
+        """Before the forward: requests whose prefill ends now join; bitmask fills start."""
+        if self.manager is None:
+            return
+        self._activate_done(prefill_done_idxs)
+        self._plan(max(self._last_rows, max([*self._pending, *self._active, *self._stopped], default=-1) + 1))
+
+    update_vocab_mask = pre_process
+
+    def apply_token_mask(self, logits, prefill_done_idxs: Sequence[int] = ()):
+        """Mask `logits` in place (joins fills; waits for compiles of first samples); returns `logits`."""
+        if self.manager is None:
+            return logits
+        rows = int(logits.shape[0])
+        if self._planned_rows is None:  # a runner that skips pre_process (FastDeploy's GCU runner)
+            self._activate_done(prefill_done_idxs)
+        if self._planned_rows != rows:
+            self._plan(rows)
+        self._last_rows = rows
+        wait_for_first_samples(self.manager, self._active, rows)
+        self.manager.apply(logits)
+        stop_rows = [idx for idx in self._stopped if idx < rows]
+        if stop_rows:  # TODO(lead-api): finished slots masked to stop tokens by the manager
+            if self._stop_bitmask is None:
+                self._stop_bitmask = stop_only_bitmask(self.backend, self.manager.max_num_seqs)
+            apply_token_bitmask_inplace(logits, self._stop_bitmask, indices=stop_rows, impl=self.manager.kernel_impl)
+        return logits
+
+    def update_output_tokens(self, next_tokens) -> list[GuidedFinish]:
+        """Advance every guided slot by its row's token; returns the slots guided decoding finished.
+
+        A negative token means FastDeploy stopped the slot: it is released. A token the row's
+        mask forbade was forced by FastDeploy (EOS at max length or a stop sequence, the
+        thinking-length limit): it is not a grammar rejection. A forced stop token ends the slot,
+        another forced token is not fed to the matcher. Failures are reported to the engine.
+        """
+        if self.manager is None or self._planned_rows is None:
+            return []
+        tokens = _token_list(next_tokens)
+        if len(tokens) != self._planned_rows:
+            raise SlotStateError(f"update_output_tokens got {len(tokens)} tokens for {self._planned_rows} logits rows")
+        rows: list[int | None] = list(range(len(tokens)))
+        skipped, view = False, None
+        for idx, token in enumerate(tokens):
+            if token < 0:
+                if idx in self._pending or idx in self._active or idx in self._stopped:
+                    self.reset_processor(idx)
+            elif idx in self._thinking:
+                if token == self.manager.think_end_id:
+                    self._thinking.discard(idx)
+            elif idx in self._active and self.manager.finish_of(idx) is None:
+                view = host_view(self.manager.bitmask) if view is None else view
+                if mask_allows(view, idx, token):
+                    continue
+                stop = token in self.backend.stop_token_ids
+                self.manager.metrics.inc_labelled("host_forced_tokens_total", "kind", "stop" if stop else "other")
+                if stop:  # the host ended the request (max length, stop sequence): not a grammar failure
+                    self.manager.release(idx)
+                    self._active.pop(idx)
+                else:
+                    rows[idx], skipped = None, True
+        if skipped:  # TODO(lead-api): manager.accept(tokens, forced=...) instead of re-planning the rows
+            self.manager.begin_step(rows)
+        finishes = self.manager.accept(tokens)
+        for finish in finishes:
+            self._finish(finish.slot, self._active.get(finish.slot), finish, 500)
+        self._planned_rows = None
+        return finishes
+
+    post_process = update_output_tokens
+
+    def join_async_fillmask(self) -> None:
+        """FastDeploy's name; fills are joined inside `apply_token_mask`."""
+
+    # ----- queries ----------------------------------------------------------------------------
+
+    def finish_of(self, idx: int) -> GuidedFinish | None:
+        """How guided decoding finished slot `idx` (``stop``, or ``error`` with the reason), or None."""
+        return self._stopped.get(idx)
+
+    @property
+    def metrics(self):
+        return self.backend.metrics if self.backend else None
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
+
+    # ----- internals --------------------------------------------------------------------------
+
+    def _bind(self, backend: FDGuidedBackend) -> None:
+        if self.backend is backend:
+            return
+        if self.backend is not None:
+            raise SlotStateError("this GuidedDecoding is bound to another guided backend")
+        self.backend = backend
+        self._handoff = HandoffCompileService(backend.compile_service)
+        think_end = self._think_end_id if self._parser_set else backend.think_end_id
+        size = max_num_seqs_of(self.fd_config) if read(self.fd_config, "scheduler_config") else backend.max_num_seqs
+        self.manager = GuidedDecodingManager(backend.guided_backend, size, metrics=backend.metrics,
+                                             think_end_id=think_end, compile_service=self._handoff)
+
+    def _activate_done(self, prefill_done_idxs: Sequence[int]) -> None:
+        for idx in prefill_done_idxs:
+            future = self._pending.get(idx)
+            # With a context, the request itself says which chunk is final: FastDeploy's
+            # p_done_idxs is wrong for a resumed request (step_idx = len(output) != 0).
+            if future is not None and (future.request is None or future.request.final_chunk is None):
+                self._activate(idx)
+
+    def _plan(self, rows: int) -> None:
+        self.manager.begin_step(range(rows))
+        self._planned_rows = rows
+
+    def _finish(self, idx: int, future: ProcessorFuture | None, finish: GuidedFinish, error_code: int) -> None:
+        self._stopped[idx] = finish
+        self._active.pop(idx, None)
+        if finish.reason != "error":
+            return
+        request_id = _request_id(future) if future is not None else None
+        if request_id is None:
+            logger.warning("guided request in slot %d failed (no request id to report it): %s", idx, finish.error)
+        elif self._reporter:
+            self.reports.post(request_id, f"guided decoding failed: {finish.error}", error_code)
+
+def _request_id(future: ProcessorFuture | None) -> str | None:
+    return future.request.request_id if future is not None and future.request is not None else None
+
+
+def _token_list(sampled_token_ids) -> list[int]:
+    if hasattr(sampled_token_ids, "numpy"):
+        sampled_token_ids = sampled_token_ids.numpy()
+    return [int(t) for t in np.asarray(sampled_token_ids).reshape(-1)]
