@@ -22,7 +22,7 @@ class FastDeployStyleManager(GuidedDecodingManager):
     def begin_step(self, rows) -> None:
         self._join_fill()
         self._rows = list(rows)
-        self._step_open = True
+        self._phase = "begun"
         self._masked_rows, self._stop_rows = [], []
         self._deferred_rows = [
             row for row, slot in enumerate(self._rows)

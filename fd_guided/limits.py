@@ -30,6 +30,7 @@ class AdmissionLimits:
     max_constraint_bytes: int = 1 << 20
     max_regex_bytes: int = 64 << 10
     max_choices: int = 20_000
+    max_schema_patterns: int = 1_000
     max_ref_depth: int = 500
     max_grammar_rules: int = 10_000
     max_rule_depth: int = 1_000
@@ -184,7 +185,13 @@ def check_schema(schema: Any, limits: AdmissionLimits, part: str) -> None:
         raise InvalidGrammarError(
             f"$ref chains and nesting reach {depth} levels, over the limit of {limits.max_ref_depth}", part=part,
             feature=f"$ref chains deeper than {limits.max_ref_depth}")
-    for pattern, where in _schema_patterns(schema):
+    patterns = list(_schema_patterns(schema))
+    if len(patterns) > limits.max_schema_patterns:
+        # Each one is parsed here and compiled by every engine: 8,000 patternProperties cost seconds.
+        raise InvalidGrammarError(f"{len(patterns):,} regexes (pattern/patternProperties), over the limit of "
+                                  f"{limits.max_schema_patterns:,}", part=part,
+                                  feature=f"schemas with more than {limits.max_schema_patterns:,} regexes")
+    for pattern, where in patterns:
         check_regex(pattern, limits, f"{part}{where}")
 
 

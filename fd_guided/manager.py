@@ -52,10 +52,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class GuidedFinish:
-    """A slot that guided decoding finished: ``stop`` (grammar complete) or ``error`` (with why)."""
+    """A slot that guided decoding finished: ``stop`` (grammar complete) or ``error`` (with why).
+
+    ``forced``: the host ended the request itself with a stop token the mask did not allow (see
+    `GuidedDecodingManager.accept`); it is never returned by `accept`, only by `finish_of`.
+    """
 
     slot: int
-    reason: Literal["stop", "error"]
+    reason: Literal["stop", "error", "forced"]
     error: str | None = None
 
 
@@ -130,7 +134,8 @@ class GuidedDecodingManager:
         self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-guided-fill")
         self._fill_future: Future | None = None
         self._rows: list[int | None] = []
-        self._step_open = False
+        self._phase: Literal["idle", "begun", "applied"] = "idle"
+        self._applied_rows: set[int] = set()
         self._masked_rows: list[int] = []
         self._deferred_rows: list[int] = []
         self._stop_rows: list[int] = []
@@ -193,6 +198,20 @@ class GuidedDecodingManager:
             prefill_done=prefill_done or bool(output_token_ids),
         )
 
+    def add_failed_request(self, slot: int, message: str, *, request_id: Any = None) -> None:
+        """Hold `slot` for a request whose constraint failed before it reached this manager (e.g.
+        a host's own parsing refused it): its rows allow only stop tokens, so it ends at once and
+        is never sampled unconstrained; the next `accept` reports it with reason ``error``."""
+        self._check_slot(slot)
+        if slot in self._slots:
+            raise SlotStateError(f"slot {slot} still holds guided request {self._slots[slot].request_id!r}: release it first")
+        failed: Future = Future()
+        failed.set_exception(InvalidGrammarError(message))
+        state = _Slot(request_id=request_id, spec=GrammarSpec("regex", "(failed)"), ticket=failed, pending_tokens=[],
+                      in_reasoning=False, prefill_done=True)
+        self._fail(slot, state, message)
+        self._slots[slot] = state
+
     def _starts_in_reasoning(self, prompt_token_ids: Sequence[int], enable_thinking: bool | None) -> bool:
         if self.think_end_id is None or enable_thinking is not True:
             return False
@@ -208,11 +227,11 @@ class GuidedDecodingManager:
     def release(self, slot: int) -> None:
         """Forget `slot` (finished, aborted or preempted). Its compiled grammar stays cached.
 
-        Raises SlotStateError while a step that has a row of `slot` is open (between `begin_step`
-        and `accept`): release it after the step.
+        Raises SlotStateError between `begin_step` and `apply` for a slot with a row in the step
+        (its row is being filled); after `apply` a released slot's row is simply not advanced.
         """
-        if self._step_open and slot in self._rows and slot in self._slots:
-            raise SlotStateError(f"slot {slot} has a row in the open step: release it after accept()")
+        if self._phase == "begun" and slot in self._rows and slot in self._slots:
+            raise SlotStateError(f"slot {slot} has a row in the step being prepared: release it after apply()")
         self._slots.pop(slot, None)
 
     def is_guided(self, slot: int) -> bool:
@@ -246,7 +265,7 @@ class GuidedDecodingManager:
             raise ValueError(f"{len(rows)} logits rows exceed max_num_seqs={self.max_num_seqs}")
         self._join_fill()
         self._rows = list(rows)
-        self._step_open = True
+        self._phase = "begun"
         ready_rows, grammars, deferred, stops = [], [], [], []
         for row, slot in enumerate(self._rows):
             state = self._slots.get(slot) if slot is not None else None
@@ -295,31 +314,54 @@ class GuidedDecodingManager:
             # Every row guided: no row list (on CUDA that saves staging it and a scatter).
             indices = None if len(rows) == len(self._rows) else rows
             apply_token_bitmask_inplace(logits, self.bitmask, indices=indices, impl=self.kernel_impl)
+        self._applied_rows = set(rows)
+        self._phase = "applied"
         elapsed = time.perf_counter() - started
         self.timings.apply += elapsed
         self.metrics.observe("apply_seconds", elapsed)
 
-    def accept(self, token_ids: Sequence[int]) -> list[GuidedFinish]:
+    def accept(self, token_ids: Sequence[int], *, masked_out: Literal["reject", "host"] = "reject") -> list[GuidedFinish]:
         """Advance each decoding slot by its row's sampled token; return slots finished this step.
 
         A token the grammar rejects finishes that slot with reason ``error`` (the rejection
         policy); it is never fed through unconstrained or dropped silently.
+
+        `masked_out` says what a token outside its row's applied mask means. ``reject`` (the
+        default): a grammar violation, as above. ``host``: the host replaced the sampled token
+        after masking (FastDeploy forces EOS at the length limit and ``</think>`` at the thinking
+        limit): it is not fed to the matcher and not a rejection (counted in
+        ``host_forced_tokens_total``); a forced stop token ends the slot's guidance quietly (its
+        later rows allow only stop tokens; `finish_of` says ``forced``). Tokens of rows that were
+        not masked (reasoning, prefill) are processed as usual, so a forced think-end still starts
+        the constraint.
         """
         started = time.perf_counter()
         if len(token_ids) != len(self._rows):
             raise SlotStateError(f"got {len(token_ids)} sampled tokens for {len(self._rows)} rows")
-        for slot, token in zip(self._rows, token_ids):
+        words = self._bitmask_words
+        for row, (slot, token) in enumerate(zip(self._rows, token_ids)):
             state = self._slots.get(slot) if slot is not None else None
             if state is None or not state.prefill_done or state.finish is not None or state.grammar is None:
                 continue
-            self._advance(slot, state, int(token))
-        self._step_open = False
+            token = int(token)
+            if masked_out == "host" and row in self._applied_rows and not _allows(words[row], token):
+                self._host_forced(slot, state, token)
+                continue
+            self._advance(slot, state, token)
+        self._phase = "idle"
         finished = self._collect_finishes()
         elapsed = time.perf_counter() - started
         self.timings.accept += elapsed
         self.timings.steps += 1
         self.metrics.observe("accept_seconds", elapsed)
         return finished
+
+    def _host_forced(self, slot: int, state: _Slot, token: int) -> None:
+        stop = token in self.backend.stop_token_ids
+        self.metrics.inc_labelled("host_forced_tokens_total", "kind", "stop" if stop else "other")
+        if stop:
+            state.finish = GuidedFinish(slot, "forced")
+            state.finish_reported = True
 
     # ----- internals ----------------------------------------------------------------------------
 
@@ -431,6 +473,11 @@ class GuidedDecodingManager:
 
 def _num_rows(logits) -> int:
     return int(logits.shape[0])
+
+
+def _allows(words: np.ndarray, token: int) -> bool:
+    word, bit = divmod(token, 32)
+    return 0 <= word < words.shape[0] and bool((int(words[word]) >> bit) & 1)
 
 
 def _host_words(bitmask) -> np.ndarray:

@@ -215,12 +215,27 @@ def test_hooks_out_of_order_raise_slot_state_errors(manager):
     with pytest.raises(SlotStateError, match="release it first"):
         manager.add_request(0, CHOICE)
     manager.begin_step([0])
-    with pytest.raises(SlotStateError, match="open step"):
+    with pytest.raises(SlotStateError, match="being prepared"):
         manager.release(0)
     manager.apply(logits_for(1))
-    manager.accept([EOS])
-    manager.release(0)
+    manager.release(0)  # after apply: its row is simply not advanced
+    assert manager.accept([EOS]) == []
     add_ready(manager, 0, CHOICE, prefill_done=True)  # free again
+
+
+def test_tokens_the_host_forced_are_not_rejections(manager, tokenizer):
+    add_ready(manager, 0, CHOICE, prefill_done=True)
+    add_ready(manager, 1, CHOICE, prefill_done=True)
+    manager.begin_step([0, 1])
+    manager.apply(logits_for(2))
+    # Row 0: the host overwrote the sample with EOS (length limit); row 1: a token outside the mask.
+    finishes = manager.accept([EOS, token_of(tokenizer, "maybe")], masked_out="host")
+    assert finishes == [] and manager.metrics.value("rejected_tokens_total") == 0
+    assert manager.finish_of(0).reason == "forced"
+    assert manager.metrics.labelled("host_forced_tokens_total") == {"stop": 1, "other": 1}
+    logits, finishes = step(manager, [0, 1], [EOS, token_of(tokenizer, "no")])
+    assert allowed(logits[0]) == {EOS}  # ended by the host: only stop tokens from now on
+    assert token_of(tokenizer, "no") in allowed(logits[1])  # row 1 kept its state: "maybe" was not fed
 
 
 def test_released_slot_is_not_masked_by_a_stale_row(manager):

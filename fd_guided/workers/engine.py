@@ -152,6 +152,8 @@ class ReferenceEngine:
                 waiting.append(self._admit(index, request, max_tokens, seed))
             except InvalidGrammarError as error:
                 results[index] = GenerationResult(index, "", [], "error", str(error))
+            except Exception as error:  # noqa: BLE001 - one malformed request never loses the batch
+                results[index] = GenerationResult(index, "", [], "error", f"invalid request: {type(error).__name__}: {error}")
         self.stats.admission_seconds = time.perf_counter() - started
         for seq in self._run(waiting):
             results[seq.index] = self._result(seq)

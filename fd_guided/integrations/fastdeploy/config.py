@@ -9,6 +9,8 @@ FastDeploy carries guided decoding in ``fd_config.structured_outputs_config``:
 """
 from __future__ import annotations
 
+import os
+
 from typing import Any, Mapping
 
 from ...config import GuidedConfig
@@ -70,6 +72,11 @@ def guided_config_from_fd(fd_config: Any, **overrides) -> GuidedConfig:
         disable = read(structured, "disable_any_whitespace")
     if disable is not None:
         changes["any_whitespace"] = not as_bool(disable, "disable_any_whitespace")
+    # FastDeploy samples every row each step and its scheduler cannot hold a request until its
+    # grammar is ready (docs/fastdeploy-upstream.md proposes that hook), so a request's first
+    # sample may wait for its compile, up to the compile budget. Under ``auto`` llguidance
+    # compiles in milliseconds, so this wait is rarely more than that.
+    changes["first_token_wait_s"] = float(os.environ.get("FD_GUIDED_FIRST_TOKEN_WAIT_S", GuidedConfig().compile_timeout_s))
     changes.update(overrides)
     return GuidedConfig().replace(**changes)
 

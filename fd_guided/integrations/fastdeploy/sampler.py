@@ -25,12 +25,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...errors import SlotStateError
-from ...kernels import apply_token_bitmask_inplace
 from ...manager import GuidedDecodingManager, GuidedFinish
 from .backend import FDGuidedBackend, HandoffCompileService, ProcessorFuture
 from .config import max_num_seqs_of, read, tensor_parallel_rank_of
 from .reports import ErrorReports
-from .shims import host_view, mask_allows, stop_only_bitmask, wait_for_first_samples
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +46,7 @@ class GuidedDecoding:
         self._parser_set = False
         self._pending: dict[int, ProcessorFuture] = {}   # prefilling: joins the manager at its final chunk
         self._active: dict[int, ProcessorFuture] = {}    # in the manager
-        self._thinking: set[int] = set()                 # TODO(lead-api): manager.accept(..., forced=...)
-        self._stopped: dict[int, GuidedFinish] = {}      # TODO(lead-api): the manager masks these itself
-        self._stop_bitmask = None
+        self._stopped: dict[int, GuidedFinish] = {}      # finished by guided decoding, until FastDeploy resets them
         self._planned_rows: int | None = None
         self._last_rows = 0
         if backend is not None:
@@ -84,7 +80,9 @@ class GuidedDecoding:
         if pending is None or pending.spec != future.spec or _request_id(pending) != _request_id(future):
             self.reset_processor(idx)
             if future.spec is None:  # the key did not parse: fail the request, never run it unconstrained
-                self._finish(idx, future, GuidedFinish(idx, "error", f"invalid guided request: {future.exception()}"), 400)
+                message = f"invalid guided request: {future.exception()}"
+                self.manager.add_failed_request(idx, message, request_id=_request_id(future))
+                self._finish(idx, future, GuidedFinish(idx, "error", message), 400)
                 return
         self._pending[idx] = future
         context = future.request
@@ -101,7 +99,6 @@ class GuidedDecoding:
             self.manager.release(idx)
         for state in (self._pending, self._active, self._stopped):
             state.pop(idx, None)
-        self._thinking.discard(idx)
 
     def _activate(self, idx: int, prefill_tokens: Sequence[int] = ()) -> None:
         future = self._pending.pop(idx)
@@ -114,9 +111,6 @@ class GuidedDecoding:
         self.manager.add_request(idx, future.spec, request_id=_request_id(future), prompt_token_ids=prompt,
                                  output_token_ids=replay, enable_thinking=thinking, prefill_done=True)
         self._active[idx] = future
-        think_end = self.manager.think_end_id
-        if think_end is not None and thinking is True and think_end not in prompt and think_end not in replay:
-            self._thinking.add(idx)
 
     # ----- the step ---------------------------------------------------------------------------
 
@@ -130,7 +124,9 @@ class GuidedDecoding:
     update_vocab_mask = pre_process
 
     def apply_token_mask(self, logits, prefill_done_idxs: Sequence[int] = ()):
-        """Mask `logits` in place (joins fills; waits for compiles of first samples); returns `logits`."""
+        """Mask `logits` in place; returns `logits`. A first sample whose compile is still running
+        waits for it up to ``first_token_wait_s`` (see `guided_config_from_fd`); rows of finished
+        or failed slots allow only stop tokens (the manager's rule)."""
         if self.manager is None:
             return logits
         rows = int(logits.shape[0])
@@ -139,13 +135,7 @@ class GuidedDecoding:
         if self._planned_rows != rows:
             self._plan(rows)
         self._last_rows = rows
-        wait_for_first_samples(self.manager, self._active, rows)
         self.manager.apply(logits)
-        stop_rows = [idx for idx in self._stopped if idx < rows]
-        if stop_rows:  # TODO(lead-api): finished slots masked to stop tokens by the manager
-            if self._stop_bitmask is None:
-                self._stop_bitmask = stop_only_bitmask(self.backend, self.manager.max_num_seqs)
-            apply_token_bitmask_inplace(logits, self._stop_bitmask, indices=stop_rows, impl=self.manager.kernel_impl)
         return logits
 
     def update_output_tokens(self, next_tokens) -> list[GuidedFinish]:
@@ -161,31 +151,16 @@ class GuidedDecoding:
         tokens = _token_list(next_tokens)
         if len(tokens) != self._planned_rows:
             raise SlotStateError(f"update_output_tokens got {len(tokens)} tokens for {self._planned_rows} logits rows")
-        rows: list[int | None] = list(range(len(tokens)))
-        skipped, view = False, None
         for idx, token in enumerate(tokens):
-            if token < 0:
-                if idx in self._pending or idx in self._active or idx in self._stopped:
-                    self.reset_processor(idx)
-            elif idx in self._thinking:
-                if token == self.manager.think_end_id:
-                    self._thinking.discard(idx)
-            elif idx in self._active and self.manager.finish_of(idx) is None:
-                view = host_view(self.manager.bitmask) if view is None else view
-                if mask_allows(view, idx, token):
-                    continue
-                stop = token in self.backend.stop_token_ids
-                self.manager.metrics.inc_labelled("host_forced_tokens_total", "kind", "stop" if stop else "other")
-                if stop:  # the host ended the request (max length, stop sequence): not a grammar failure
-                    self.manager.release(idx)
-                    self._active.pop(idx)
-                else:
-                    rows[idx], skipped = None, True
-        if skipped:  # TODO(lead-api): manager.accept(tokens, forced=...) instead of re-planning the rows
-            self.manager.begin_step(rows)
-        finishes = self.manager.accept(tokens)
+            if token < 0 and (idx in self._pending or idx in self._active or idx in self._stopped):
+                self.reset_processor(idx)  # FastDeploy stopped the slot
+        # A token outside its row's applied mask was put there by FastDeploy after sampling.
+        finishes = self.manager.accept(tokens, masked_out="host")
         for finish in finishes:
-            self._finish(finish.slot, self._active.get(finish.slot), finish, 500)
+            if finish.slot not in self._stopped:  # a request refused at insertion was reported then
+                self._finish(finish.slot, self._active.get(finish.slot), finish, 500)
+        for idx in [idx for idx in self._active if getattr(self.manager.finish_of(idx), "reason", None) == "forced"]:
+            self._active.pop(idx)  # FastDeploy ended it with a forced stop token (length, stop sequence)
         self._planned_rows = None
         return finishes
 
