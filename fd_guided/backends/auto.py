@@ -46,7 +46,9 @@ def choose_backend(spec: GrammarSpec) -> str:
     """
     try:
         XGrammarBackend.check(spec)
-        return PREFERRED
+        if not _prefer_complete_fallback(spec):
+            return PREFERRED
+        return FALLBACK
     except InvalidGrammarError as refused:
         first = refused
     # A schema already passed the JSON-Schema meta-schema check, so xgrammar refusing it is a
@@ -65,6 +67,22 @@ def choose_backend(spec: GrammarSpec) -> str:
             part=second.part if second.feature and not first.feature else first.part,
             feature=" / ".join(f for f in (first.feature, second.feature) if f) or None,
         ) from None
+
+
+def _prefer_complete_fallback(spec: GrammarSpec) -> bool:
+    """xgrammar admits the schema only by leaving out alternatives it cannot express (a sound
+    subset, see `fd_guided.schema.drops_alternatives`) while llguidance enforces all of it."""
+    if spec.kind != "json_schema" or _fallback_class() is None:
+        return False
+    from ..schema import drops_alternatives
+
+    if not drops_alternatives(PREFERRED, spec.schema, spec.json_format):
+        return False
+    try:
+        _fallback_class().check(spec)
+        return not drops_alternatives(FALLBACK, spec.schema, spec.json_format)
+    except InvalidGrammarError:
+        return False
 
 
 def _reason(error: InvalidGrammarError) -> str:
