@@ -17,6 +17,7 @@ from .leaves import ANY, BARE_KINDS, NONE, U, Context, Leaf, bare, intersect, un
 from .refusal import Refusal
 
 MAX_EXCLUDED_NUMBERS = 16
+MAX_COMPLEMENT_DEPTH = 16  # nested property/item complements; deeper parts are dropped (a subset)
 MAX_EXCLUDED_TEXT = 4000
 MAX_EXCLUDED_LENGTH = 200
 
@@ -28,9 +29,16 @@ def complement(u: U, ctx: Context, location: str) -> U:
         return NONE
     if u.is_none:
         return ANY
-    result = ANY
-    for leaf in u.leaves:
-        result = intersect(result, complement_leaf(leaf, ctx, location), ctx)
+    depth = ctx.complement_depth
+    if depth >= MAX_COMPLEMENT_DEPTH:
+        return U((), exact=False)
+    ctx.complement_depth = depth + 1
+    try:
+        result = ANY
+        for leaf in u.leaves:
+            result = intersect(result, complement_leaf(leaf, ctx, location), ctx)
+    finally:
+        ctx.complement_depth = depth
     return U([Leaf(l.kind, l.kw, l.origin, True) for l in result.leaves], result.exact) if result.leaves else result
 
 
@@ -42,7 +50,15 @@ def _others(kind: str, origin: str) -> list[Leaf]:
 def complement_leaf(leaf: Leaf, ctx: Context, location: str) -> U:
     kind, kw, origin = leaf.kind, leaf.kw, leaf.origin
     if kind == "ref":
-        return complement(ctx.expand(leaf), ctx, location)
+        active = ctx.complementing
+        key = leaf.kw["target"]
+        if key in active:  # a recursive schema: its complement at this depth is left out (a subset)
+            return U((), exact=False)
+        active.add(key)
+        try:
+            return complement(ctx.expand(leaf), ctx, location)
+        finally:
+            active.discard(key)
     if kind == "enum":
         return _complement_enum(kw["values"], origin)
     parts: list[Leaf] = _others(kind, origin)

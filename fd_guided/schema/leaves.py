@@ -30,6 +30,7 @@ from .refusal import Refusal
 KINDS = ("null", "boolean", "integer", "number", "string", "array", "object")
 BARE_KINDS = ("null", "boolean", "number", "string", "array", "object")  # number covers integer
 MAX_LEAVES = 64
+MAX_MERGE_EXPANSIONS = 24
 
 
 class Leaf:
@@ -122,6 +123,8 @@ def _check_size(leaves) -> None:
 class Context:
     """What merging needs from the normaliser: expanding refs, checking enum values, a work budget."""
 
+    merge_expansions = 0  # refs expanded by the merges in progress (see `merge`)
+
     def expand(self, leaf: Leaf) -> U:  # pragma: no cover - interface
         raise NotImplementedError
 
@@ -150,10 +153,18 @@ def intersect(a: U, b: U, ctx: Context) -> U:
 
 def merge(a: Leaf, b: Leaf, ctx: Context) -> U:
     """The intersection of two leaves, as a union (refs expand into several leaves)."""
-    if a.kind == "ref":
-        return intersect(ctx.expand(a), U([b]), ctx)
-    if b.kind == "ref":
-        return intersect(U([a]), ctx.expand(b), ctx)
+    if a.kind == "ref" or b.kind == "ref":
+        # Intersecting recursive definitions would need a new recursive definition: nested
+        # expansions are bounded instead, and past the bound the schema is refused.
+        if ctx.merge_expansions >= MAX_MERGE_EXPANSIONS:
+            raise Refusal("the intersection of recursive $ref definitions (allOf or siblings of recursive schemas)", a.origin)
+        ctx.merge_expansions += 1
+        try:
+            if a.kind == "ref":
+                return intersect(ctx.expand(a), U([b]), ctx)
+            return intersect(U([a]), ctx.expand(b), ctx)
+        finally:
+            ctx.merge_expansions -= 1
     if a.kind == "enum" or b.kind == "enum":
         values, other = (a, b) if a.kind == "enum" else (b, a)
         kept = tuple(v for v in values.kw["values"] if ctx.accepts(U([other]), v))

@@ -52,6 +52,8 @@ class Normaliser(Context):
         self._active: set[tuple] = set()
         self._depth = 0
         self._work = 0
+        self.complement_depth = 0  # see complement.MAX_COMPLEMENT_DEPTH
+        self.complementing: set[tuple] = set()  # ref targets whose complement is being written
         self._checker = self.doc.validator_class.FORMAT_CHECKER
         text = repr(schema) if self.doc.draft >= 2019 else ""
         self._reads_annotations = "unevaluatedProperties" in text or "unevaluatedItems" in text

@@ -33,7 +33,7 @@ from .leaves import (ANY, BARE_KINDS, NONE, U, Leaf, bare, check_array, check_ob
 from .refusal import Refusal
 
 MAX_ANY_OF_COMBINED = 4
-MAX_ONE_OF_DISJOINT = 16
+MAX_ONE_OF_DISJOINT = 64
 MAX_ONE_OF_EXPANDED = 6
 MAX_CONTAINS_LENGTH = 4
 MAX_UNIQUE_ARRAYS = 256
