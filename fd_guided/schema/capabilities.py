@@ -55,8 +55,8 @@ TABLE: dict[str, dict[str, tuple[str, str]]] = {
         "llguidance": (NATIVE, "only as the union of typed leaves, never with siblings"),
     },
     "minimum": {
-        "xgrammar": (CONDITIONAL, "integers: inclusive integer bounds below 2^63; numbers: as given"),
-        "llguidance": (CONDITIONAL, "bounds of magnitude up to 2^53 (it compares in floating point); larger bounds refused"),
+        "xgrammar": (CONDITIONAL, "integers: inclusive integer bounds, clipped to +-(2^63-1) (a subset: larger integers are not produced); numbers: as given"),
+        "llguidance": (CONDITIONAL, "bounds clipped to +-2^53 (it compares numbers as doubles; a subset: larger values are not produced); enum integers past 2^53 refused"),
     },
     "multipleOf": {
         "xgrammar": (CONDITIONAL, "integers, step <= 1000, no bounds; bounded ranges with at most 256 multiples become an enum; otherwise refused"),
