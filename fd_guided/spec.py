@@ -360,7 +360,7 @@ def _schema_regexes(schema: dict) -> Iterator[str]:
 def _compiles(pattern: str) -> bool:
     try:
         re.compile(pattern)
-    except re.error:
+    except (re.error, RecursionError, OverflowError, ValueError):  # 500 nested groups overflow re's parser
         return False
     return True
 
@@ -374,6 +374,9 @@ def _check_meta_schema(schema: dict, part: str) -> None:
     except jsonschema.SchemaError as error:
         location = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.path)
         raise InvalidGrammarError(f"not a valid JSON schema: {error.message}", part=f"{part}{location}") from None
+    except RecursionError:
+        # The meta-schema's "regex" format check runs Python's re parser, which recurses per group.
+        raise InvalidGrammarError("a pattern nested too deeply for Python's re", part=part) from None
 
 
 def _check_references(schema: dict, part: str) -> None:

@@ -47,6 +47,7 @@ ENFORCED = [
     ({"type": "integer", "exclusiveMinimum": 0}, 1, 0),
     ({"type": "number", "minimum": 1.5}, 2.0, 1.0),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}]}, {"a": 1}, {}),
+    ({"type": "string", "minLength": 2, "maxLength": 4}, "abc", "abcdef"),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, {"b": [1]}, {"a": 1}),
     ({"not": {"type": "string"}, "type": ["string", "integer"]}, 3, "s"),
     ({"type": "string", "pattern": "^[a-z]+$"}, "abc", "aB"),
@@ -66,11 +67,15 @@ def test_every_accepted_keyword_is_enforced(backend, schema, good, bad):
     assert not accepts(backend, spec, json.dumps(bad, separators=(",", ":")))
 
 
-def test_length_bounded_strings_are_refused():
-    """xgrammar's own bounded string admits raw control characters, and as a pattern it allows no
-    escapes ("a\\"b" is valid): both are refused, so auto hands such schemas to llguidance."""
-    with pytest.raises(InvalidGrammarError, match="minLength/maxLength") as caught:
-        xgr_spec({"guided_json": {"type": "string", "minLength": 1, "maxLength": 5}})
+def test_length_bounded_strings_are_plain_json_and_exact(backend):
+    # xgrammar's own maxLength string admits raw control characters; the pattern rewrite does not
+    # (it admits no escapes either: a subset, so auto prefers llguidance for such schemas).
+    spec = xgr_spec({"guided_json": {"type": "string", "minLength": 1, "maxLength": 5}, **COMPACT})
+    assert accepts(backend, spec, '"a"') and accepts(backend, spec, '"é中文ab"')
+    assert not accepts(backend, spec, '"a\x01"')
+    assert not accepts(backend, spec, '""') and not accepts(backend, spec, '"abcdef"')
+    with pytest.raises(InvalidGrammarError, match="past 128") as caught:  # would fail xgrammar's compile
+        xgr_spec({"guided_json": {"type": "string", "maxLength": 256}})
     assert caught.value.feature
 
 

@@ -70,17 +70,18 @@ def choose_backend(spec: GrammarSpec) -> str:
 
 
 def _prefer_complete_fallback(spec: GrammarSpec) -> bool:
-    """xgrammar admits the schema only by leaving out alternatives it cannot express (a sound
-    subset, see `fd_guided.schema.drops_alternatives`) while llguidance enforces all of it."""
+    """xgrammar admits only a sound subset of the schema's values (alternatives it cannot express
+    left out, or bounded strings without escapes: `fd_guided.schema.narrows`) while llguidance
+    enforces all of it."""
     if spec.kind != "json_schema" or _fallback_class() is None:
         return False
-    from ..schema import drops_alternatives
+    from ..schema import narrows
 
-    if not drops_alternatives(PREFERRED, spec.schema, spec.json_format):
+    if not narrows(PREFERRED, spec.schema, spec.json_format):
         return False
     try:
         _fallback_class().check(spec)
-        return not drops_alternatives(FALLBACK, spec.schema, spec.json_format)
+        return not narrows(FALLBACK, spec.schema, spec.json_format)
     except InvalidGrammarError:
         return False
 

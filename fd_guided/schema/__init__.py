@@ -43,10 +43,11 @@ def for_engine(engine: str, schema: Any, json_format=None, *, part: str = "json 
     return json.loads(_run(engine, schema, json_format, part)[0])
 
 
-def drops_alternatives(engine: str, schema: Any, json_format=None) -> bool:
-    """True when `for_engine` had to leave out alternatives (parts of a ``not``/``if``/``oneOf``
-    rewrite) that `engine` cannot express: its schema is then a sound *subset* of the original,
-    and another engine may enforce the whole. Raises as `for_engine` does."""
+def narrows(engine: str, schema: Any, json_format=None) -> bool:
+    """True when `engine`'s schema admits only a sound *subset* of the valid values: it left out
+    alternatives it cannot express (parts of a ``not``/``if``/``oneOf`` rewrite), or (xgrammar) a
+    length-bounded string admits no JSON escapes. Another engine may enforce the whole (``auto``
+    prefers it then). Raises as `for_engine` does."""
     return _run(engine, schema, json_format, "json schema")[1]
 
 
@@ -59,14 +60,20 @@ def _run(engine: str, schema: Any, json_format, part: str) -> tuple[str, bool]:
     return _cached(engine, text, strict, unknown, part)
 
 
+@functools.lru_cache(maxsize=8)
+def _normaliser(text: str, strict: bool, unknown: str) -> Normaliser:
+    """One normaliser per schema and layout, shared by both engines' emitters (auto asks both)."""
+    return Normaliser(json.loads(text), strict=strict, unknown_formats=unknown)
+
+
 @functools.lru_cache(maxsize=64)
 def _cached(engine: str, text: str, strict: bool, unknown: str, part: str) -> tuple[str, bool]:
-    # Cached as text: callers get a fresh dict each time, and a refusal is recomputed (cheap).
-    schema = json.loads(text)
+    # Cached as text: callers get a fresh dict each time, and a refusal is recomputed.
     try:
-        normaliser = Normaliser(schema, strict=strict, unknown_formats=unknown)
-        emitter = Emitter(normaliser, engine)
-        document = emitter.document()
+        normaliser = _normaliser(text, strict, unknown)
+        with normaliser.lock:  # its memo and recursion guards are not for two threads at once
+            emitter = Emitter(normaliser, engine)
+            document = emitter.document()
     except Refusal as refusal:
         raise InvalidGrammarError(f"{engine} cannot enforce {refusal.feature}", part=f"{part} {refusal.location}",
                                   feature=refusal.feature) from None
@@ -75,7 +82,7 @@ def _cached(engine: str, text: str, strict: bool, unknown: str, part: str) -> tu
     except RecursionError:
         raise InvalidGrammarError(f"{engine} cannot enforce a schema nested this deeply", part=part,
                                   feature="schema nesting too deep to normalise") from None
-    return json.dumps(document, ensure_ascii=False), emitter.dropped
+    return json.dumps(document, ensure_ascii=False), emitter.narrowed
 
 
-__all__ = ["for_engine", "drops_alternatives", "ENGINES", "UNKNOWN_FORMAT_POLICIES", "Refusal", "Unsatisfiable"]
+__all__ = ["for_engine", "narrows", "ENGINES", "UNKNOWN_FORMAT_POLICIES", "Refusal", "Unsatisfiable"]

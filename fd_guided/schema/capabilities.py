@@ -63,7 +63,7 @@ TABLE: dict[str, dict[str, tuple[str, str]]] = {
         "llguidance": (CONDITIONAL, "integer steps and power-of-two fractions (0.5, 0.25); decimal steps (0.01) only as an enum of a bounded range (jsonschema checks them in binary floating point)"),
     },
     "minLength": {
-        "xgrammar": (REFUSED, "its length-bounded strings admit raw control characters or, as patterns, no escapes; auto uses llguidance"),
+        "xgrammar": (CONDITIONAL, "as a pattern of characters that need no escape, bounds <= 128 (a subset: no escapes, so auto prefers llguidance); beside a pattern or format, or past 128, refused (its own bounded string admits raw control characters)"),
         "llguidance": (NATIVE, "code points, JSON escapes allowed"),
     },
     "pattern": {

@@ -10,24 +10,22 @@ tests/schema/test_engine_keywords.py.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from typing import Any
 
 from . import regex
 from .capabilities import REFUSED, how
 from .formats import FORMAT_PATTERNS
-from .instance import is_multiple
 from .leaves import BARE_KINDS, Leaf, U
+from .numbers import (LLGUIDANCE_EXACT_LIMIT, XGRAMMAR_INT_LIMIT, XGRAMMAR_MAX_MULTIPLE_OF, binary_fraction, bounded,
+                      enumerate_multiples, every_integer_is_multiple, has_big_integer, step_feature)
 from .refusal import Refusal, Unsatisfiable
 
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
-XGRAMMAR_INT_LIMIT = 2**63 - 1
-LLGUIDANCE_EXACT_LIMIT = 2**53  # llguidance compares numbers as IEEE doubles
-XGRAMMAR_MAX_MULTIPLE_OF = 1000  # measured: steps of 1500 and more, or any step beside a bound, are ignored
-MAX_ENUMERATED_NUMBERS = 256
 MAX_MIN_ITEMS = 1024
 MAX_COUNT = 2**31 - 1
 MAX_EMITTED_NODES = 200_000
+MAX_PATTERN_PROPERTIES = 64
+_XGRAMMAR_PLAIN_CHAR = '[^"\\\\\\x00-\\x1f]'  # a character a JSON string holds without an escape
 _XGRAMMAR_BAD_KEY_CHARS = frozenset('"\\') | frozenset(map(chr, range(0x20)))
 
 
@@ -38,7 +36,9 @@ class Emitter:
         self._names: dict[tuple, str] = {}
         self._pending: list[tuple[tuple, bool, str]] = []
         self._nodes = 0
-        self.dropped = False  # a weak alternative this engine cannot express was left out
+        # The emitted schema admits only a subset of the valid values: a weak alternative the engine
+        # cannot express was left out, or a bounded string admits no escapes (xgrammar).
+        self.narrowed = False
 
     def document(self) -> dict:
         root = self.normaliser.root()
@@ -77,7 +77,7 @@ class Emitter:
             except Refusal:
                 if not leaf.weak:
                     raise
-                self.dropped = True
+                self.narrowed = True
                 continue
             if emitted is not None:
                 out.append(emitted)
@@ -113,7 +113,7 @@ class Emitter:
         return {"$ref": f"#/$defs/{name}"}
 
     def _enum(self, values: tuple, origin: str) -> dict:
-        if self.engine == "llguidance" and any(_has_big_integer(v) for v in values):
+        if self.engine == "llguidance" and any(has_big_integer(v) for v in values):
             raise Refusal("enum/const integers beyond 2^53 (llguidance compares them as floating point)", f"{origin}.enum")
         out = list(values)
         # 1 and 1.0 are the same JSON Schema value: offer both spellings.
@@ -132,7 +132,7 @@ class Emitter:
                 return None
             kind = "integer"
         if kind == "integer":
-            steps = tuple(s for s in steps if not _every_integer_is_multiple(s))
+            steps = tuple(s for s in steps if not every_integer_is_multiple(s))
             limit = XGRAMMAR_INT_LIMIT if self.engine == "xgrammar" else LLGUIDANCE_EXACT_LIMIT
             lo = None if kw["lo"] is None else max(kw["lo"][0], -limit)
             hi = None if kw["hi"] is None else min(kw["hi"][0], limit)
@@ -140,7 +140,7 @@ class Emitter:
                 raise Refusal(f"integer bounds beyond {limit}", f"{origin}.minimum")
             if steps:
                 return self._integer_steps(lo, hi, steps, origin)
-            return _bounded({"type": "integer"}, lo, hi, False, False)
+            return bounded({"type": "integer"}, lo, hi, False, False)
         lo, hi = kw["lo"], kw["hi"]
         if self.engine == "llguidance":
             lo = None if lo is None else (max(lo[0], -LLGUIDANCE_EXACT_LIMIT), lo[1])
@@ -149,26 +149,26 @@ class Emitter:
                 raise Refusal("number bounds beyond 2^53", f"{origin}.minimum")
         if steps:
             return self._number_steps(lo, hi, steps, origin)
-        return _bounded({"type": "number"}, None if lo is None else lo[0], None if hi is None else hi[0],
+        return bounded({"type": "number"}, None if lo is None else lo[0], None if hi is None else hi[0],
                         bool(lo and lo[1]), bool(hi and hi[1]))
 
     def _integer_steps(self, lo, hi, steps, origin: str) -> dict:
         if all(isinstance(s, int) for s in steps):
             step = math.lcm(*steps)
             if self.engine == "llguidance" or (step <= XGRAMMAR_MAX_MULTIPLE_OF and lo is None and hi is None):
-                return _bounded({"type": "integer", "multipleOf": step}, lo, hi, False, False)
-        values = _enumerate_multiples(lo, hi, steps, True)
+                return bounded({"type": "integer", "multipleOf": step}, lo, hi, False, False)
+        values = enumerate_multiples(lo, hi, steps, True)
         if values is None:
-            raise Refusal(_step_feature(self.engine, steps), f"{origin}.multipleOf")
+            raise Refusal(step_feature(self.engine, steps), f"{origin}.multipleOf")
         return self._enum(tuple(values), origin) if values else None
 
     def _number_steps(self, lo, hi, steps, origin: str) -> dict:
-        if self.engine == "llguidance" and len(steps) == 1 and _binary_fraction(steps[0]):
-            return _bounded({"type": "number", "multipleOf": steps[0]}, None if lo is None else lo[0],
+        if self.engine == "llguidance" and len(steps) == 1 and binary_fraction(steps[0]):
+            return bounded({"type": "number", "multipleOf": steps[0]}, None if lo is None else lo[0],
                             None if hi is None else hi[0], bool(lo and lo[1]), bool(hi and hi[1]))
-        values = _enumerate_multiples(lo, hi, steps, False)
+        values = enumerate_multiples(lo, hi, steps, False)
         if values is None:
-            raise Refusal(_step_feature(self.engine, steps), f"{origin}.multipleOf")
+            raise Refusal(step_feature(self.engine, steps), f"{origin}.multipleOf")
         return self._enum(tuple(values), origin) if values else None
 
     # ----- strings --------------------------------------------------------------------------------
@@ -184,10 +184,10 @@ class Emitter:
         out: dict[str, Any] = {"type": "string"}
         bounded = kw["min"] > 0 or kw["max"] is not None
         if self.engine == "xgrammar":
-            if bounded and how("minLength", "xgrammar") == REFUSED:
-                raise Refusal("minLength/maxLength (xgrammar cannot bound a string and still allow JSON escapes)", f"{origin}.maxLength")
             if len(translated) > 1:
                 raise Refusal("several patterns/formats on one string", f"{origin}.pattern")
+            if bounded:
+                return self._xgrammar_bounded_string(kw, translated, origin)
         if kw["min"] > 0:
             out["minLength"] = kw["min"]
         if kw["max"] is not None:
@@ -197,6 +197,17 @@ class Emitter:
         elif translated:
             out["allOf"] = [{"pattern": p} for p in translated]
         return out
+
+    def _xgrammar_bounded_string(self, kw: dict, translated: list[str], origin: str) -> dict:
+        """Length bounds as a pattern of characters that need no JSON escape: exact in counting, a
+        subset in what it admits (no escapes). xgrammar's own bounded string admits raw control
+        characters, and its bounded repetitions past 128 fail to compile (per_rule_fsm_hashes)."""
+        low, high = kw["min"], kw["max"]
+        if translated or max(low, high or 0) > regex.XGRAMMAR_MAX_COUNT:
+            raise Refusal(f"minLength/maxLength beside a pattern or format, or past {regex.XGRAMMAR_MAX_COUNT}",
+                          f"{origin}.maxLength")
+        self.narrowed = True
+        return {"type": "string", "pattern": f"^{_XGRAMMAR_PLAIN_CHAR}{{{low},{'' if high is None else high}}}$"}
 
     # ----- arrays ---------------------------------------------------------------------------------
 
@@ -265,6 +276,8 @@ class Emitter:
         where = f"{origin}.patternProperties"
         if how("patternProperties", self.engine) == REFUSED:
             raise Refusal("patternProperties", where)
+        if len(pprops) > MAX_PATTERN_PROPERTIES:  # disjointness is checked pairwise
+            raise Refusal(f"more than {MAX_PATTERN_PROPERTIES} patternProperties", where)
         translated = {}
         for pattern, child in pprops.items():
             try:
@@ -316,74 +329,6 @@ def _combine(leaves: list[dict]) -> dict:
             seen.add(text)
             unique.append(leaf)
     return unique[0] if len(unique) == 1 else {"anyOf": unique}
-
-
-def _bounded(out: dict, lo, hi, lo_exclusive: bool, hi_exclusive: bool) -> dict:
-    if lo is not None:
-        out["exclusiveMinimum" if lo_exclusive else "minimum"] = lo
-    if hi is not None:
-        out["exclusiveMaximum" if hi_exclusive else "maximum"] = hi
-    return out
-
-
-def _has_big_integer(value) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return abs(value) > LLGUIDANCE_EXACT_LIMIT
-    if isinstance(value, list):
-        return any(_has_big_integer(v) for v in value)
-    if isinstance(value, dict):
-        return any(_has_big_integer(v) for v in value.values())
-    return False
-
-
-def _decimal(step) -> Fraction:
-    return Fraction(str(step)) if isinstance(step, float) else Fraction(step)
-
-
-def _binary_fraction(step) -> bool:
-    """A step whose decimal spelling is a power-of-two fraction (0.5, 0.25, 0.125): exact in binary."""
-    denominator = _decimal(step).denominator
-    return denominator & (denominator - 1) == 0
-
-
-def _every_integer_is_multiple(step) -> bool:
-    """True for steps such as 1, 0.5, 0.25: jsonschema finds every integer a multiple of them."""
-    if isinstance(step, int):
-        return step == 1
-    fraction = _decimal(step)
-    return fraction.numerator == 1 and _binary_fraction(step)
-
-
-def _enumerate_multiples(lo, hi, steps, integer: bool) -> list | None:
-    """The multiples of every step inside [lo, hi] that jsonschema accepts, or None if unbounded/too many."""
-    if lo is None or hi is None:
-        return None
-    low = Fraction(lo if integer else lo[0])
-    high = Fraction(hi if integer else hi[0])
-    step = _decimal(steps[0])
-    first, last = math.ceil(low / step), math.floor(high / step)
-    if last - first + 1 > MAX_ENUMERATED_NUMBERS * 4:
-        return None
-    values = []
-    for k in range(first, last + 1):
-        exact = k * step
-        if not integer and ((lo[1] and exact == low) or (hi[1] and exact == high)):
-            continue
-        if integer and exact.denominator != 1:
-            continue
-        value = int(exact) if exact.denominator == 1 else float(exact)
-        if all(is_multiple(value, s) for s in steps):
-            values.append(value)
-    return values if len(values) <= MAX_ENUMERATED_NUMBERS else None
-
-
-def _step_feature(engine: str, steps) -> str:
-    if engine == "xgrammar":
-        return (f"multipleOf {steps[0]!r} (xgrammar enforces only integer steps up to {XGRAMMAR_MAX_MULTIPLE_OF} "
-                "without bounds; a bounded range needs at most 256 multiples)")
-    return f"multipleOf {steps[0]!r} (a decimal step that binary floating-point validators check inexactly; bound the range to at most 256 values)"
 
 
 def _disjoint_patterns(patterns: list[str]) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from typing import Any
 
 from . import rules
@@ -29,6 +30,7 @@ from .leaves import (ANY, BARE_KINDS, NONE, U, Context, Leaf, bounds_empty, chec
 from .refusal import Refusal, Unsatisfiable
 
 MAX_DEPTH = 150
+MAX_PATTERN_PROPERTIES = 64  # no engine takes more (emit.py): refused before any is compiled
 MAX_WORK = 200_000
 # Formats JSON Schema names (a validator may check them): never dropped as annotations.
 STANDARD_FORMATS = frozenset(FORMAT_PATTERNS) | frozenset(UNSUPPORTED_FORMATS)
@@ -54,6 +56,7 @@ class Normaliser(Context):
         self._work = 0
         self.complement_depth = 0  # see complement.MAX_COMPLEMENT_DEPTH
         self.complementing: set[tuple] = set()  # ref targets whose complement is being written
+        self.lock = threading.Lock()
         self._checker = self.doc.validator_class.FORMAT_CHECKER
         text = repr(schema) if self.doc.draft >= 2019 else ""
         self._reads_annotations = "unevaluatedProperties" in text or "unevaluatedItems" in text
@@ -275,6 +278,8 @@ class Normaliser(Context):
     def _object_leaf(self, kw: dict, resolver, path: str) -> Leaf | None:
         props = {name: self.value(child, resolver, f"{path}.properties.{name}") for name, child in (kw.get("properties") or {}).items()}
         pprops = {}
+        if len(kw.get("patternProperties") or ()) > MAX_PATTERN_PROPERTIES:  # before compiling them all
+            raise Refusal(f"more than {MAX_PATTERN_PROPERTIES} patternProperties", f"{path}.patternProperties")
         for pattern, child in (kw.get("patternProperties") or {}).items():
             rules.check_pattern(pattern, f"{path}.patternProperties")
             pprops[pattern] = self.value(child, resolver, f"{path}.patternProperties")
