@@ -284,7 +284,7 @@ def _load_schema(value: Any, part: str) -> dict:
     if isinstance(value, (str, bytes)):
         value = _load_json(value, part)
     if value is True:
-        raise InvalidGrammarError("the schema `true` allows any JSON: use json_object instead", part=part)
+        return {}  # any JSON value (json_object would allow only objects)
     if value is False:
         raise InvalidGrammarError("the schema `false` admits no value", part=part)
     if not isinstance(value, dict):

@@ -111,3 +111,10 @@ def test_any_order_where_xgrammar_can():
     with pytest.raises(InvalidGrammarError, match="schema order"):
         spec_for("llguidance", schema, guided_any_order=True)
     assert json.loads(json.dumps(backend("auto").compile(free).backend_name)) == "xgrammar"
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_schema_true_is_any_json_value(name):
+    # Default layout: xgrammar's any-value grammar keeps ", " and ": " even under compact separators.
+    spec = parse_guided_request({"guided_json": True}, GuidedConfig(backend=name))
+    assert all(accepts(name, spec, text) for text in ('{"a":[1,null]}', '"s"', "3", "[]"))
