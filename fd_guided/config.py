@@ -35,6 +35,13 @@ class GuidedConfig:
     `max_whitespace_cnt` bounds every whitespace run so a model cannot loop on spaces until
     `max_tokens`; set it to None only together with `any_whitespace=False`.
 
+    `strict_mode` (default True): a JSON object schema that declares properties admits no
+    undeclared one and a tuple no extra item unless the schema says otherwise; False gives plain
+    JSON Schema semantics (requests override it with ``guided_strict``). `unknown_formats`:
+    ``"refuse"`` (default) refuses a string ``format`` no validator knows, ``"annotate"`` ignores
+    it as JSON Schema validators do (``guided_unknown_formats``). `any_order`: object properties in
+    any order where the engine supports it, i.e. xgrammar (``guided_any_order``).
+
     Compiles (see `fd_guided.compile`): with `compile_isolation` ``process`` (the default) every
     compile runs in a killable worker process: past `compile_timeout_s` seconds or
     `compile_memory_limit_bytes` of growth it is killed, its request fails with a
@@ -59,6 +66,8 @@ class GuidedConfig:
     max_whitespace_cnt: int | None = 2
     separators: tuple[str, str] | None = None
     strict_mode: bool = True
+    unknown_formats: str = "refuse"
+    any_order: bool = False
     compile_threads: int = dataclasses.field(default_factory=_default_threads)
     compile_workers: int = dataclasses.field(default_factory=_default_compile_workers)
     cache_limit_bytes: int = DEFAULT_CACHE_BYTES
@@ -97,6 +106,8 @@ class GuidedConfig:
             raise ValueError("compile_demote_after_s must be positive")
         if self.max_whitespace_cnt is not None and self.max_whitespace_cnt < 1:
             raise ValueError("max_whitespace_cnt must be >= 1 or None")
+        if self.unknown_formats not in ("refuse", "annotate"):
+            raise ValueError(f"unknown_formats must be 'refuse' or 'annotate', got {self.unknown_formats!r}")
 
     def replace(self, **changes) -> "GuidedConfig":
         return dataclasses.replace(self, **changes)

@@ -8,7 +8,10 @@ Accepted forms (exactly one kind per request):
     ``guided_json_object`` (bool), ``guided_regex``, ``guided_choice`` (list of str),
     ``guided_grammar`` (EBNF; Lark syntax is detected), ``structural_tag`` (str or dict);
   - options: ``any_whitespace`` / ``disable_any_whitespace``, ``max_whitespace_cnt``,
-    ``separators`` (item, key), ``guided_strict`` (strict JSON objects: no undeclared properties).
+    ``separators`` (item, key), ``guided_strict`` (strict JSON: objects that declare properties
+    admit no others, tuples no extra items; ``false`` gives plain JSON Schema semantics),
+    ``guided_unknown_formats`` (``"refuse"`` or ``"annotate"``: treat a ``format`` no validator
+    knows as an annotation), ``guided_any_order`` (properties in any order, where the engine can).
 
 `parse_guided_request` checks what every backend needs (one kind, well-formed JSON, a valid JSON
 Schema with resolvable local ``$ref``s, non-empty choices, string types) and then asks the chosen
@@ -41,19 +44,26 @@ COMPACT_SEPARATORS = (",", ":")
 # Deepest JSON document accepted (schemas, structural tags). SchemaStore's deepest schema has 27
 # levels; native parsers and converters recurse, so an unbounded depth could crash the process.
 MAX_NESTING = 128
-# Keywords whose values are JSON instances, not subschemas: never searched for $ref or patterns
-# (see `schema_objects`).
+# Keys whose values are JSON instances in a structural tag's tree (see `schema_objects`).
 _VALUE_KEYWORDS = ("const", "enum", "default", "examples")
+UNKNOWN_FORMAT_POLICIES = ("refuse", "annotate")
 
 
 @dataclass(frozen=True)
 class JsonFormat:
-    """How JSON text may be laid out: whitespace freedom, separators and object strictness."""
+    """How JSON text may be laid out and read: whitespace, separators, strictness, formats, order.
+
+    `unknown_formats` ``"annotate"`` drops a ``format`` that no validator knows (it cannot be
+    checked, so it is an annotation) instead of refusing the schema; `any_order` lets an object's
+    properties come in any order where the engine supports it (xgrammar).
+    """
 
     any_whitespace: bool
     max_whitespace_cnt: int | None
     separators: tuple[str, str] | None
     strict: bool
+    unknown_formats: str = "refuse"
+    any_order: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,6 +165,9 @@ def _short(error: BaseException, limit: int = 200) -> str:
 
 
 def _spec_from_fields(fields: Mapping[str, Any], json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec | None:
+    if fields.get("guided_json") is False:
+        # The schema `false`: nothing is valid. Not "no constraint" (as guided_json_object: false is).
+        raise InvalidGrammarError("the schema `false` admits no value", part="guided_json")
     given = [name for name in KIND_FIELDS if _is_set(fields.get(name))]
     response_format = fields.get("response_format")
     if response_format is not None and _response_format_type(response_format) != "text":
@@ -309,7 +322,9 @@ def _load_schema(value: Any, part: str) -> dict:
     if isinstance(value, (str, bytes)):
         value = _load_json(value, part)
     if value is True:
-        raise InvalidGrammarError("the schema `true` allows any JSON: use json_object instead", part=part)
+        return {}  # any JSON value (json_object would allow only objects)
+    if value is False:
+        raise InvalidGrammarError("the schema `false` admits no value", part=part)
     if not isinstance(value, dict):
         raise InvalidGrammarError(f"a JSON schema must be an object, got {type(value).__name__}", part=part)
     _check_nesting(value, part)
@@ -363,7 +378,7 @@ def _check_nesting(value: Any, part: str) -> None:
 def _check_json_schema(schema: dict, part: str) -> None:
     if not _fast_meta_valid(schema):
         _check_meta_schema(schema, part)
-    _check_local_refs(schema, part)
+    _check_references(schema, part)
 
 
 def _fast_meta_valid(schema: dict) -> bool:
@@ -391,20 +406,16 @@ def _fast_meta_valid(schema: dict) -> bool:
 
 
 def _schema_regexes(schema: dict) -> Iterator[str]:
-    """Every `pattern` value and `patternProperties` key in a schema document."""
-    for node, _ in schema_objects(schema):
-        pattern = node.get("pattern")
-        if isinstance(pattern, str):
-            yield pattern
-        pattern_properties = node.get("patternProperties")
-        if isinstance(pattern_properties, dict):
-            yield from pattern_properties
+    """Every `pattern` value and `patternProperties` key in a schema document (by keyword position)."""
+    from .schema.walk import schema_regexes
+
+    return (pattern for pattern, _ in schema_regexes(schema))
 
 
 def _compiles(pattern: str) -> bool:
     try:
         re.compile(pattern)
-    except (re.error, RecursionError, OverflowError):
+    except (re.error, RecursionError, OverflowError, ValueError):  # 500 nested groups overflow re's parser
         return False
     return True
 
@@ -418,18 +429,28 @@ def _check_meta_schema(schema: dict, part: str) -> None:
     except jsonschema.SchemaError as error:
         location = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.path)
         raise InvalidGrammarError(f"not a valid JSON schema: {error.message}", part=f"{part}{location}") from None
+    except RecursionError:
+        # The meta-schema's "regex" format check runs Python's re parser, which recurses per group.
+        raise InvalidGrammarError("a pattern nested too deeply for Python's re", part=part) from None
 
 
-def _check_local_refs(schema: dict, part: str) -> None:
-    for node, path in schema_objects(schema):
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            _resolve_local_ref(ref, schema, f"{part}{path}.$ref")
+def _check_references(schema: dict, part: str) -> None:
+    """Every ``$ref`` in a schema position must resolve inside the document (JSON pointers, ``$id``,
+    ``$anchor``): remote references are never fetched. Walked by keyword position, so a ``$ref``
+    under a property *named* ``enum`` or ``default`` is checked too."""
+    from .schema.drafts import first_unresolvable_reference
+
+    found = first_unresolvable_reference(schema)
+    if found is not None:
+        ref, where = found
+        raise InvalidGrammarError(f"reference {ref[:200]!r} does not resolve inside the schema (remote references "
+                                  f"are not fetched)", part=f"{part}{where[1:]}")
 
 
 def schema_objects(node: Any, path: str = "") -> Iterator[tuple[dict, str]]:
-    """Every object of a schema (or structural tag) document with its path (``.a[0].b``), parents
-    first; the values of `_VALUE_KEYWORDS` are JSON instances, not schemas, and are not entered."""
+    """Every object of a structural tag's tree with its path (``.a[0].b``), parents first; the
+    values of `_VALUE_KEYWORDS` are not entered. (JSON schemas are walked by keyword position:
+    `fd_guided.schema.walk`.)"""
     if isinstance(node, dict):
         yield node, path
         for key, child in node.items():
@@ -438,13 +459,6 @@ def schema_objects(node: Any, path: str = "") -> Iterator[tuple[dict, str]]:
     elif isinstance(node, list):
         for index, child in enumerate(node):
             yield from schema_objects(child, f"{path}[{index}]")
-
-
-def _resolve_local_ref(ref: str, root: dict, part: str) -> None:
-    if ref != "#" and not ref.startswith("#/"):
-        raise InvalidGrammarError(f"only local references ('#/...') are supported, got {ref!r}", part=part)
-    if resolve_local_ref(root, ref) is None:
-        raise InvalidGrammarError(f"reference {ref!r} does not resolve", part=part)
 
 
 def resolve_local_ref(root: Any, ref: str) -> Any:
@@ -514,7 +528,15 @@ def _json_format(fields: Mapping[str, Any], config: GuidedConfig) -> JsonFormat:
     strict = config.strict_mode
     if fields.get("guided_strict") is not None:
         strict = _bool_field(fields, "guided_strict")
-    return JsonFormat(any_whitespace, max_ws if any_whitespace else None, separators, strict)
+    unknown_formats = getattr(config, "unknown_formats", "refuse")
+    if fields.get("guided_unknown_formats") is not None:
+        unknown_formats = fields["guided_unknown_formats"]
+        if unknown_formats not in UNKNOWN_FORMAT_POLICIES:
+            raise InvalidGrammarError(f"must be one of {UNKNOWN_FORMAT_POLICIES}", part="guided_unknown_formats")
+    any_order = getattr(config, "any_order", False)
+    if fields.get("guided_any_order") is not None:
+        any_order = _bool_field(fields, "guided_any_order")
+    return JsonFormat(any_whitespace, max_ws if any_whitespace else None, separators, strict, unknown_formats, any_order)
 
 
 def _separators(value: Any, default: tuple[str, str] | None) -> tuple[str, str] | None:

@@ -27,6 +27,7 @@ PATTERN_PROPERTIES = {"type": "object", "patternProperties": {"^x-[a-z]{1,3}$": 
 TYPE_BESIDE_ANY_OF = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                       "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
 NEITHER = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+BOUNDED_STRING = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}
 
 
 def spec_of(schema, **fields):
@@ -36,14 +37,16 @@ def spec_of(schema, **fields):
 @pytest.mark.parametrize("schema, expected", [
     (PLAIN, "xgrammar"),
     (SCHEMAS["nested_arrays"], "xgrammar"),
-    (SCHEMAS["person"], "xgrammar"),  # maxLength: enforced by xgrammar through a pattern rewrite
-    (ALL_OF, "llguidance"),
+    (SCHEMAS["person"], "llguidance"),  # maxLength: xgrammar cannot bound a string and allow escapes
+    (ALL_OF, "xgrammar"),  # merged into one object by the normaliser
     (PATTERN_PROPERTIES, "llguidance"),
-    (TYPE_BESIDE_ANY_OF, "llguidance"),
+    (TYPE_BESIDE_ANY_OF, "xgrammar"),
     ({"type": "number", "multipleOf": 0.5}, "llguidance"),
-    ({"type": "integer", "format": "int64"}, "llguidance"),
-    (SCHEMAS["oneof_shape"], "llguidance"),
-], ids=["plain", "nested_arrays", "maxLength", "allOf", "patternProperties", "type+anyOf", "multipleOf", "int64", "oneOf"])
+    ({"type": "integer", "format": "int64"}, "xgrammar"),  # format only constrains strings
+    (SCHEMAS["oneof_shape"], "xgrammar"),  # disjoint by its const discriminator: an anyOf
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "if": {"required": ["a"]}, "else": {"minProperties": 2}}, "llguidance"),
+], ids=["plain", "nested_arrays", "maxLength", "allOf", "patternProperties", "type+anyOf", "multipleOf", "int64", "oneOf",
+        "else-xgrammar-would-drop"])
 def test_choice_per_schema(schema, expected):
     assert choose_backend(spec_of(schema)) == expected
 
@@ -67,8 +70,8 @@ def test_syntax_errors_do_not_fall_back():
     assert caught.value.feature is None and "llguidance" not in str(caught.value)
 
 
-# xgrammar's own checker accepts these, yet its matcher accepts an instance jsonschema rejects:
-# auto must route them to llguidance, which enforces them.
+# xgrammar alone, given these schemas as they are, accepts an instance jsonschema rejects (or
+# rejects a valid one); after the normaliser, auto's grammar agrees with jsonschema.
 XGRAMMAR_GAPS = [
     ({"type": "object", "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}, '"x"'),
     ({"type": "integer", "minimum": 5, "anyOf": [{"maximum": 10}]}, "2"),
@@ -79,7 +82,7 @@ XGRAMMAR_GAPS = [
 
 
 @pytest.mark.parametrize("schema, loose", XGRAMMAR_GAPS, ids=["type+anyOf", "minimum+anyOf", "allOf+minimum", "$ref+minimum", "undeclared-required"])
-def test_gaps_of_xgrammar_go_to_llguidance(schema, loose, auto_backend):
+def test_gaps_of_xgrammar_are_closed(schema, loose, auto_backend):
     grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
     spec = spec_of(schema, disable_any_whitespace=True)
     if "required" in schema:  # xgrammar admits no object at all here, not even the valid one
@@ -88,7 +91,6 @@ def test_gaps_of_xgrammar_go_to_llguidance(schema, loose, auto_backend):
         assert xgr.testing._is_grammar_accept_string(grammar, loose)  # why auto does not use xgrammar here
         assert not validate_output(spec, loose).valid
     compiled = auto_backend.compile(spec)
-    assert compiled.backend_name == "llguidance"
     assert accepts(auto_backend, compiled, loose) is validate_output(spec, loose).valid
 
 
@@ -108,7 +110,7 @@ def auto_backend():
 
 
 def test_compile_dispatch_and_serialization(auto_backend):
-    plain, fallback = auto_backend.compile(spec_of(PLAIN)), auto_backend.compile(spec_of(ALL_OF))
+    plain, fallback = auto_backend.compile(spec_of(PLAIN)), auto_backend.compile(spec_of(PATTERN_PROPERTIES))
     assert (plain.backend_name, fallback.backend_name) == ("xgrammar", "llguidance")
     for compiled in (plain, fallback):
         restored = auto_backend.deserialize(compiled.spec, auto_backend.serialize(compiled))
@@ -137,7 +139,7 @@ def test_one_engine_batch_mixes_backends_per_request():
     engine = ReferenceEngine.default(preset="tiny", max_num_seqs=16, guided_config=AUTO.replace(auto_first_ready=False), metrics=metrics)
     requests = [
         {"prompt": "plain", "guided_json": PLAIN},
-        {"prompt": "falls back", "guided_json": ALL_OF},
+        {"prompt": "falls back", "guided_json": BOUNDED_STRING},
         {"prompt": "plain too", "guided_json": SCHEMAS["enum_status"]},
         {"prompt": "falls back too", "guided_json": PATTERN_PROPERTIES},
         {"prompt": "neither", "guided_json": NEITHER},
@@ -154,10 +156,10 @@ def test_one_engine_batch_mixes_backends_per_request():
         if result.finish_reason == "stop":
             assert validate_output(result.spec, result.text).valid, (requests[index], result.text)
     chosen = {i: engine.manager.compiler.compile_now(results[i].spec).backend_name for i in (0, 1, 2, 3, 5, 6, 7)}
-    assert chosen == {0: "xgrammar", 1: "llguidance", 2: "xgrammar", 3: "llguidance", 5: "xgrammar", 6: "xgrammar", 7: "llguidance"}
-    assert metrics.labelled("requests_by_backend_total") == {"xgrammar": 4, "llguidance": 3}
-    assert metrics.labelled("compiles_by_engine_total") == {"xgrammar": 4, "llguidance": 3}
-    assert 'requests_by_backend_total{backend="llguidance"} 3' in metrics.to_prometheus()
+    assert chosen == {0: "xgrammar", 1: "llguidance", 2: "xgrammar", 3: "llguidance", 5: "xgrammar", 6: "xgrammar", 7: "xgrammar"}
+    assert metrics.labelled("requests_by_backend_total") == {"xgrammar": 5, "llguidance": 2}
+    assert metrics.labelled("compiles_by_engine_total") == {"xgrammar": 5, "llguidance": 2}
+    assert 'requests_by_backend_total{backend="llguidance"} 2' in metrics.to_prometheus()
     engine.close()
 
 

@@ -68,7 +68,7 @@ def test_submit_never_blocks_and_join_times_out(gated):
 def test_compile_error_travels_in_the_future_and_is_remembered():
     backend = XGrammarBackend(load_tokenizer("deepseek"), vocab_size=129_280)
     service = CompileService(backend)
-    bad = GrammarSpec("json_schema", '{"type":"integer","minimum":0.5}', spec_of(0).json_format)
+    bad = GrammarSpec("json_schema", '{"type":"array","uniqueItems":true}', spec_of(0).json_format)  # refused at compile
     with pytest.raises(InvalidGrammarError):
         service.submit(bad).result(timeout=10)
     with pytest.raises(InvalidGrammarError):

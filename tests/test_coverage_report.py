@@ -28,6 +28,6 @@ def test_report_on_a_small_folder(tmp_path):
     assert (summary["schemas"], summary["accepted"], summary["rejected"], summary["crashed"]) == (4, 2, 2, 0)
     assert summary["valid"] + summary["length_cut"] == summary["generated"] == 2 and summary["invalid"] == 0
     reasons = dict(summary["top_rejections"])
-    assert "keyword uniqueItems" in reasons and any(r.startswith("malformed JSON") for r in reasons)
+    assert any("uniqueItems" in r for r in reasons) and any(r.startswith("malformed JSON") for r in reasons)
     markdown = out_md.read_text()
-    assert "| llguidance | 2 | 2 | 0 | 0 |" in markdown and "keyword uniqueItems" in markdown
+    assert "| llguidance | 2 | 2 | 0 | 0 |" in markdown and "uniqueItems" in markdown

@@ -291,13 +291,13 @@ def test_eos_the_host_forces_at_max_length_ends_the_slot_without_an_error(tokeni
 def test_a_compile_failure_fails_the_request_instead_of_a_none_processor(tokenizer):
     config = fd_config(max_num_seqs=2)
     backend = get_guided_backend(config, tokenizer=tokenizer)
-    for key in [("json", '{"type": "integer", "minimum": 0.5}'), ("xml", "<a/>"), ("regex", "(")]:
+    for key in [("json", '{"type": "array", "uniqueItems": true}'), ("xml", "<a/>"), ("regex", "(")]:
         future = backend.get_logits_processor(key)
         with pytest.raises(InvalidGrammarError):
             future.result(timeout=10)
     backend.close()
     # Not admitted (FastDeploy's offline path skipped its checker): the worker refuses it.
-    request = make_request(tokenizer, "bad", "Number:", guided_json='{"type": "integer", "minimum": 0.5}')
+    request = make_request(tokenizer, "bad", "Number:", guided_json='{"type": "array", "uniqueItems": true}')
     runner = MiniFastDeployRunner(config)
     try:
         runner.run([request])

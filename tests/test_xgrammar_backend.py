@@ -47,7 +47,10 @@ ENFORCED = [
     ({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3}, [1, 2], [1, 2, 3, 4]),
     ({"type": "integer", "exclusiveMinimum": 0}, 1, 0),
     ({"type": "number", "minimum": 1.5}, 2.0, 1.0),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}]}, {"a": 1}, {}),
     ({"type": "string", "minLength": 2, "maxLength": 4}, "abc", "abcdef"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, {"b": [1]}, {"a": 1}),
+    ({"not": {"type": "string"}, "type": ["string", "integer"]}, 3, "s"),
     ({"type": "string", "pattern": "^[a-z]+$"}, "abc", "aB"),
     ({"enum": ["a", 1, None]}, None, "b"),
     ({"const": {"a": [1]}}, {"a": [1]}, {"a": [2]}),
@@ -66,20 +69,23 @@ def test_every_accepted_keyword_is_enforced(backend, schema, good, bad):
 
 
 def test_length_bounded_strings_are_plain_json_and_exact(backend):
-    # xgrammar's own maxLength string admits raw control characters; the pattern rewrite does not.
+    # xgrammar's own maxLength string admits raw control characters; the pattern rewrite does not
+    # (it admits no escapes either: a subset, so auto prefers llguidance for such schemas).
     spec = xgr_spec({"guided_json": {"type": "string", "minLength": 1, "maxLength": 5}, **COMPACT})
     assert accepts(backend, spec, '"a"') and accepts(backend, spec, '"é中文ab"')
     assert not accepts(backend, spec, '"a\x01"')
     assert not accepts(backend, spec, '""') and not accepts(backend, spec, '"abcdef"')
+    with pytest.raises(InvalidGrammarError, match="past 128") as caught:  # would fail xgrammar's compile
+        xgr_spec({"guided_json": {"type": "string", "maxLength": 256}})
+    assert caught.value.feature
 
 
 @pytest.mark.parametrize("schema, feature", [
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
-    ({"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}]}, "anyOf together with sibling keywords"),
-    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, "required properties missing"),
     ({"type": "string", "format": "email", "maxLength": 20}, "minLength/maxLength"),
-    ({"type": "string", "pattern": "^(?!org\\.)[a-z.]+$"}, "Lookahead"),  # xgrammar would drop the lookahead
-    ({"type": "string", "pattern": "^(a)\\1$"}, "Backreference"),
+    ({"type": "string", "pattern": "^(?!org\\.)[a-z.]+$"}, "look-ahead"),  # xgrammar would drop the lookahead
+    ({"type": "string", "pattern": "^(a)\\1$"}, "back-references"),
+    ({"type": "object", "properties": {"a\"b": {"type": "integer"}}}, "property names"),
 ])
 def test_constructs_xgrammar_mis_enforces_are_refused(schema, feature):
     # Keyword refusals come at admission; what xgrammar's own regex parser refuses, at its compile.
@@ -148,8 +154,8 @@ def test_padded_vocab_and_engine_stop_tokens():
 def test_compile_error_is_invalid_grammar(backend):
     from fd_guided.spec import GrammarSpec
 
-    with pytest.raises(InvalidGrammarError, match="guided_json"):
-        backend.compile(GrammarSpec("json_schema", '{"type":"integer","minimum":1.5}', xgr_spec({"guided_json": {}}).json_format))
+    with pytest.raises(InvalidGrammarError, match="uniqueItems"):
+        backend.compile(GrammarSpec("json_schema", '{"type":"array","uniqueItems":true}', xgr_spec({"guided_json": {}}).json_format))
 
 
 def test_qwen_tiktoken_vocabulary():

@@ -67,6 +67,8 @@ def candidate_engines(spec: GrammarSpec) -> tuple[str, ...]:
             part=second.part if second.feature and not first.feature else first.part,
             feature=" / ".join(f for f in (first.feature, second.feature) if f) or None,
         ) from None
+    if len(engines) == 2 and _xgrammar_narrows(spec):
+        engines.reverse()  # llguidance enforces all of it, xgrammar only a sound subset
     return tuple(engines)
 
 
@@ -86,6 +88,17 @@ def static_refusals(spec: GrammarSpec) -> list[tuple[str, InvalidGrammarError]]:
 def choose_backend(spec: GrammarSpec) -> str:
     """The engine auto prefers for `spec` at admission (compile-time fallback may still change it)."""
     return candidate_engines(spec)[0]
+
+
+def _xgrammar_narrows(spec: GrammarSpec) -> bool:
+    """xgrammar admits only a sound subset of the schema's values (alternatives it cannot express
+    left out, or bounded strings without escapes: `fd_guided.schema.narrows`) while llguidance,
+    whose check passed, enforces all of it."""
+    if spec.kind != "json_schema":
+        return False
+    from ..schema import narrows
+
+    return narrows(PREFERRED, spec.schema, spec.json_format) and not narrows(FALLBACK, spec.schema, spec.json_format)
 
 
 def _reason(error: InvalidGrammarError) -> str:

@@ -6,22 +6,13 @@ xgrammar it refuses JSON-schema keywords it cannot enforce (unless `lenient`, wh
 so `check` asks `LLMatcher.validate_grammar_with_warnings` and turns every error or warning into
 an `InvalidGrammarError` naming the feature.
 
-What we add on top, so that what llguidance enforces is never looser than what `jsonschema`
-(Python `re`) accepts:
-  - regexes (``pattern``, ``patternProperties`` keys, ``guided_regex``) are rewritten so every
-    character-class shorthand means the same as in Python: negated shorthands (``\\S``, ``\\D``,
-    ``\\W``) and shorthands inside negated classes become Python's exact code-point sets, positive
-    ones become their ASCII subsets; Rust-only class syntax (nested classes, ``&&``/``--``/``~~``,
-    POSIX ``[:alpha:]``) is refused;
-  - loose built-in formats (ipv4, date, time, date-time) become the strict patterns of
-    `fd_guided.backends.formats`; ``format`` on a node that cannot be a string is dropped (format
-    only constrains strings);
-  - fractional ``multipleOf`` steps that are not powers of two are refused: `jsonschema` checks
-    them in binary floating point and rejects exact decimal multiples such as 0.3 for 0.1;
-  - strict mode (``additionalProperties: false`` by default) is applied by rewriting the schema,
-    except on nodes that combine subschemas (allOf/anyOf/oneOf/$ref), where it would change them.
-Those rewrites live in `llguidance_schema`; format-style structural tags become Lark in
-`llguidance_tags`.
+Every JSON schema it receives comes from `fd_guided.schema.for_engine("llguidance", ...)`, so
+what llguidance enforces is never looser than what `jsonschema` (Python `re`, format checking on)
+accepts: patterns re-printed from Python's parse, formats as exact patterns, numbers compared
+exactly (bounds and enum integers past 2^53 refused: llguidance compares them as doubles),
+strictness and oneOf/not/if/dependencies/unevaluated* rewritten into keywords it enforces.
+``guided_regex`` gets Python's class meanings through `llguidance_schema.python_exact_regex`;
+format-style structural tags become Lark in `llguidance_tags`.
 """
 from __future__ import annotations
 
@@ -41,7 +32,8 @@ from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle
-from .llguidance_schema import Refusal, json_options, prepare_schema, python_compiles, python_exact_regex
+from ..schema import for_engine
+from .llguidance_schema import Refusal, json_options, python_compiles, python_exact_regex
 from .llguidance_tags import format_to_lark
 
 logger = logging.getLogger(__name__)
@@ -259,8 +251,15 @@ def grammar_text(spec: GrammarSpec) -> str:
         raise InvalidGrammarError(f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
 
 
+def llguidance_schema(schema: Any, json_format, part: str) -> dict:
+    """`schema` normalised for llguidance (`fd_guided.schema.for_engine`); InvalidGrammarError if it cannot be."""
+    if json_format.any_order:
+        raise InvalidGrammarError("llguidance keeps properties in schema order", part=part, feature="guided_any_order")
+    return for_engine("llguidance", schema, json_format, part=part)
+
+
 def _json_schema_grammar(spec: GrammarSpec) -> str:
-    schema = prepare_schema(spec.schema, strict=spec.json_format.strict)
+    schema = llguidance_schema(spec.schema, spec.json_format, "json schema")
     # As text: llguidance's own JSON reader takes numbers that its dict converter refuses.
     return LLMatcher.grammar_from_json_schema(json.dumps(schema, ensure_ascii=False), overrides=json_options(spec.json_format))
 
@@ -301,7 +300,7 @@ def _structural_tag_grammar(spec: GrammarSpec) -> str:
     tags = []
     for index, structure in enumerate(tag["structures"]):
         trigger = next(t for t in tag["triggers"] if structure["begin"].startswith(t))
-        schema = prepare_schema(structure["schema"], strict=spec.json_format.strict, path=f"structures[{index}].schema")
+        schema = llguidance_schema(structure["schema"], spec.json_format, f"structural_tag.structures[{index}].schema")
         schema["x-guidance"] = options
         tags.append(llguidance.StructTag(trigger=trigger, begin=structure["begin"], grammar=schema, end=structure["end"]))
     # Triggers are plain text here (our tokenizers have no special tokens spelled like them).
@@ -320,7 +319,7 @@ _GRAMMAR_BUILDERS = {
 
 
 def _check_json_schema(spec: GrammarSpec) -> None:
-    prepare_schema(spec.schema, strict=spec.json_format.strict)
+    llguidance_schema(spec.schema, spec.json_format, "json schema")
 
 
 def _check_regex(spec: GrammarSpec) -> None:
@@ -334,7 +333,7 @@ def _check_structural_tag(spec: GrammarSpec) -> None:
         format_to_lark(tag["format"], spec.json_format)
         return
     for index, structure in enumerate(tag["structures"]):
-        prepare_schema(structure["schema"], strict=spec.json_format.strict, path=f"structures[{index}].schema")
+        llguidance_schema(structure["schema"], spec.json_format, f"structural_tag.structures[{index}].schema")
 
 
 def _static(builder):

@@ -1,13 +1,14 @@
 """Format-style structural tags (xgrammar's ``format`` JSON) written as llguidance Lark."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import llguidance
 
 from ..spec import JsonFormat
-from .llguidance_schema import Refusal, json_options, prepare_schema, python_exact_regex
+from .llguidance_schema import Refusal, json_options, python_exact_regex
 
 # ----- format-style structural tags (xgrammar's "format" JSON) as Lark ----------------------------
 
@@ -71,10 +72,12 @@ class _LarkBuilder:
             schema = {}
         if not isinstance(schema, dict):
             raise Refusal(f"json_schema {schema!r} in a structural tag")
-        prepared = prepare_schema(schema, strict=self.json_format.strict, path=where)
+        from .llguidance import llguidance_schema
+
+        prepared = llguidance_schema(schema, self.json_format, f"structural_tag.{where}")
         layout = self.json_format
         if fmt.get("max_whitespace_cnt") is not None:
-            layout = JsonFormat(True, int(fmt["max_whitespace_cnt"]), layout.separators, layout.strict)
+            layout = dataclasses.replace(layout, any_whitespace=True, max_whitespace_cnt=int(fmt["max_whitespace_cnt"]))
         prepared["x-guidance"] = json_options(layout)
         return "%json " + json.dumps(prepared, ensure_ascii=False)
 

@@ -1,8 +1,9 @@
 """The xgrammar backend: one GrammarCompiler with a bounded cache, one matcher per slot.
 
 xgrammar logs and then *ignores* JSON-schema keywords it cannot enforce (checked by feeding
-valid and invalid instances to its matcher, see tests/test_xgrammar_backend.py). `check` refuses
-those keywords at admission so a warning never stands in for enforcement.
+valid and invalid instances to its matcher, see tests/schema/test_engine_keywords.py). Every JSON
+schema it receives therefore comes from `fd_guided.schema.for_engine("xgrammar", ...)`: rewritten
+into the keywords xgrammar enforces exactly, or refused at admission with the feature named.
 """
 from __future__ import annotations
 
@@ -15,22 +16,10 @@ import xgrammar as xgr
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
-from ..spec import FIELD_OF_KIND, GrammarSpec, resolve_local_ref, schema_objects
+from ..schema import for_engine
+from ..schema.walk import subschemas
+from ..spec import FIELD_OF_KIND, GrammarSpec, JsonFormat, schema_objects
 from ..tokenizer import TokenizerBundle
-from .formats import STRICT_FORMAT_PATTERNS, with_strict_formats
-from .schema_walk import for_each_schema_node, subschemas
-
-# Formats xgrammar turns into real string grammars (anything else would be ignored).
-SUPPORTED_FORMATS = frozenset({
-    "email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid",
-    "uri", "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
-})
-# Keywords xgrammar accepts but does not enforce.
-IGNORED_KEYWORDS = frozenset({
-    "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
-    "contains", "minContains", "maxContains", "patternProperties", "propertyNames",
-    "unevaluatedItems", "$dynamicRef", "$recursiveRef",
-})
 
 
 class XGrammarCompiled(CompiledGrammar):
@@ -97,19 +86,19 @@ class XGrammarBackend(GuidedBackend):
 
     @classmethod
     def check(cls, spec: GrammarSpec) -> None:
-        """Pure Python: keywords and constructs xgrammar would not enforce. Its own parsers run in `compile`."""
-        for schema, part in _schemas_of(spec):
-            check_schema_keywords(schema, part)
-        gap = xgrammar_gap(spec)
-        if gap is not None:
-            _refuse(*gap)
+        """Pure Python: the schema normaliser's refusals for xgrammar, and regex features it
+        misreads. Its own parsers run in `compile`."""
+        if spec.kind == "json_schema":
+            _enforced_schema(spec)
+        elif spec.kind == "structural_tag":
+            structural_tag_json(spec)
         if any(has_unicode_property_escape(text) for text in _regex_texts(spec)):
             feature = "Unicode property escapes (\\p{...}, \\P{...})"
             raise InvalidGrammarError(f"xgrammar cannot enforce {feature}", part=_part_of(spec), feature=feature)
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
-        for schema, part in _schemas_of(spec):
-            check_schema_patterns(schema, part)
+        if spec.kind == "json_schema":
+            check_schema_patterns(xgrammar_schema(spec.schema, spec.json_format, "json schema"))
         try:
             native = _compile(self.compiler, spec)
         except (RuntimeError, ValueError, TypeError) as error:
@@ -177,7 +166,10 @@ def _tokenizer_info(tokenizer: TokenizerBundle, vocab_size: int, stop_token_ids:
 
 def _json_options(spec: GrammarSpec) -> dict[str, Any]:
     fmt = spec.json_format
-    options: dict[str, Any] = {"any_whitespace": fmt.any_whitespace, "strict_mode": fmt.strict}
+    # Strictness is already explicit in the normalised schema (additionalProperties/items: false).
+    options: dict[str, Any] = {"any_whitespace": fmt.any_whitespace, "strict_mode": False}
+    if fmt.any_order:
+        options["any_order"] = True
     if fmt.separators is not None:
         options["separators"] = fmt.separators
     if fmt.any_whitespace and fmt.max_whitespace_cnt is not None:
@@ -191,29 +183,19 @@ _ANY_OBJECT_SCHEMA = '{"type":"object"}'
 
 
 def _enforced_schema(spec: GrammarSpec) -> str:
-    return json.dumps(_enforceable_schema(spec.schema))
+    """The request's schema as xgrammar must see it (`fd_guided.schema.for_engine`); raises
+    InvalidGrammarError naming what xgrammar cannot enforce."""
+    return json.dumps(xgrammar_schema(spec.schema, spec.json_format, "json schema"))
 
 
-# A JSON string character that needs no escape: what a length-bounded string may contain.
-_PLAIN_JSON_CHAR = '[^\\x00-\\x1f"\\\\]'
-
-
-def _enforceable_schema(schema: Any) -> Any:
-    """The schema handed to xgrammar: loose formats and length-bounded strings become patterns.
-
-    xgrammar's own ``minLength``/``maxLength`` string admits raw control characters (not JSON)
-    and its mask costs milliseconds per token (most tokens become context dependent); the
-    pattern ``^[plain char]{min,max}$`` is exact for strings without escapes and ~300x faster.
-    """
-    schema = with_strict_formats(schema)
-    for_each_schema_node(schema, _length_to_pattern)
-    return schema
-
-
-def _length_to_pattern(node: dict) -> None:
-    if ("minLength" in node or "maxLength" in node) and "pattern" not in node and "format" not in node:
-        low, high = node.pop("minLength", 0), node.pop("maxLength", None)
-        node["pattern"] = f"^{_PLAIN_JSON_CHAR}{{{low},{'' if high is None else high}}}$"
+def xgrammar_schema(schema: Any, json_format: JsonFormat, part: str) -> dict:
+    """`schema` normalised for xgrammar; any-order needs exact property counts (see below)."""
+    normalised = for_engine("xgrammar", schema, json_format, part=part)
+    if json_format.any_order and "minProperties" in json.dumps(normalised):
+        # With any_order xgrammar admits a repeated key ({"a":1,"a":2}), which parses as one.
+        raise InvalidGrammarError("xgrammar cannot count properties in any order (a key may repeat)", part=part,
+                                  feature="minProperties with guided_any_order")
+    return normalised
 
 
 def _compile(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.CompiledGrammar:
@@ -257,53 +239,34 @@ def _ebnf_literal(text: str) -> str:
 
 
 def structural_tag_json(spec: GrammarSpec) -> str:
-    """The spec as xgrammar's structural-tag JSON (legacy structures/triggers become triggered_tags)."""
+    """The spec as xgrammar's structural-tag JSON (legacy structures/triggers become triggered_tags).
+
+    Every JSON schema inside goes through `xgrammar_schema`, legacy structures and the
+    ``json_schema`` elements of format-style tags alike: a tag is not a way around the checks.
+    """
     tag = spec.structural_tag
     if "format" in tag:
-        return json.dumps(tag)
+        return json.dumps({**tag, "format": _normalised_format(tag["format"], spec.json_format, "structural_tag.format")})
     tags = [
-        {"type": "tag", "begin": s["begin"], "content": {"type": "json_schema", "json_schema": _enforceable_schema(s["schema"])}, "end": s["end"]}
-        for s in tag["structures"]
+        {"type": "tag", "begin": s["begin"], "content": {"type": "json_schema", "json_schema": xgrammar_schema(
+            s["schema"], spec.json_format, f"structural_tag.structures[{i}].schema")}, "end": s["end"]}
+        for i, s in enumerate(tag["structures"])
     ]
     return json.dumps({"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": tag["triggers"], "tags": tags}})
 
 
-def _schemas_of(spec: GrammarSpec) -> Iterator[tuple[Any, str]]:
-    if spec.kind == "json_schema":
-        yield spec.schema, "$"
-    elif spec.kind == "structural_tag" and "structures" in spec.structural_tag:
-        for index, structure in enumerate(spec.structural_tag["structures"]):
-            yield structure["schema"], f"structures[{index}].schema"
-
-
-def check_schema_keywords(schema: Any, path: str = "$") -> None:
-    """Raise InvalidGrammarError at the first keyword xgrammar would not enforce, naming its location."""
-    if not isinstance(schema, dict):
-        return
-    for keyword in schema:
-        if keyword in IGNORED_KEYWORDS:
-            _refuse(keyword, f"{path}.{keyword}")
-    if schema.get("uniqueItems") is True:
-        _refuse("uniqueItems", f"{path}.uniqueItems")
-    if "multipleOf" in schema and schema.get("type") != "integer":
-        _refuse("multipleOf on numbers (it is enforced only for type integer)", f"{path}.multipleOf")
-    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
-        _refuse("allOf with more than one subschema", f"{path}.allOf")
-    fmt = schema.get("format")
-    if fmt is not None and (not isinstance(fmt, str) or fmt not in SUPPORTED_FORMATS):
-        _refuse(f"format {fmt!r} (supported: {', '.join(sorted(SUPPORTED_FORMATS))})", f"{path}.format")
-    if isinstance(fmt, str) and fmt in STRICT_FORMAT_PATTERNS and "pattern" in schema:
-        _refuse(f"format {fmt!r} together with pattern", f"{path}.format")
-    if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
-        _refuse("pattern together with minLength/maxLength", f"{path}.pattern")
-    if isinstance(schema.get("pattern"), str):
-        _check_pattern(schema["pattern"], f"{path}.pattern")
-    if isinstance(schema.get("items"), list):
-        _refuse("items as a list (use prefixItems)", f"{path}.items")
-    if "unevaluatedProperties" in schema and not isinstance(schema["unevaluatedProperties"], bool):
-        _refuse("unevaluatedProperties with a schema", f"{path}.unevaluatedProperties")
-    for child, child_path in subschemas(schema, path):
-        check_schema_keywords(child, child_path)
+def _normalised_format(node: Any, json_format: JsonFormat, where: str) -> Any:
+    """A copy of a structural-tag format tree whose ``json_schema`` elements are normalised."""
+    if isinstance(node, list):
+        return [_normalised_format(item, json_format, f"{where}[{i}]") for i, item in enumerate(node)]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "json_schema" and "json_schema" in node:
+        schema = node["json_schema"]
+        if schema is True:
+            schema = {}
+        return {**node, "json_schema": xgrammar_schema(schema, json_format, f"{where}.json_schema")}
+    return {key: _normalised_format(value, json_format, f"{where}.{key}") for key, value in node.items()}
 
 
 def _regex_texts(spec: GrammarSpec) -> Iterator[str]:
@@ -328,20 +291,16 @@ def has_unicode_property_escape(pattern: str) -> bool:
     return False
 
 
-def _check_pattern(pattern: str, location: str) -> None:
-    if has_unicode_property_escape(pattern):
-        _refuse(f"pattern {pattern!r} (Unicode property escapes)", location)
-
-
 def check_schema_patterns(schema: Any, path: str = "$") -> None:
-    """Inside a JSON schema xgrammar drops what its regex parser refuses (lookaround, backreferences,
-    word boundaries) with only a log line; such a pattern must be refused, not weakened. Native:
-    runs in `compile` (a compile worker), never at admission."""
+    """Defence in depth behind the normaliser's regex analysis: inside a JSON schema xgrammar drops
+    what its regex parser refuses (lookaround, backreferences) with only a log line, so a pattern
+    its parser rejects is refused, not weakened. Native: runs in `compile` (a compile worker)."""
     for node, where in _pattern_nodes(schema, path):
         try:
             xgr.Grammar.from_regex(node["pattern"])
         except (RuntimeError, ValueError) as error:
-            _refuse(f"pattern {node['pattern']!r} ({_first_line(error)})", f"{where}.pattern")
+            feature = f"pattern {node['pattern']!r} ({_first_line(error)})"
+            raise InvalidGrammarError(f"xgrammar cannot enforce {feature}", part=f"json schema {where}.pattern", feature=feature) from None
 
 
 def _pattern_nodes(schema: Any, path: str) -> Iterator[tuple[dict, str]]:
@@ -351,10 +310,6 @@ def _pattern_nodes(schema: Any, path: str) -> Iterator[tuple[dict, str]]:
         yield schema, path
     for child, child_path in subschemas(schema, path):
         yield from _pattern_nodes(child, child_path)
-
-
-def _refuse(feature: str, location: str) -> None:
-    raise InvalidGrammarError(f"xgrammar cannot enforce {feature}", part=f"json schema {location}", feature=feature)
 
 
 def _part_of(spec: GrammarSpec) -> str:
@@ -370,105 +325,3 @@ def _first_line(error: Exception) -> str:
         if ".cc:" in message and ": " in message:
             message = message.split(": ", 1)[1]
     return message
-
-
-# ----- what xgrammar's own checker lets through but xgrammar does not enforce ----------------------
-# Found by generating from ~580 SchemaStore schemas and validating with jsonschema (docs/coverage.md)
-# and confirmed on minimal schemas in tests/test_auto_backend.py and tests/test_xgrammar_backend.py.
-# `check` runs it on the schema as compiled (after `_enforceable_schema`'s rewrites).
-
-_ASSERTIONS = frozenset({
-    "type", "enum", "const", "properties", "patternProperties", "additionalProperties", "required",
-    "minProperties", "maxProperties", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
-    "uniqueItems", "contains", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "not", "if", "then", "else", "dependentRequired",
-    "dependentSchemas", "dependencies", "propertyNames", "unevaluatedProperties", "unevaluatedItems",
-    "allOf", "anyOf", "oneOf", "$ref",
-})
-_COMBINATORS = ("anyOf", "oneOf", "allOf")
-# Drafts whose $ref replaces its siblings (jsonschema ignores them, as xgrammar does).
-_LEGACY_REF_VALIDATORS = ("Draft3Validator", "Draft4Validator", "Draft6Validator", "Draft7Validator")
-
-
-def xgrammar_gap(spec: GrammarSpec) -> tuple[str, str] | None:
-    """See `_xgrammar_gap_in`; applied to every JSON schema of `spec` as xgrammar will see it."""
-    if spec.kind == "json_schema":
-        schemas = [(_enforceable_schema(spec.schema), "$")]
-    elif spec.kind == "structural_tag" and "structures" in spec.structural_tag:
-        schemas = [(_enforceable_schema(s["schema"]), f"structures[{i}].schema") for i, s in enumerate(spec.structural_tag["structures"])]
-    else:
-        return None
-    return _xgrammar_gap_in(schemas)
-
-
-def _xgrammar_gap_in(schemas) -> tuple[str, str] | None:
-    """(feature, location) of the first construct xgrammar accepts but does not enforce, or None.
-
-    - ``oneOf``: xgrammar falls back to anyOf semantics when it cannot prove the branches
-      disjoint, so an output may match two branches;
-    - a combinator (anyOf/oneOf/allOf) next to other assertions (``type: object`` beside
-      ``anyOf: [{required: [a]}, ...]``): xgrammar keeps only the combinator;
-    - ``$ref`` next to other assertions in drafts where they apply (2019-09 and later);
-    - ``required`` names that ``properties`` does not declare: xgrammar drops them, or with
-      declared ones admits no object at all;
-    - ``minLength``/``maxLength`` left after the rewrite to a pattern (i.e. beside a ``format``):
-      xgrammar's own length-bounded string admits raw control characters (``"a\x00"``), not JSON.
-    """
-    for schema, path in schemas:
-        if not isinstance(schema, dict):
-            continue
-        legacy_ref = _validator_name(schema) in _LEGACY_REF_VALIDATORS
-        seen: set[int] = set()
-        for node, where in _schema_nodes(schema, path, schema, seen):
-            gap = _node_gap(node, legacy_ref)
-            if gap is not None:
-                return gap, where
-            if where.startswith("#"):
-                # xgrammar's checker walks keywords, not $refs into other places (e.g. definitions.x.full).
-                try:
-                    check_schema_keywords(node, where)
-                except InvalidGrammarError as refused:
-                    return refused.feature or str(refused), where
-    return None
-
-
-def _node_gap(node: dict, legacy_ref: bool) -> str | None:
-    if "oneOf" in node:
-        return "oneOf (xgrammar falls back to anyOf when it cannot prove the branches disjoint)"
-    if "minLength" in node or "maxLength" in node:
-        return "minLength/maxLength (xgrammar admits raw control characters in length-bounded strings)"
-    required = node.get("required")
-    if isinstance(required, list) and required:
-        declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-        undeclared = [name for name in required if name not in declared]
-        if undeclared:
-            return f"required properties missing from properties ({', '.join(map(str, undeclared[:3]))})"
-    combinators = [k for k in _COMBINATORS if k in node]
-    if combinators:
-        siblings = sorted(k for k in node if k in _ASSERTIONS and k != combinators[0])
-        if siblings:
-            return f"{combinators[0]} together with sibling keywords ({', '.join(siblings)})"
-    if "$ref" in node and not legacy_ref:
-        siblings = sorted(k for k in node if k in _ASSERTIONS and k != "$ref")
-        if siblings:
-            return f"$ref together with sibling keywords ({', '.join(siblings)})"
-    return None
-
-
-def _schema_nodes(node: Any, path: str, root: dict, seen: set[int]):
-    """Every subschema reachable from `node` (through keywords and local $refs), once each."""
-    if not isinstance(node, dict) or id(node) in seen:
-        return
-    seen.add(id(node))
-    yield node, path
-    ref = node.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#"):
-        yield from _schema_nodes(resolve_local_ref(root, ref), ref, root, seen)
-    for child, child_path in subschemas(node, path):
-        yield from _schema_nodes(child, child_path, root, seen)
-
-
-def _validator_name(schema: dict) -> str:
-    import jsonschema
-
-    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).__name__

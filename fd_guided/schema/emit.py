@@ -1,0 +1,365 @@
+"""Normalised unions -> the JSON schema one engine enforces exactly (`capabilities.TABLE`).
+
+Every emitted node has an explicit ``type`` (or is an ``enum``, a lone ``$ref``, or an ``anyOf``
+of such nodes); object leaves carry explicit ``additionalProperties``; referenced definitions go
+to ``$defs`` under generated names, emitted from a work list (no recursion over reference
+chains). A weak leaf (`leaves.Leaf.weak`) the engine cannot take is dropped rather than refused.
+The per-keyword engine limits below were measured with real matchers; each one is tested in
+tests/schema/test_engine_keywords.py.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from . import regex
+from .capabilities import REFUSED, how
+from .formats import FORMAT_PATTERNS
+from .leaves import BARE_KINDS, Leaf, U
+from .numbers import (LLGUIDANCE_EXACT_LIMIT, XGRAMMAR_INT_LIMIT, XGRAMMAR_MAX_MULTIPLE_OF, binary_fraction, bounded,
+                      enumerate_multiples, every_integer_is_multiple, has_big_integer, step_feature)
+from .refusal import Refusal, Unsatisfiable
+
+DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
+MAX_MIN_ITEMS = 1024
+MAX_COUNT = 2**31 - 1
+MAX_EMITTED_NODES = 200_000
+MAX_PATTERN_PROPERTIES = 64
+_XGRAMMAR_PLAIN_CHAR = '[^"\\\\\\x00-\\x1f]'  # a character a JSON string holds without an escape
+_XGRAMMAR_BAD_KEY_CHARS = frozenset('"\\') | frozenset(map(chr, range(0x20)))
+
+
+class Emitter:
+    def __init__(self, normaliser, engine: str):
+        self.normaliser = normaliser
+        self.engine = engine
+        self._names: dict[tuple, str] = {}
+        self._pending: list[tuple[tuple, bool, str]] = []
+        self._nodes = 0
+        # The emitted schema admits only a subset of the valid values: a weak alternative the engine
+        # cannot express was left out, or a bounded string admits no escapes (xgrammar).
+        self.narrowed = False
+
+    def document(self) -> dict:
+        root = self.normaliser.root()
+        if root.is_none and root.exact:
+            raise Unsatisfiable("no value is valid")
+        body = self.union(root, "$")
+        if body is False:
+            raise Refusal("not/if/oneOf whose remaining alternatives this engine cannot express")
+        defs = {}
+        while self._pending:
+            key, closed, name = self._pending.pop(0)
+            target = self.normaliser.expand(Leaf("ref", {"target": key, "closed": closed}))
+            emitted = self.union(target, self.normaliser.targets[key][2])
+            defs[name] = emitted if emitted is not False else {"not": {}}
+        out = dict(body)
+        if defs:
+            out["$defs"] = defs
+        if self.engine == "llguidance":
+            out["$schema"] = DRAFT_2020_12
+        return out
+
+    def _count(self) -> None:
+        self._nodes += 1
+        if self._nodes > MAX_EMITTED_NODES:
+            raise Refusal("a schema too large once normalised")
+
+    # ----- unions and leaves ----------------------------------------------------------------------
+
+    def union(self, u: U, path: str) -> dict | bool:
+        if u.is_any:
+            return {}
+        out: list[dict] = []
+        for leaf in u.leaves:
+            try:
+                emitted = self.leaf(leaf)
+            except Refusal:
+                if not leaf.weak:
+                    raise
+                self.narrowed = True
+                continue
+            if emitted is not None:
+                out.append(emitted)
+        if not out:
+            return False
+        return _combine(out)
+
+    def leaf(self, leaf: Leaf) -> dict | None:
+        self._count()
+        kind = leaf.kind
+        if kind == "ref":
+            return self._ref(leaf)
+        if kind == "enum":
+            return self._enum(leaf.kw["values"], leaf.origin)
+        if kind in ("null", "boolean"):
+            return {"type": kind}
+        if kind in ("integer", "number"):
+            return self._number(kind, leaf.kw, leaf.origin)
+        if kind == "string":
+            return self._string(leaf.kw, leaf.origin)
+        if kind == "array":
+            return self._array(leaf.kw, leaf.origin)
+        return self._object(leaf.kw, leaf.origin)
+
+    def _ref(self, leaf: Leaf) -> dict | None:
+        key, closed = leaf.kw["target"], leaf.kw["closed"]
+        if self.normaliser.expand(leaf).is_none:
+            return None
+        name = self._names.get((key, closed))
+        if name is None:
+            name = self._names[(key, closed)] = f"n{len(self._names)}"
+            self._pending.append((key, closed, name))
+        return {"$ref": f"#/$defs/{name}"}
+
+    def _enum(self, values: tuple, origin: str) -> dict:
+        if self.engine == "llguidance" and any(has_big_integer(v) for v in values):
+            raise Refusal("enum/const integers beyond 2^53 (llguidance compares them as floating point)", f"{origin}.enum")
+        out = list(values)
+        # 1 and 1.0 are the same JSON Schema value: offer both spellings.
+        out += [float(v) for v in values if isinstance(v, int) and not isinstance(v, bool) and abs(v) < LLGUIDANCE_EXACT_LIMIT]
+        return {"enum": out}
+
+    # ----- numbers --------------------------------------------------------------------------------
+
+    def _number(self, kind: str, kw: dict, origin: str) -> dict | None:
+        steps = kw["steps"]
+        if kind == "number" and steps and all(isinstance(s, int) for s in steps):
+            from .leaves import make_integer
+
+            kw = make_integer(kw)  # integer multiples only: a subset (4.0 is not produced)
+            if kw is None:
+                return None
+            kind = "integer"
+        if kind == "integer":
+            steps = tuple(s for s in steps if not every_integer_is_multiple(s))
+            limit = XGRAMMAR_INT_LIMIT if self.engine == "xgrammar" else LLGUIDANCE_EXACT_LIMIT
+            lo = None if kw["lo"] is None else max(kw["lo"][0], -limit)
+            hi = None if kw["hi"] is None else min(kw["hi"][0], limit)
+            if lo is not None and hi is not None and lo > hi:
+                raise Refusal(f"integer bounds beyond {limit}", f"{origin}.minimum")
+            if steps:
+                return self._integer_steps(lo, hi, steps, origin)
+            return bounded({"type": "integer"}, lo, hi, False, False)
+        lo, hi = kw["lo"], kw["hi"]
+        if self.engine == "llguidance":
+            lo = None if lo is None else (max(lo[0], -LLGUIDANCE_EXACT_LIMIT), lo[1])
+            hi = None if hi is None else (min(hi[0], LLGUIDANCE_EXACT_LIMIT), hi[1])
+            if lo is not None and hi is not None and (lo[0] > hi[0] or lo[0] == hi[0] and (lo[1] or hi[1])):
+                raise Refusal("number bounds beyond 2^53", f"{origin}.minimum")
+        if steps:
+            return self._number_steps(lo, hi, steps, origin)
+        return bounded({"type": "number"}, None if lo is None else lo[0], None if hi is None else hi[0],
+                        bool(lo and lo[1]), bool(hi and hi[1]))
+
+    def _integer_steps(self, lo, hi, steps, origin: str) -> dict:
+        if all(isinstance(s, int) for s in steps):
+            step = math.lcm(*steps)
+            if self.engine == "llguidance" or (step <= XGRAMMAR_MAX_MULTIPLE_OF and lo is None and hi is None):
+                return bounded({"type": "integer", "multipleOf": step}, lo, hi, False, False)
+        values = enumerate_multiples(lo, hi, steps, True)
+        if values is None:
+            raise Refusal(step_feature(self.engine, steps), f"{origin}.multipleOf")
+        return self._enum(tuple(values), origin) if values else None
+
+    def _number_steps(self, lo, hi, steps, origin: str) -> dict:
+        if self.engine == "llguidance" and len(steps) == 1 and binary_fraction(steps[0]):
+            return bounded({"type": "number", "multipleOf": steps[0]}, None if lo is None else lo[0],
+                            None if hi is None else hi[0], bool(lo and lo[1]), bool(hi and hi[1]))
+        values = enumerate_multiples(lo, hi, steps, False)
+        if values is None:
+            raise Refusal(step_feature(self.engine, steps), f"{origin}.multipleOf")
+        return self._enum(tuple(values), origin) if values else None
+
+    # ----- strings --------------------------------------------------------------------------------
+
+    def _string(self, kw: dict, origin: str) -> dict:
+        patterns = list(kw["patterns"]) + [rf"\A(?:{FORMAT_PATTERNS[f]})\Z" for f in kw["formats"]]
+        translated = []
+        for pattern in patterns:
+            try:
+                translated.append(regex.translate(pattern, self.engine))
+            except Refusal as refusal:
+                raise Refusal(refusal.feature, f"{origin}.pattern") from None
+        out: dict[str, Any] = {"type": "string"}
+        bounded = kw["min"] > 0 or kw["max"] is not None
+        if self.engine == "xgrammar":
+            if len(translated) > 1:
+                raise Refusal("several patterns/formats on one string", f"{origin}.pattern")
+            if bounded:
+                return self._xgrammar_bounded_string(kw, translated, origin)
+        if kw["min"] > 0:
+            out["minLength"] = kw["min"]
+        if kw["max"] is not None:
+            out["maxLength"] = kw["max"]
+        if len(translated) == 1:
+            out["pattern"] = translated[0]
+        elif translated:
+            out["allOf"] = [{"pattern": p} for p in translated]
+        return out
+
+    def _xgrammar_bounded_string(self, kw: dict, translated: list[str], origin: str) -> dict:
+        """Length bounds as a pattern of characters that need no JSON escape: exact in counting, a
+        subset in what it admits (no escapes). xgrammar's own bounded string admits raw control
+        characters, and its bounded repetitions past 128 fail to compile (per_rule_fsm_hashes)."""
+        low, high = kw["min"], kw["max"]
+        if translated or max(low, high or 0) > regex.XGRAMMAR_MAX_COUNT:
+            raise Refusal(f"minLength/maxLength beside a pattern or format, or past {regex.XGRAMMAR_MAX_COUNT}",
+                          f"{origin}.maxLength")
+        self.narrowed = True
+        return {"type": "string", "pattern": f"^{_XGRAMMAR_PLAIN_CHAR}{{{low},{'' if high is None else high}}}$"}
+
+    # ----- arrays ---------------------------------------------------------------------------------
+
+    def _array(self, kw: dict, origin: str) -> dict | None:
+        if kw["unique"] or kw["contains"]:
+            raise Refusal("uniqueItems/contains that could not be rewritten", origin)
+        out: dict[str, Any] = {"type": "array"}
+        high = kw["max"]
+        prefix = []
+        for index, child in enumerate(kw["prefix"]):
+            emitted = self.union(child, f"{origin}.prefixItems[{index}]")
+            if emitted is False:
+                high = index if high is None else min(high, index)
+                break
+            prefix.append(emitted)
+        if high is not None:
+            prefix = prefix[:high]
+        if kw["min"] > (high if high is not None else kw["min"]):
+            return None
+        if prefix:
+            out["prefixItems"] = prefix
+        if kw["items"] is not None and (high is None or high > len(prefix)):
+            out["items"] = self.union(kw["items"], f"{origin}.items")
+        if kw["min"] > MAX_MIN_ITEMS:
+            raise Refusal(f"minItems above {MAX_MIN_ITEMS}", f"{origin}.minItems")
+        if kw["min"]:
+            out["minItems"] = kw["min"]
+        if high is not None:
+            out["maxItems"] = min(high, MAX_COUNT)
+        return out
+
+    # ----- objects --------------------------------------------------------------------------------
+
+    def _object(self, kw: dict, origin: str) -> dict | None:
+        out: dict[str, Any] = {"type": "object"}
+        closed = kw["additional"] is not None and kw["additional"].is_none
+        props = {}
+        for name, child in kw["props"].items():
+            if self.engine == "xgrammar" and any(c in name for c in _XGRAMMAR_BAD_KEY_CHARS):
+                # Measured: xgrammar does not match such keys, so they fall to additionalProperties.
+                raise Refusal('property names with ", \\ or control characters', f"{origin}.properties")
+            emitted = self.union(child, f"{origin}.properties.{name}")
+            if emitted is False:
+                if name in kw["required"]:
+                    return None
+                if self.engine == "xgrammar":
+                    if closed and not kw["pprops"]:
+                        continue  # absent anyway: nothing else may name it
+                    raise Refusal("a property that must be absent (false) beside open additionalProperties", f"{origin}.properties.{name}")
+            props[name] = emitted
+        if props:
+            out["properties"] = props
+        required = list(kw["required"])
+        if any(name not in props for name in required):
+            raise Refusal("a required property the normaliser did not declare", f"{origin}.required")
+        if required:
+            out["required"] = required
+        if kw["pprops"]:
+            out["patternProperties"] = self._pattern_properties(kw["pprops"], origin)
+        if kw["additional"] is not None:
+            out["additionalProperties"] = self.union(kw["additional"], f"{origin}.additionalProperties")
+        self._property_counts(kw, out, origin, closed)
+        return out
+
+    def _pattern_properties(self, pprops: dict, origin: str) -> dict:
+        where = f"{origin}.patternProperties"
+        if how("patternProperties", self.engine) == REFUSED:
+            raise Refusal("patternProperties", where)
+        if len(pprops) > MAX_PATTERN_PROPERTIES:  # disjointness is checked pairwise
+            raise Refusal(f"more than {MAX_PATTERN_PROPERTIES} patternProperties", where)
+        translated = {}
+        for pattern, child in pprops.items():
+            try:
+                key = regex.translate(pattern, self.engine)
+            except Refusal as refusal:
+                raise Refusal(refusal.feature, where) from None
+            translated[key] = self.union(child, where)
+        if len(pprops) > 1 and not _disjoint_patterns(list(pprops)):
+            raise Refusal("patternProperties whose patterns may overlap (llguidance needs disjoint ones)", where)
+        return translated
+
+    def _property_counts(self, kw: dict, out: dict, origin: str, closed: bool) -> None:
+        low, high = kw["min"], kw["max"]
+        declared = set(out.get("properties", {}))
+        required = set(out.get("required", ()))
+        open_keys = not closed or bool(kw["pprops"])
+        if low > max(1, len(required)):
+            if self.engine == "llguidance" or open_keys or low > MAX_MIN_ITEMS:
+                raise Refusal("minProperties above 1 beyond the required properties (additional keys may repeat, "
+                              "and llguidance cannot count optional ones)", f"{origin}.minProperties")
+            out["minProperties"] = low
+        elif low == 1 and not required:
+            out["minProperties"] = 1
+        if high is not None:
+            if self.engine == "llguidance" and high > 1 and not declared <= required:
+                raise Refusal("maxProperties above 1 beside optional properties", f"{origin}.maxProperties")
+            out["maxProperties"] = min(high, MAX_COUNT)
+
+
+# ----- helpers -------------------------------------------------------------------------------------
+
+
+def _combine(leaves: list[dict]) -> dict:
+    """One node for a union: plain types merge into one ``type`` list; duplicates go."""
+    plain = [leaf["type"] for leaf in leaves if set(leaf) == {"type"}]
+    others = [leaf for leaf in leaves if set(leaf) != {"type"}]
+    kinds = set(plain)
+    if "number" in kinds:
+        kinds.discard("integer")
+    if kinds >= set(BARE_KINDS):
+        return {}
+    merged = [{"type": k} for k in BARE_KINDS + ("integer",) if k in kinds]
+    if len(merged) > 1:
+        merged = [{"type": [m["type"] for m in merged]}]
+    unique, seen = [], set()
+    for leaf in merged + others:
+        text = repr(leaf)
+        if text not in seen:
+            seen.add(text)
+            unique.append(leaf)
+    return unique[0] if len(unique) == 1 else {"anyOf": unique}
+
+
+def _disjoint_patterns(patterns: list[str]) -> bool:
+    """True when every pattern is anchored at the start and their first characters never coincide."""
+    firsts = []
+    for pattern in patterns:
+        tree, _ = regex.parse(pattern)
+        tree = regex.full_match_tree(tree, regex.PLAIN_JSON_CHARS)
+        first = _first_set(tree)
+        if first is None:
+            return False
+        firsts.append(first)
+    for i in range(len(firsts)):
+        for j in range(i + 1, len(firsts)):
+            if regex.intersect(firsts[i], firsts[j]):
+                return False
+    return True
+
+
+def _first_set(node) -> tuple | None:
+    """Characters a non-empty match must start with; None when unknown or the match may be empty."""
+    kind = node[0]
+    if kind == "set":
+        return node[1]
+    if kind == "cat":
+        return _first_set(node[1][0]) if node[1] else None
+    if kind == "alt":
+        sets = [_first_set(child) for child in node[1]]
+        if any(s is None for s in sets):
+            return None
+        return regex.normalise(r for s in sets for r in s)
+    if kind == "rep":
+        return _first_set(node[3]) if node[1] > 0 else None
+    return None

@@ -1,0 +1,139 @@
+"""String formats as exact (or documented-smaller) regular expressions.
+
+Engines enforce some formats loosely (xgrammar's ``ipv4`` admits ``1.02.3.4``, its ``date``
+``2023-02-30``; llguidance's ``date`` likewise) and most not at all, and a ``pattern`` next to a
+native format is ignored by xgrammar. The normaliser therefore never hands an engine a ``format``:
+each one below becomes a ``pattern`` (Python syntax, full match) that then goes through
+`fd_guided.schema.regex` like any other pattern.
+
+Every pattern admits only strings that both judges accept: `jsonschema`'s format checker with the
+``jsonschema[format]`` extras (rfc3339-validator, rfc3987, fqdn, isoduration, jsonpointer, ...) and
+the JSON-Schema-Test-Suite's optional format tests. Where the format is wider than a regex can say
+simply, the pattern is a documented subset (`SUBSET_NOTES`): a valid output is always in the
+format, some valid strings cannot be produced. tests/schema/test_formats.py checks each pattern
+against the checkers on generated strings.
+"""
+from __future__ import annotations
+
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])"
+IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
+_YEAR = r"([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+_LEAP_YEAR = r"([0-9]{2}(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)"
+DATE = (
+    rf"({_YEAR}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+    rf"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)"
+)
+TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+DATE_TIME = rf"{DATE}[Tt]{TIME}"
+
+# RFC 3339 appendix A: P (date [time] | time | weeks); components 1-9 digits (isoduration's limit
+# is far above; 9 keeps the grammar small).
+_N = r"[0-9]{1,9}"
+_DUR_TIME = rf"T({_N}H({_N}M({_N}S)?)?|{_N}M({_N}S)?|{_N}S)"
+_DUR_DATE = rf"({_N}D|{_N}M({_N}D)?|{_N}Y({_N}M({_N}D)?)?)"
+DURATION = rf"P({_DUR_DATE}({_DUR_TIME})?|{_DUR_TIME}|{_N}W)"
+
+_HEX = "[0-9a-fA-F]"
+UUID = rf"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
+
+
+def _label(size: int) -> str:
+    """A hostname label of at most `size` characters without "--" (excludes the punycode "xn--")."""
+    return rf"([A-Za-z0-9]{{1,{size}}}|[A-Za-z0-9](-?[A-Za-z0-9]){{1,{(size - 1) // 2}}})"
+
+
+# At most 3 labels of 63 or 8 labels of 30 characters: never past the 253-character limit.
+HOSTNAME = rf"({_label(63)}(\.{_label(63)}){{0,2}}|{_label(30)}(\.{_label(30)}){{3,7}})"
+
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
+EMAIL = rf"{_ATEXT}{{1,64}}(\.{_ATEXT}{{1,64}}){{0,7}}@{HOSTNAME}"
+
+_H16 = rf"{_HEX}{{1,4}}"
+
+
+def _ipv6() -> str:
+    forms = [rf"({_H16}:){{7}}{_H16}", rf"({_H16}:){{6}}{IPV4}"]
+    for left in range(0, 8):  # "::" with `left` groups before it and up to 7 - left after it
+        head = "" if left == 0 else rf"({_H16}:){{{left - 1}}}{_H16}" if left > 1 else _H16
+        room = 7 - left
+        tail = "" if room == 0 else rf"({_H16}(:{_H16}){{0,{room - 1}}})?"
+        forms.append(f"{head}::{tail}")
+        if left <= 5:
+            v4_room = 5 - left
+            middle = "" if v4_room == 0 else rf"({_H16}:){{0,{v4_room}}}"
+            forms.append(f"{head}::{middle}{IPV4}")
+    return "(" + "|".join(forms) + ")"
+
+
+IPV6 = _ipv6()
+
+# RFC 3986 (URI) and RFC 3987 (IRI, with the Basic Multilingual Plane part of ucschar).
+_PCT = rf"%{_HEX}{{2}}"
+_SUB = r"[!$&'()*+,;=]"
+
+
+def _uri_parts(unreserved: str) -> dict[str, str]:
+    pchar = rf"({unreserved}|{_PCT}|{_SUB}|[:@])"
+    segment_nz_nc = rf"({unreserved}|{_PCT}|{_SUB}|@)+"
+    userinfo = rf"({unreserved}|{_PCT}|{_SUB}|:)*"
+    host = rf"(\[{IPV6}\]|{IPV4}|({unreserved}|{_PCT}|{_SUB})*)"
+    authority = rf"({userinfo}@)?{host}(:[0-9]*)?"
+    abempty = rf"(/{pchar}*)*"
+    absolute = rf"/({pchar}+(/{pchar}*)*)?"
+    rootless = rf"{pchar}+(/{pchar}*)*"
+    noscheme = rf"{segment_nz_nc}(/{pchar}*)*"
+    tail = rf"(\?({pchar}|[/?])*)?(#({pchar}|[/?])*)?"
+    scheme = r"[A-Za-z][A-Za-z0-9+.-]*"
+    absolute_uri = rf"{scheme}:(//{authority}{abempty}|{absolute}|{rootless}|){tail}"
+    relative = rf"(//{authority}{abempty}|{absolute}|{noscheme}|){tail}"
+    return {"absolute": absolute_uri, "reference": rf"({absolute_uri}|{relative})"}
+
+
+_URI = _uri_parts(r"[A-Za-z0-9._~-]")
+_IRI = _uri_parts(r"[A-Za-z0-9._~\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef-]")
+JSON_POINTER = r"(/([^~/]|~[01])*)*"
+# jsonschema refuses a digit after a 0 anywhere in the prefix ("106"), the suite refuses leading zeros.
+RELATIVE_JSON_POINTER = rf"(0|[1-9]+0?)(#|{JSON_POINTER})"
+
+FORMAT_PATTERNS = {
+    "date": DATE,
+    "time": TIME,
+    "date-time": DATE_TIME,
+    "duration": DURATION,
+    "ipv4": IPV4,
+    "ipv6": IPV6,
+    "uuid": UUID,
+    "hostname": HOSTNAME,
+    "idn-hostname": HOSTNAME,
+    "email": EMAIL,
+    "idn-email": EMAIL,
+    "uri": _URI["absolute"],
+    "uri-reference": _URI["reference"],
+    "iri": _IRI["absolute"],
+    "iri-reference": _IRI["reference"],
+    "json-pointer": JSON_POINTER,
+    "relative-json-pointer": RELATIVE_JSON_POINTER,
+}
+
+# Formats JSON Schema defines that no regular expression captures (refused unless annotated).
+UNSUPPORTED_FORMATS = {"regex": "a regular expression is not a regular language",
+                       "uri-template": "no exact pattern is implemented"}
+
+# Where a pattern is smaller than the format (sound: it only drops valid strings).
+SUBSET_NOTES = {
+    "time": "no leap second (23:59:60): the rfc3339 checker jsonschema uses rejects it",
+    "date-time": "no leap second (see time)",
+    "duration": "each component has at most 9 digits",
+    "hostname": "ASCII labels without '--' (no punycode A-labels); at most 3 labels of 63 or 8 of 30 characters",
+    "idn-hostname": "as hostname: ASCII only",
+    "email": "dot-atom local part (no quoted strings), hostname domain (no address literals)",
+    "idn-email": "as email: ASCII only",
+    "iri": "non-ASCII characters from the Basic Multilingual Plane only; no private-use characters",
+    "iri-reference": "as iri",
+    "relative-json-pointer": "no 0 before another digit in the prefix (jsonschema's checker refuses 106)",
+}
+
+
+def format_pattern(name: str) -> str | None:
+    """The full-match Python regex for format `name`, or None when none is known."""
+    return FORMAT_PATTERNS.get(name)

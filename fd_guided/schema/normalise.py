@@ -1,0 +1,350 @@
+"""The normaliser: one schema document -> a union of typed leaves (`fd_guided.schema.leaves`).
+
+Each node is read through its draft (`drafts.Document.keywords`) and becomes the intersection of
+its parts: the leaves of its types (one per allowed type, carrying only that type's keywords),
+``enum``/``const``, ``$ref``, every ``allOf`` branch, the union of ``anyOf``, ``oneOf`` (`rules`),
+``not`` (`complement`), ``if``/``then``/``else`` and the dependencies (`rules`). Then
+``unevaluatedProperties``/``unevaluatedItems`` apply to each resulting leaf, whose evaluated set is
+now static (`rules.apply_unevaluated`). At *value positions* (the root, property values, items,
+...) the union is then *closed* (strict mode) and *finished* (rewrites that need the final leaf:
+``required`` names declared, ``propertyNames``, ``contains``, ``uniqueItems``; `finish`).
+
+Costs are bounded: each node is normalised once per base URI (memoised), unions hold at most
+`leaves.MAX_LEAVES` alternatives, a work budget caps merges, and nesting through in-place
+references is capped (`MAX_DEPTH`); going past any bound is a `Refusal`, never a hang.
+"""
+from __future__ import annotations
+
+import math
+import re
+import threading
+from typing import Any
+
+from . import rules
+from .complement import complement
+from .drafts import Document, base_uri
+from .formats import FORMAT_PATTERNS, UNSUPPORTED_FORMATS
+from .instance import accepts
+from .leaves import (ANY, BARE_KINDS, NONE, U, Context, Leaf, bounds_empty, check_array, check_object,
+                     intersect, make_integer, union, unique_values)
+from .refusal import Refusal, Unsatisfiable
+
+MAX_DEPTH = 150
+MAX_PATTERN_PROPERTIES = 64  # no engine takes more (emit.py): refused before any is compiled
+MAX_WORK = 200_000
+# Formats JSON Schema names (a validator may check them): never dropped as annotations.
+STANDARD_FORMATS = frozenset(FORMAT_PATTERNS) | frozenset(UNSUPPORTED_FORMATS)
+NUMBER_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+STRING_KEYS = ("minLength", "maxLength", "pattern", "format")
+ARRAY_KEYS = ("prefixItems", "items", "minItems", "maxItems", "uniqueItems", "contains")
+OBJECT_KEYS = ("properties", "patternProperties", "additionalProperties", "required", "minProperties",
+               "maxProperties", "propertyNames")
+
+
+class Normaliser(Context):
+    """Normalises one document for one request layout (`strict`, `unknown_formats`)."""
+
+    def __init__(self, schema: Any, *, strict: bool = True, unknown_formats: str = "refuse"):
+        self.doc = Document(schema)
+        self.strict = strict
+        self.unknown_formats = unknown_formats
+        self.targets: dict[tuple, tuple] = {}
+        self._memo: dict[tuple, U] = {}
+        self._closed: dict[tuple, U] = {}
+        self._active: set[tuple] = set()
+        self._depth = 0
+        self._work = 0
+        self.complement_depth = 0  # see complement.MAX_COMPLEMENT_DEPTH
+        self.complementing: set[tuple] = set()  # ref targets whose complement is being written
+        self.lock = threading.Lock()
+        self._checker = self.doc.validator_class.FORMAT_CHECKER
+        text = repr(schema) if self.doc.draft >= 2019 else ""
+        self._reads_annotations = "unevaluatedProperties" in text or "unevaluatedItems" in text
+
+    # ----- Context ------------------------------------------------------------------------------
+
+    def spend(self, amount: int = 1) -> None:
+        self._work += amount
+        if self._work > MAX_WORK:
+            raise Refusal("a schema whose combinations are too expensive to normalise")
+
+    def expand(self, leaf: Leaf) -> U:
+        key = leaf.kw["target"]
+        node, resolver, path = self.targets[key]
+        if key in self._active:
+            raise Refusal("a recursive $ref that has to be combined with other keywords", path)
+        if not leaf.kw["closed"]:
+            return self.norm(node, resolver, path)
+        if key not in self._closed:
+            self._closed[key] = self.finish(self.close(self.norm(node, resolver, path)))
+        return self._closed[key]
+
+    def accepts(self, u: U, value: Any) -> bool:
+        return accepts(u, value, self.expand, self._format_ok)
+
+    def _format_ok(self, value: str, fmt: str) -> bool:
+        return self._checker.conforms(value, fmt)
+
+    # ----- entry points ---------------------------------------------------------------------------
+
+    def root(self) -> U:
+        return self.value(self.doc.schema, self.doc.root_resolver, "$")
+
+    def value(self, node: Any, resolver, path: str) -> U:
+        """The union at a value position: normalised, closed (strict), finished."""
+        return self.finish(self.close(self.norm(node, resolver, path)))
+
+    def norm(self, node: Any, resolver, path: str) -> U:
+        """The (open, in-place) union of a schema node; memoised per node and base URI."""
+        if node is True:
+            return ANY
+        if node is False:
+            return NONE
+        if not isinstance(node, dict):
+            raise Refusal(f"a subschema of type {type(node).__name__}", path)
+        resolver = self.doc.enter(node, resolver)
+        key = (id(node), base_uri(resolver))
+        cached = self._memo.get(key)
+        if cached is not None:
+            return cached
+        if key in self._active:
+            raise Refusal("a recursive $ref that has to be combined with other keywords", path)
+        if self._depth >= MAX_DEPTH:
+            raise Refusal(f"a schema nested more than {MAX_DEPTH} levels deep (through $ref)", path)
+        self._active.add(key)
+        self._depth += 1
+        try:
+            result = self._norm_node(node, resolver, path)
+        finally:
+            self._depth -= 1
+            self._active.discard(key)
+        self._memo[key] = result
+        return result
+
+    # ----- one node -------------------------------------------------------------------------------
+
+    def _norm_node(self, node: dict, resolver, path: str) -> U:
+        self.spend()
+        kw = self.doc.keywords(node, path)
+        parts: list[U] = []
+        if "const" in kw:
+            parts.append(self._enum([kw["const"]], path))
+        if "enum" in kw:
+            parts.append(self._enum(kw["enum"], path))
+        parts.append(self._type_part(kw, resolver, path))
+        if "$ref" in kw:
+            parts.append(self._ref(kw["$ref"], resolver, path))
+        for index, branch in enumerate(kw.get("allOf") or []):
+            parts.append(self.norm(branch, resolver, f"{path}.allOf[{index}]"))
+        if "anyOf" in kw:
+            branches = [self.norm(b, resolver, f"{path}.anyOf[{i}]") for i, b in enumerate(kw["anyOf"])]
+            parts.append(rules.any_of(branches, self, self._reads_annotations))
+        if "oneOf" in kw:
+            branches = [self.norm(b, resolver, f"{path}.oneOf[{i}]") for i, b in enumerate(kw["oneOf"])]
+            parts.append(rules.one_of(branches, self, f"{path}.oneOf"))
+        if "not" in kw:
+            parts.append(complement(self.norm(kw["not"], resolver, f"{path}.not"), self, f"{path}.not"))
+        if "if" in kw:
+            parts.append(rules.if_then_else(kw, resolver, self, path))
+        for name, deps in (kw.get("dependentRequired") or {}).items():
+            parts.append(rules.dependent_required(name, deps, path))
+        for name, sub in (kw.get("dependentSchemas") or {}).items():
+            parts.append(rules.dependent_schema(name, self.norm(sub, resolver, f"{path}.dependentSchemas.{name}"), self, path))
+        result = ANY
+        for part in parts:
+            result = intersect(result, part, self)
+            if result.is_none:
+                break
+        return rules.apply_unevaluated(kw, result, resolver, self, path)
+
+    def _enum(self, values: list, path: str) -> U:
+        canonical = [int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**63 else v for v in values]
+        values = unique_values(canonical)
+        return U([Leaf("enum", {"values": values}, path)]) if values else NONE
+
+    def _ref(self, ref: Any, resolver, path: str) -> U:
+        """A ref leaf for the target; chains of pure ``{"$ref": ...}`` aliases are followed here, in a loop."""
+        if not isinstance(ref, str):
+            raise Refusal("a $ref that is not a string", path)
+        where = f"{path}.$ref"
+        node, target_resolver = self.doc.lookup(ref, resolver, where)
+        seen: set[tuple] = set()
+        while True:
+            if node is True or node is False:
+                return ANY if node else NONE
+            if not isinstance(node, dict):
+                raise Refusal(f"$ref {ref!r} to a value that is not a schema", where)
+            target_resolver = self.doc.enter(node, target_resolver)
+            key = (id(node), base_uri(target_resolver))
+            kw = self.doc.keywords(node, where)
+            if set(kw) != {"$ref"} or not isinstance(kw["$ref"], str):
+                break
+            if key in seen:
+                raise Unsatisfiable("$refs that only refer to each other", where)
+            seen.add(key)
+            self.spend()
+            node, target_resolver = self.doc.lookup(kw["$ref"], target_resolver, where)
+        self.targets.setdefault(key, (node, target_resolver, _ref_path(ref)))
+        return U([Leaf("ref", {"target": key, "closed": False}, path)])
+
+    # ----- the type part --------------------------------------------------------------------------
+
+    def _type_part(self, kw: dict, resolver, path: str) -> U:
+        declared = kw.get("type")
+        if declared is None:
+            present = [k for k in NUMBER_KEYS + STRING_KEYS + ARRAY_KEYS + OBJECT_KEYS if k in kw]
+            if not present:
+                return ANY
+            kinds = list(BARE_KINDS)
+        else:
+            kinds = [declared] if isinstance(declared, str) else list(declared)
+            if "number" in kinds and "integer" in kinds:
+                kinds.remove("integer")
+        leaves = []
+        for kind in dict.fromkeys(kinds):
+            leaf = self._leaf(kind, kw, resolver, path)
+            if leaf is not None:
+                leaves.append(leaf)
+        return U(leaves)
+
+    def _leaf(self, kind: str, kw: dict, resolver, path: str) -> Leaf | None:
+        if kind in ("null", "boolean"):
+            return Leaf(kind, None, path)
+        if kind in ("integer", "number"):
+            return self._number_leaf(kind, kw, path)
+        if kind == "string":
+            return self._string_leaf(kw, path)
+        if kind == "array":
+            return self._array_leaf(kw, resolver, path)
+        if kind == "object":
+            return self._object_leaf(kw, resolver, path)
+        raise Refusal(f"type {kind!r}", path)
+
+    def _number_leaf(self, kind: str, kw: dict, path: str) -> Leaf | None:
+        lo = hi = None
+        for key, lower, exclusive in (("minimum", True, False), ("exclusiveMinimum", True, True),
+                                      ("maximum", False, False), ("exclusiveMaximum", False, True)):
+            if key in kw:
+                value = kw[key]
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise Refusal(f"{key} that is not a finite number", f"{path}.{key}")
+                bound = (value, exclusive)
+                if lower:
+                    lo = bound if lo is None or value > lo[0] or (value == lo[0] and exclusive) else lo
+                else:
+                    hi = bound if hi is None or value < hi[0] or (value == hi[0] and exclusive) else hi
+        steps = (kw["multipleOf"],) if "multipleOf" in kw else ()
+        leaf_kw = {"lo": lo, "hi": hi, "steps": steps}
+        if kind == "integer":
+            leaf_kw = make_integer(leaf_kw)
+        if leaf_kw is None or bounds_empty(leaf_kw["lo"], leaf_kw["hi"]):
+            return None
+        return Leaf(kind, leaf_kw, path)
+
+    def _string_leaf(self, kw: dict, path: str) -> Leaf | None:
+        formats: tuple = ()
+        fmt = kw.get("format")
+        if isinstance(fmt, str):
+            if fmt in FORMAT_PATTERNS:
+                formats = (fmt,)
+            elif fmt in STANDARD_FORMATS:
+                raise Refusal(f"format {fmt!r} ({UNSUPPORTED_FORMATS.get(fmt, 'not enforceable')})", f"{path}.format")
+            elif self.unknown_formats != "annotate":
+                raise Refusal(f"format {fmt!r} (unknown; set unknown_formats='annotate' to ignore it)", f"{path}.format")
+        patterns = (kw["pattern"],) if isinstance(kw.get("pattern"), str) else ()
+        for pattern in patterns:
+            rules.check_pattern(pattern, f"{path}.pattern")
+        low, high = int(kw.get("minLength", 0)), kw.get("maxLength")
+        high = None if high is None else int(high)
+        if high is not None and low > high:
+            return None
+        return Leaf("string", {"min": low, "max": high, "patterns": patterns, "formats": formats}, path)
+
+    def _array_leaf(self, kw: dict, resolver, path: str) -> Leaf | None:
+        prefix = tuple(self.value(child, resolver, f"{path}.prefixItems[{i}]") for i, child in enumerate(kw.get("prefixItems") or []))
+        items = self.value(kw["items"], resolver, f"{path}.items") if "items" in kw else None
+        contains = ()
+        if "contains" in kw:
+            high = kw.get("maxContains")
+            contains = ((self.value(kw["contains"], resolver, f"{path}.contains"), int(kw.get("minContains", 1)),
+                         None if high is None else int(high)),)
+        high = kw.get("maxItems")
+        leaf_kw = {"prefix": prefix, "items": items, "min": int(kw.get("minItems", 0)), "max": None if high is None else int(high),
+                   "unique": kw.get("uniqueItems") is True, "contains": contains,
+                   "ann_prefix": len(prefix), "ann_items": "items" in kw, "declared": "prefixItems" in kw}
+        leaf_kw = check_array(leaf_kw)
+        return None if leaf_kw is None else Leaf("array", leaf_kw, path)
+
+    def _object_leaf(self, kw: dict, resolver, path: str) -> Leaf | None:
+        props = {name: self.value(child, resolver, f"{path}.properties.{name}") for name, child in (kw.get("properties") or {}).items()}
+        pprops = {}
+        if len(kw.get("patternProperties") or ()) > MAX_PATTERN_PROPERTIES:  # before compiling them all
+            raise Refusal(f"more than {MAX_PATTERN_PROPERTIES} patternProperties", f"{path}.patternProperties")
+        for pattern, child in (kw.get("patternProperties") or {}).items():
+            rules.check_pattern(pattern, f"{path}.patternProperties")
+            pprops[pattern] = self.value(child, resolver, f"{path}.patternProperties")
+        additional = self.value(kw["additionalProperties"], resolver, f"{path}.additionalProperties") if "additionalProperties" in kw else None
+        names = (self.value(kw["propertyNames"], resolver, f"{path}.propertyNames"),) if "propertyNames" in kw else ()
+        high = kw.get("maxProperties")
+        leaf_kw = {"props": props, "pprops": pprops, "additional": additional,
+                   "required": tuple(dict.fromkeys(kw.get("required") or ())), "min": int(kw.get("minProperties", 0)),
+                   "max": None if high is None else int(high), "names": names, "ann": frozenset(props),
+                   "ann_pp": frozenset(pprops), "ann_rest": "additionalProperties" in kw,
+                   "declared": "properties" in kw or "patternProperties" in kw}
+        leaf_kw = check_object(leaf_kw, self)
+        return None if leaf_kw is None else Leaf("object", leaf_kw, path)
+
+    # ----- value positions ------------------------------------------------------------------------
+
+    def close(self, u: U) -> U:
+        """Marks refs as used at a value position (their target is finished there) and, in strict
+        mode, closes: a declared object admits no undeclared property, a declared tuple no extra item."""
+        if u.leaves is None:
+            return u
+        out = []
+        for leaf in u.leaves:
+            kw = leaf.kw
+            if leaf.kind == "ref":
+                out.append(leaf.replace(closed=True))
+                continue
+            if not self.strict:
+                out.append(leaf)
+                continue
+            if leaf.kind == "object" and kw["declared"] and kw["additional"] is None and not kw["ann_rest"]:
+                # Required names count as declared: strictness closes the object to the others.
+                props = dict(kw["props"])
+                for name in kw["required"]:
+                    if name not in props and not any(re.search(p, name) for p in kw["pprops"]):
+                        props[name] = ANY
+                leaf = leaf.replace(props=props, additional=NONE)
+            elif leaf.kind == "array" and kw["declared"] and kw["items"] is None and not kw["ann_items"]:
+                checked = check_array({**kw, "items": NONE})
+                if checked is None:
+                    continue
+                leaf = Leaf("array", checked, leaf.origin, leaf.weak)
+            out.append(leaf)
+        return U(out, u.exact)
+
+    def finish(self, u: U) -> U:
+        """Rewrites that need the final leaf (see `rules.finish_leaf`); weak leaves that cannot be
+        expressed are dropped (the union becomes a subset), others refuse."""
+        if u.leaves is None:
+            return u
+        out, exact = [], u.exact
+        for leaf in u.leaves:
+            try:
+                out.extend(rules.finish_leaf(leaf, self))
+            except Refusal:
+                if not leaf.weak:
+                    raise
+                exact = False
+        return U(out, exact)
+
+
+def _ref_path(ref: str) -> str:
+    """Where a referenced schema lives, for messages: ``#/$defs/a`` -> ``$.$defs.a``."""
+    if ref == "#":
+        return "$"
+    if ref.startswith("#/"):
+        return "$." + ".".join(t.replace("~1", "/").replace("~0", "~") for t in ref[2:].split("/"))
+    return f"$ref {ref[:80]}"

@@ -1,0 +1,371 @@
+"""Regexes read exactly as Python's `re` reads them, re-printed for an engine that enforces them.
+
+JSON Schema's ``pattern`` is judged with Python's ``re.search`` (that is what `jsonschema` runs), so
+Python's parser (`re._parser`) is the one authority: a pattern is parsed once into a small tree of
+code-point sets, sequences, alternations and counted repetitions, then printed in the syntax of
+the target engine as a **full-match** regex whose language is a subset of the strings Python's
+``re.search`` accepts. Nothing here calls a native engine: the analysis is pure Python, bounded by
+the pattern's size, and every failure (parse error, hostile nesting) is a `Refusal`.
+
+Exact except where it is deliberately smaller (sound: it only ever drops strings):
+  - a positive ``\\d``/``\\w``/``\\s`` outside a negated class keeps its ASCII members (Python's are
+    Unicode-wide); every negated form (``\\D``, ``[^\\w]``, ...) is Python's exact set;
+  - a final ``$`` does not admit Python's optional trailing newline;
+  - xgrammar: its JSON-string regexes emit ``"``, ``\\`` and control characters raw (invalid JSON, or
+    another string), so those characters are removed from every set; a pattern that then matches
+    nothing is refused;
+  - llguidance: a class that holds a control character but not both ``"`` and ``\\`` admits the
+    escapes ``\\"`` and ``\\\\`` as well (measured), so such classes lose their control characters.
+Refused: look-around, back-references, ``\\b``/``\\B``, conditionals, atomic groups, possessive
+repeats, the IGNORECASE and MULTILINE flags, anchors inside the pattern, and (xgrammar) counted
+repetitions above 128 (they fail its compile cache check, ``per_rule_fsm_hashes``).
+Optional parts are printed as ``{0,1}``: xgrammar's JSON-schema path drops the first element of a
+``(...)?`` group that holds a repetition (``^a(b[0-9]{1,6})?$`` admitted ``"a12"``).
+"""
+from __future__ import annotations
+
+import functools
+import re
+import re._constants as C
+import re._parser as sre
+from typing import Any
+
+from .refusal import Refusal
+
+MAX_CODE_POINT = 0x10FFFF
+XGRAMMAR_MAX_COUNT = 128
+MAX_NODES = 20_000  # tree nodes after parsing; a pattern is at most a few KB in practice
+MAX_REPEAT_PRODUCT = 1 << 16  # nested counted repetitions, multiplied out
+_ALL = ((0, 0xD7FF), (0xE000, MAX_CODE_POINT))
+_SPECIAL = ((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C))  # control characters, '"' and '\'
+
+# ----- code-point sets: tuples of disjoint, sorted, non-adjacent (lo, hi) ranges ------------------
+
+
+def normalise(ranges) -> tuple:
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in out)
+
+
+def intersect(a, b) -> tuple:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo <= hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tuple(out)
+
+
+def complement(a) -> tuple:
+    out, start = [], 0
+    for lo, hi in a:
+        if lo > start:
+            out.append((start, lo - 1))
+        start = hi + 1
+    if start <= MAX_CODE_POINT:
+        out.append((start, MAX_CODE_POINT))
+    return intersect(tuple(out), _ALL)
+
+
+def contains(a, point: int) -> bool:
+    return any(lo <= point <= hi for lo, hi in a)
+
+
+@functools.lru_cache(maxsize=None)
+def _category(name: str, ascii_only: bool) -> tuple:
+    """Python's exact set for ``\\d``/``\\w``/``\\s`` (found by `re` itself, in C, over every code point)."""
+    flags = re.ASCII if ascii_only else 0
+    text = _every_character()
+    return normalise((m.start(), m.end() - 1) for m in re.finditer(f"\\{name}+", text, flags))
+
+
+@functools.lru_cache(maxsize=1)
+def _every_character() -> str:
+    return "".join(map(chr, range(MAX_CODE_POINT + 1)))
+
+
+_CATEGORIES = {
+    C.CATEGORY_DIGIT: ("d", False), C.CATEGORY_NOT_DIGIT: ("d", True),
+    C.CATEGORY_WORD: ("w", False), C.CATEGORY_NOT_WORD: ("w", True),
+    C.CATEGORY_SPACE: ("s", False), C.CATEGORY_NOT_SPACE: ("s", True),
+}
+
+
+def _category_set(category, ascii_flag: bool, under: bool) -> tuple:
+    """The set of a category; `under` allows a subset (positive shorthands become ASCII-only)."""
+    name, negated = _CATEGORIES[category]
+    if negated:
+        return complement(_category(name, ascii_flag))
+    return _category(name, True) if under else _category(name, ascii_flag)
+
+
+# ----- parsing into a small tree ------------------------------------------------------------------
+# ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", lo, hi|None, node) | ("bol",) | ("eol",)
+
+EMPTY_SET = ("set", ())
+EPSILON = ("cat", [])
+
+
+def parse(pattern: str) -> tuple[Any, int]:
+    """Python's reading of `pattern` as a tree, and its global flags. Raises Refusal."""
+    try:
+        parsed = sre.parse(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError) as error:
+        raise Refusal(f"pattern {pattern[:60]!r} that Python's re cannot read ({type(error).__name__}: {str(error)[:80]})") from None
+    flags = parsed.state.flags
+    if flags & (C.SRE_FLAG_IGNORECASE | C.SRE_FLAG_MULTILINE | C.SRE_FLAG_LOCALE):
+        raise Refusal("regex flags (?i)/(?m) in a pattern")
+    budget = [MAX_NODES]
+    try:
+        return _convert(parsed.data, flags, budget), flags
+    except RecursionError:
+        raise Refusal("a pattern nested too deeply") from None
+
+
+def _convert(items, flags: int, budget: list[int]) -> tuple:
+    nodes = [_convert_item(op, av, flags, budget) for op, av in items]
+    return nodes[0] if len(nodes) == 1 else ("cat", nodes)
+
+
+def _convert_item(op, av, flags: int, budget: list[int]) -> tuple:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise Refusal("a pattern too large to analyse")
+    if op is C.LITERAL:
+        return ("set", ((av, av),))
+    if op is C.NOT_LITERAL:
+        return ("set", complement(((av, av),)))
+    if op is C.ANY:
+        return ("set", _ALL if flags & C.SRE_FLAG_DOTALL else complement(((10, 10),)))
+    if op is C.IN:
+        return ("set", _class_set(av, flags))
+    if op is C.BRANCH:
+        return ("alt", [_convert(branch, flags, budget) for branch in av[1]])
+    if op is C.SUBPATTERN:
+        group, add_flags, del_flags, body = av
+        if add_flags & (C.SRE_FLAG_IGNORECASE | C.SRE_FLAG_MULTILINE):
+            raise Refusal("regex flags (?i)/(?m) in a pattern")
+        return _convert(body, (flags | add_flags) & ~del_flags, budget)
+    if op in (C.MAX_REPEAT, C.MIN_REPEAT):  # laziness does not change which strings match
+        lo, hi, body = av
+        return ("rep", lo, None if hi is C.MAXREPEAT else hi, _convert(body, flags, budget))
+    if op is C.AT:
+        if av in (C.AT_BEGINNING, C.AT_BEGINNING_STRING):
+            return ("bol",)
+        if av in (C.AT_END, C.AT_END_STRING):
+            return ("eol",)
+        raise Refusal("word boundaries (\\b, \\B) in a pattern")
+    feature = {C.ASSERT: "look-ahead/look-behind", C.ASSERT_NOT: "negative look-ahead/look-behind",
+               C.GROUPREF: "back-references", C.GROUPREF_EXISTS: "conditional groups",
+               C.ATOMIC_GROUP: "atomic groups", C.POSSESSIVE_REPEAT: "possessive repeats"}.get(op, str(op))
+    raise Refusal(f"{feature} in a pattern")
+
+
+def _class_set(items, flags: int) -> tuple:
+    negated = bool(items) and items[0][0] is C.NEGATE
+    ascii_flag = bool(flags & C.SRE_FLAG_ASCII)
+    ranges: list[tuple[int, int]] = []
+    for op, av in items[1:] if negated else items:
+        if op is C.LITERAL:
+            ranges.append((av, av))
+        elif op is C.RANGE:
+            ranges.append(av)
+        elif op is C.CATEGORY:
+            # Inside a negated class every member must be exact (the complement must not grow).
+            ranges.extend(_category_set(av, ascii_flag, under=not negated))
+        else:
+            raise Refusal(f"class member {op} in a pattern")
+    members = normalise(ranges)
+    return complement(members) if negated else intersect(members, _ALL)
+
+
+# ----- search semantics -> one full-match tree -----------------------------------------------------
+
+
+def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
+    """A tree whose full matches are strings that ``re.search`` of `tree` accepts (anchors resolved)."""
+    if tree[0] == "alt":
+        return ("alt", [full_match_tree(branch, any_char) for branch in tree[1]])
+    items = list(tree[1]) if tree[0] == "cat" else [tree]
+    if len(items) == 1 and items[0][0] in ("alt", "cat"):
+        return full_match_tree(items[0], any_char)
+    anchored_start = bool(items) and items[0][0] == "bol"
+    anchored_end = bool(items) and items[-1][0] == "eol" and len(items) > (1 if anchored_start else 0)
+    if anchored_start:
+        items = items[1:]
+    if anchored_end:
+        items = items[:-1]
+    while items and items[0][0] == "bol" and anchored_start:  # "^^a"
+        items = items[1:]
+    _no_inner_anchor(("cat", items))
+    star = ("rep", 0, None, ("set", any_char))
+    return ("cat", ([] if anchored_start else [star]) + items + ([] if anchored_end else [star]))
+
+
+def _no_inner_anchor(node: tuple) -> None:
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if node[0] in ("bol", "eol"):
+            raise Refusal("anchors (^, $) inside a pattern rather than at its ends")
+        if node[0] in ("cat", "alt"):
+            stack.extend(node[1])
+        elif node[0] == "rep":
+            stack.append(node[3])
+
+
+# ----- engine restrictions and simplification ------------------------------------------------------
+
+
+def restrict(node: tuple, allowed: tuple, llguidance_classes: bool = False) -> tuple:
+    """`node` with every set intersected with `allowed`; dead parts removed (EMPTY_SET if none left)."""
+    kind = node[0]
+    if kind == "set":
+        members = intersect(node[1], allowed)
+        is_class = len(members) > 1 or (len(members) == 1 and members[0][0] != members[0][1])
+        if llguidance_classes and is_class:
+            if intersect(members, ((0, 0x1F),)) and not (contains(members, 0x22) and contains(members, 0x5C)):
+                members = intersect(members, complement(((0, 0x1F),)))
+        return ("set", members)
+    if kind == "cat":
+        parts = [restrict(child, allowed, llguidance_classes) for child in node[1]]
+        if any(part == EMPTY_SET for part in parts):
+            return EMPTY_SET
+        flat = []
+        for part in parts:
+            flat.extend(part[1] if part[0] == "cat" else [part])
+        return flat[0] if len(flat) == 1 else ("cat", flat)
+    if kind == "alt":
+        branches = [b for b in (restrict(child, allowed, llguidance_classes) for child in node[1]) if b != EMPTY_SET]
+        if not branches:
+            return EMPTY_SET
+        non_empty = [b for b in branches if b != EPSILON]
+        if len(non_empty) < len(branches):  # an empty alternative: make the rest optional
+            return ("rep", 0, 1, non_empty[0] if len(non_empty) == 1 else ("alt", non_empty)) if non_empty else EPSILON
+        return branches[0] if len(branches) == 1 else ("alt", branches)
+    if kind == "rep":
+        body = restrict(node[3], allowed, llguidance_classes)
+        if body == EMPTY_SET or body == EPSILON:
+            return EPSILON if node[1] == 0 or body == EPSILON else EMPTY_SET
+        if node[2] == 0:
+            return EPSILON
+        return ("rep", node[1], node[2], body)
+    return node
+
+
+def check_counts(node: tuple, max_count: int | None) -> None:
+    """Refuse counted repetitions above `max_count` and nested counts multiplying past the budget."""
+    stack = [(node, 1)]
+    while stack:
+        node, product = stack.pop()
+        if node[0] in ("cat", "alt"):
+            stack.extend((child, product) for child in node[1])
+        elif node[0] == "rep":
+            lo, hi = node[1], node[2]
+            count = max(lo, hi or 0)
+            if max_count is not None and count > max_count:
+                raise Refusal(f"a counted repetition above {max_count} in a pattern")
+            product *= max(count, 1)
+            if product > MAX_REPEAT_PRODUCT:
+                raise Refusal("nested counted repetitions too large in a pattern")
+            stack.append((node[3], product))
+
+
+# ----- printing ------------------------------------------------------------------------------------
+
+_XG_META = set("\\^$.|?*+()[]{}-/")
+
+
+def _xg_char(point: int, in_class: bool) -> str:
+    char = chr(point)
+    if char.isascii() and (char.isalnum() or char == " " or char == "_"):
+        return char
+    if 0x21 <= point <= 0x7E:
+        return "\\" + char
+    if point > 0xFFFF:
+        return char  # xgrammar reads astral characters literally; it has no \U escape
+    return f"\\u{point:04x}"
+
+
+def _ll_char(point: int, in_class: bool) -> str:
+    char = chr(point)
+    if char.isascii() and (char.isalnum() or char == "_"):
+        return char
+    return f"\\x{{{point:x}}}"
+
+
+def to_text(node: tuple, dialect: str) -> str:
+    char = _xg_char if dialect == "xgrammar" else _ll_char
+    return _print(node, char)
+
+
+def _print(node: tuple, char) -> str:
+    kind = node[0]
+    if kind == "set":
+        ranges = node[1]
+        if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
+            return char(ranges[0][0], False)
+        body = "".join(char(lo, True) if lo == hi else f"{char(lo, True)}-{char(hi, True)}" for lo, hi in ranges)
+        return f"[{body}]"
+    if kind == "cat":
+        return "".join(_group(child, char) if child[0] == "alt" else _print(child, char) for child in node[1])
+    if kind == "alt":
+        return "|".join(_print(child, char) for child in node[1])
+    if kind == "rep":
+        lo, hi, body = node[1], node[2], node[3]
+        text = _print(body, char) if _is_atom(body) else _group(body, char)
+        if hi is None:
+            return text + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
+        return text + (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
+    raise ValueError(f"cannot print {kind}")
+
+
+def _is_atom(node: tuple) -> bool:
+    return node[0] == "set"
+
+
+def _group(node: tuple, char) -> str:
+    return f"({_print(node, char)})"
+
+
+# ----- the entry points ----------------------------------------------------------------------------
+
+PLAIN_JSON_CHARS = intersect(complement(normalise(_SPECIAL)), _ALL)
+
+
+@functools.lru_cache(maxsize=4096)
+def translate(pattern: str, engine: str) -> str:
+    """`pattern` (JSON Schema ``pattern``: Python ``re.search``) as an anchored full-match regex for
+    `engine` (``"xgrammar"`` or ``"llguidance"``), never admitting a string Python rejects.
+
+    Raises Refusal naming the construct that cannot be carried over.
+    """
+    tree, _ = parse(pattern)
+    if engine == "xgrammar":
+        tree = restrict(full_match_tree(tree, PLAIN_JSON_CHARS), PLAIN_JSON_CHARS)
+        if tree == EMPTY_SET:
+            raise Refusal(f"pattern {pattern[:60]!r} (xgrammar can only match it with escaped characters)")
+        check_counts(tree, XGRAMMAR_MAX_COUNT)
+        return f"^{to_text(tree, 'xgrammar')}$"
+    tree = restrict(full_match_tree(tree, _ALL), _ALL, llguidance_classes=True)
+    if tree == EMPTY_SET:
+        raise Refusal(f"pattern {pattern[:60]!r} (llguidance could only match it through classes it mis-escapes)")
+    check_counts(tree, None)
+    return f"^({to_text(tree, 'llguidance')})$"
+
+
+def python_compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return False
+    return True

@@ -1,0 +1,120 @@
+"""Every hole of issue #9 §4/§5, and every engine limit `capabilities.TABLE` names, on real matchers.
+
+For each case and each backend the schema is either refused at admission with the feature named,
+or compiled and then: every `good` text is a complete match and every `bad` one is not. `auto`
+must compile them all (it routes to the engine that enforces the schema).
+"""
+import json
+
+import pytest
+
+from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
+
+from engine_probe import accepts, backend, spec_for
+
+pytestmark = pytest.mark.cpu
+BACKENDS = ("xgrammar", "llguidance", "auto")
+
+# (name, schema, good texts, bad texts)
+CASES = [
+    ("optional group with a counted repeat", {"type": "string", "pattern": "^a(b[0-9]{1,6})?$"}, ['"a"', '"ab12"'], ['"a12"', '"ab"']),
+    ("decimal pattern", {"type": "string", "pattern": r"^[0-9]{1,4}(\.[0-9]{1,2})?$"}, ['"9946"', '"12.5"'], ['"99460"', '"1."']),
+    ("format time", {"type": "string", "format": "time"}, ['"08:30:06Z"', '"23:20:50.52+01:00"'], ['"12:00:00"', '"24:00:00Z"', '"08:30:06 PST"']),
+    ("format date-time", {"type": "string", "format": "date-time"}, ['"2024-02-29T10:00:00Z"'], ['"2023-02-29T10:00:00Z"', '"2024-01-01T10:00:00"']),
+    ("integer multipleOf 2000", {"type": "integer", "multipleOf": 2000}, ["4000", "0"], ["2001", "-100"]),
+    ("multipleOf beside a range", {"type": "integer", "minimum": 0, "multipleOf": 12}, ["24", "0"], ["5", "-12"]),
+    ("minProperties past 2^32", {"type": "object", "minProperties": 4294967297}, [], ['{"a":1}', "{}"]),
+    ("pattern beside a native format", {"type": "string", "format": "uri", "pattern": "^https:"}, ['"https://a.b/c"'], ['"http://a.b/c"']),
+    ("enum of strings with type object", {"enum": ["a", {"k": 1}], "type": "object"}, ['{"k":1}'], ['"a"']),
+    ("untyped minimum", {"minimum": 1.1}, ["1.5", '"x"'], ["0.6"]),
+    ("untyped maxLength", {"maxLength": 2}, ['"fo"', "3"], ['"foo"']),
+    ("untyped format", {"format": "date"}, ['"2020-01-31"', "1"], ['"2020-01-32"']),
+    ("integer bound past 2^53", {"type": "integer", "maximum": 9007199254740999}, ["9007199254740992"], ["9007199254741000", "9007199254741001"]),
+    ("maxLength 256 with escapes", {"type": "string", "maxLength": 256}, ['"a\\"b"', '"<a href=\\"x\\">"'], ['"' + "x" * 257 + '"']),
+    ("not", {"type": "integer", "not": {"enum": [1, 2]}}, ["3", "0"], ["1", "2", '"x"']),
+    ("if/then/else", {"type": "object", "properties": {"k": {"enum": ["a", "b"]}, "n": {"type": "integer"}}, "required": ["k"],
+                      "if": {"properties": {"k": {"const": "a"}}}, "then": {"required": ["n"]}},
+     ['{"k":"a","n":1}', '{"k":"b"}'], ['{"k":"a"}']),
+    ("overlapping oneOf", {"oneOf": [{"type": "integer", "minimum": 5}, {"type": "integer", "maximum": 10}]}, ["3", "11"], ["7"]),
+    ("dependentRequired", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                           "dependentRequired": {"a": ["b"]}}, ['{"a":1,"b":2}', '{"b":2}', "{}"], ['{"a":1}']),
+    ("required name not declared", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"],
+                                    "additionalProperties": {"type": "string"}}, ['{"b":"x"}'], ['{"b":1}', '{"a":1}']),
+    ("uniqueItems over booleans", {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, ["[true,false]", "[]"], ["[true,true]"]),
+    ("contains with maxItems", {"type": "array", "items": {"type": "integer"}, "maxItems": 3, "contains": {"minimum": 5}},
+     ["[5]", "[1,9]"], ["[1,2]", "[]"]),
+    ("propertyNames pattern", {"type": "object", "propertyNames": {"pattern": "^x-"}, "additionalProperties": {"type": "integer"}},
+     ['{"x-a":1}', "{}"], ['{"y":1}', '{"x-a":"s"}']),
+    ("unevaluatedProperties", {"allOf": [{"properties": {"a": {"type": "integer"}}}], "unevaluatedProperties": False},
+     ['{"a":1}'], ['{"a":1,"b":2}', '{"b":2}']),
+    ("decimal multipleOf in a range", {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.25}, ["0.75", "1"], ["0.3", "1.25"]),
+    ("property named like a keyword", {"type": "object", "properties": {"enum": {"type": "integer"}, "format": {"type": "string"}},
+                                       "required": ["enum"]}, ['{"enum":1}'], ['{"enum":"x"}', "{}"]),
+]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_each_hole_is_enforced_or_refused(name, case):
+    title, schema, good, bad = case
+    try:
+        spec = spec_for(name, schema)
+    except InvalidGrammarError as refused:
+        assert refused.feature, f"{title}: refused without naming a feature: {refused}"
+        assert name != "auto" or title == "minProperties past 2^32", f"auto must compile {title}: {refused}"
+        return
+    for text in good:
+        assert accepts(name, spec, text), (title, name, text)
+    for text in bad:
+        assert not accepts(name, spec, text), (title, name, text)
+
+
+@pytest.mark.parametrize("fields", [{"guided_json": False}, {"guided_json": {"not": {}}},
+                                    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": False}}}])
+def test_false_schemas_admit_nothing_and_are_refused(fields):
+    with pytest.raises(InvalidGrammarError, match="admits no value") as caught:
+        parse_guided_request(fields)
+    assert caught.value.feature is None  # a request error, not a missing feature
+
+
+@pytest.mark.parametrize("keyword", ["enum", "const", "default", "examples"])
+def test_remote_ref_under_a_property_named_like_a_data_keyword(keyword):
+    schema = {"type": "object", "properties": {keyword: {"$ref": "https://example.com/x.json"}}}
+    with pytest.raises(InvalidGrammarError, match="remote references"):
+        parse_guided_request({"guided_json": schema})
+
+
+@pytest.mark.parametrize("name", ("xgrammar", "llguidance"))
+def test_format_style_structural_tags_go_through_the_normaliser(name):
+    tag = {"format": {"type": "json_schema", "json_schema": {"type": "array", "uniqueItems": True}}}
+    with pytest.raises(InvalidGrammarError, match="uniqueItems"):
+        parse_guided_request({"structural_tag": tag}, GuidedConfig(backend=name))
+    dated = {"format": {"type": "json_schema", "json_schema": {"type": "string", "format": "date"}}}
+    spec = parse_guided_request({"structural_tag": dated, "disable_any_whitespace": True}, GuidedConfig(backend=name))
+    assert accepts(name, spec, '"2024-02-29"') and not accepts(name, spec, '"2023-02-29"')
+
+
+@pytest.mark.parametrize("name", ("xgrammar", "llguidance"))
+def test_strict_false_is_json_schema_semantics(name):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    tuple_schema = {"type": "array", "prefixItems": [{"type": "integer"}]}
+    strict, loose = spec_for(name, schema), spec_for(name, schema, guided_strict=False)
+    assert not accepts(name, strict, '{"a":1,"b":"x"}') and accepts(name, loose, '{"a":1,"b":"x"}')
+    assert not accepts(name, spec_for(name, tuple_schema), "[1,2]") and accepts(name, spec_for(name, tuple_schema, guided_strict=False), '[1,"x"]')
+
+
+def test_any_order_where_xgrammar_can():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a", "b"]}
+    ordered, free = spec_for("xgrammar", schema), spec_for("xgrammar", schema, guided_any_order=True)
+    assert not accepts("xgrammar", ordered, '{"b":"x","a":1}') and accepts("xgrammar", free, '{"b":"x","a":1}')
+    assert not accepts("xgrammar", free, '{"b":"x"}')
+    with pytest.raises(InvalidGrammarError, match="schema order"):
+        spec_for("llguidance", schema, guided_any_order=True)
+    assert json.loads(json.dumps(backend("auto").compile(free).backend_name)) == "xgrammar"
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_schema_true_is_any_json_value(name):
+    # Default layout: xgrammar's any-value grammar keeps ", " and ": " even under compact separators.
+    spec = parse_guided_request({"guided_json": True}, GuidedConfig(backend=name))
+    assert all(accepts(name, spec, text) for text in ('{"a":[1,null]}', '"s"', "3", "[]"))

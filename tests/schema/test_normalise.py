@@ -1,0 +1,166 @@
+"""The normal form itself, judged without any engine: its own validator against the suite's verdicts.
+
+For every case of the JSON-Schema-Test-Suite the normaliser handles, a value the normalised union
+accepts must be valid (the union is never looser), and where the normaliser claims exactness a
+valid value must be accepted. Then the named rules, one by one.
+"""
+import json
+
+import pytest
+
+from fd_guided.conformance import load_cases, suite_root
+from fd_guided.schema import for_engine
+from fd_guided.schema.complement import excluding_pattern
+from fd_guided.schema.normalise import Normaliser
+from fd_guided.schema.refusal import Refusal, Unsatisfiable
+from fd_guided.errors import InvalidGrammarError
+from fd_guided.spec import JsonFormat
+
+pytestmark = pytest.mark.cpu
+OPEN = JsonFormat(False, None, None, False)
+# Where outputs are judged as fd_guided.validate judges them, not as the suite expects: formats are
+# asserted (format checker on); an unknown custom meta-schema is read as 2020-12 (jsonschema's default).
+JUDGED_OTHERWISE = ("format.json", "vocabulary.json")
+
+
+@pytest.mark.parametrize("draft", ["draft2020-12", "draft7"])
+def test_normal_form_agrees_with_the_suite(draft):
+    root = suite_root()
+    if root is None:
+        pytest.skip("JSON-Schema-Test-Suite not found (set FD_GUIDED_JSON_SCHEMA_SUITE)")
+    normalised = 0
+    for case in load_cases(root, draft):
+        try:
+            normaliser = Normaliser(case.schema, strict=False)
+            union = normaliser.root()
+        except Refusal:
+            continue
+        except Unsatisfiable:
+            assert not any(test["valid"] for test in case.tests), case.description
+            continue
+        normalised += 1
+        for test in case.tests:
+            try:
+                accepted = normaliser.accepts(union, test["data"])
+            except Refusal:  # a reference normalised lazily that the engines would refuse too
+                break
+            where = (case.file, case.description, test["description"])
+            if accepted:
+                assert test["valid"], where
+            elif union.exact and case.file not in JUDGED_OTHERWISE:
+                assert not test["valid"], where
+    assert normalised > 200
+
+
+def value_of(schema, **options):
+    return json.loads(json.dumps(for_engine("llguidance", schema, JsonFormat(False, None, None, **{"strict": False, **options}))))
+
+
+def test_untyped_keywords_get_a_type():
+    out = value_of({"minimum": 1.1})
+    assert {"type": "number", "minimum": 1.1} in out["anyOf"]
+    assert {"type": ["null", "boolean", "string", "array", "object"]} in out["anyOf"]
+
+
+def test_enum_absorbs_its_siblings():
+    assert value_of({"enum": ["a", "b", {"k": 1}], "type": "object"})["enum"] == [{"k": 1}]
+    assert value_of({"const": 1.0, "type": "integer"})["enum"] == [1, 1.0]
+    with pytest.raises(InvalidGrammarError, match="admits no value"):
+        value_of({"enum": ["a"], "type": "integer"})
+
+
+def test_not_is_written_positively():
+    out = value_of({"type": "integer", "not": {"minimum": 10}})
+    assert out["type"] == "integer" and out["maximum"] == 9
+
+
+def test_if_then_else_with_a_decidable_condition():
+    schema = {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}},
+              "required": ["kind"], "if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["n"]}}
+    out = value_of(schema)
+    required_sets = sorted(tuple(branch.get("required", ())) for branch in out["anyOf"])
+    assert ("kind", "n") in required_sets
+
+
+def test_one_of_with_discriminators_becomes_any_of():
+    branches = [{"type": "object", "properties": {"k": {"const": "a"}}, "required": ["k"]},
+                {"type": "object", "properties": {"k": {"const": "b"}, "n": {"type": "integer"}}, "required": ["k", "n"]}]
+    out = value_of({"oneOf": branches})
+    assert len(out["anyOf"]) == 2 and "oneOf" not in json.dumps(out)
+
+
+def test_dependent_required_and_dependencies():
+    out = value_of({"type": "object", "dependentRequired": {"a": ["b"]}})
+    assert {"type": "object", "properties": {"a": False}} in out["anyOf"]
+    draft7 = value_of({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "dependencies": {"a": ["b"]}})
+    assert draft7["anyOf"] == out["anyOf"]
+
+
+def test_required_names_are_declared():
+    out = value_of({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"],
+                    "additionalProperties": {"type": "string"}})
+    assert out["properties"]["b"] == {"type": "string"}
+
+
+def test_unevaluated_properties_with_a_static_evaluated_set():
+    out = value_of({"allOf": [{"properties": {"a": {"type": "integer"}}}], "properties": {"b": {}}, "unevaluatedProperties": False})
+    objects = [o for o in out.get("anyOf", [out]) if o.get("type") == "object"]
+    assert objects and all(o["additionalProperties"] is False and set(o["properties"]) == {"a", "b"} for o in objects)
+
+
+def test_draft_7_items_array_is_prefix_items():
+    out = value_of({"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
+                    "items": [{"type": "integer"}], "additionalItems": False})
+    assert out["prefixItems"] == [{"type": "integer"}] and out["maxItems"] == 1
+
+
+def test_unique_items_over_a_finite_domain_is_enumerated():
+    out = value_of({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True})
+    assert sorted(map(json.dumps, out["enum"])) == sorted(map(json.dumps, [[], [True], [False], [True, False], [False, True]]))
+
+
+def test_property_names_become_declared_names_or_a_pattern():
+    names = value_of({"type": "object", "propertyNames": {"enum": ["x", "y"]}, "additionalProperties": {"type": "integer"}})
+    assert names["properties"] == {"x": {"type": "integer"}, "y": {"type": "integer"}} and names["additionalProperties"] is False
+    pattern = value_of({"type": "object", "propertyNames": {"pattern": "^a"}})
+    assert list(pattern["patternProperties"].values()) == [{}] and pattern["additionalProperties"] is False
+
+
+def test_decimal_multiple_of_over_a_bounded_range_is_an_exact_enum():
+    out = value_of({"type": "number", "minimum": 0, "maximum": 0.1, "multipleOf": 0.01})
+    from fd_guided.schema.instance import is_multiple
+
+    assert out["enum"] and all(is_multiple(v, 0.01) for v in out["enum"])  # what jsonschema accepts, and only that
+
+
+def test_excluding_pattern_is_the_exact_complement():
+    import re
+
+    pattern = excluding_pattern(["foo", "fo", ""])
+    for text, excluded in [("foo", True), ("fo", True), ("", True), ("f", False), ("food", False), ("x", False)]:
+        assert (re.search(pattern, text) is None) is excluded, text
+
+
+def test_ref_chains_are_followed_in_a_loop_and_cycles_are_unsatisfiable():
+    chain = {"$defs": {f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(3000)}, "$ref": "#/$defs/a0"}
+    chain["$defs"]["a3000"] = {"type": "integer"}
+    out = value_of(chain)
+    assert list(out["$defs"].values()) == [{"type": "integer"}] and out["$ref"] == "#/$defs/n0"
+    for cyclic in ({"$ref": "#"}, {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}):
+        with pytest.raises(InvalidGrammarError, match="admits no value") as caught:
+            value_of(cyclic)
+        assert caught.value.feature is None
+
+
+def test_output_is_deterministic():
+    schema = {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "string"}], "$defs": {"a": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}}}}
+    assert json.dumps(value_of(schema)) == json.dumps(value_of(json.loads(json.dumps(schema))))
+
+
+def test_unknown_formats_are_refused_unless_annotated():
+    with pytest.raises(InvalidGrammarError, match="format 'color'") as caught:
+        value_of({"type": "string", "format": "color"})
+    assert caught.value.feature and caught.value.part.endswith("$.format")
+    assert value_of({"type": "string", "format": "color"}, unknown_formats="annotate") == {"type": "string", "$schema": value_of({"type": "string"})["$schema"]}
+    with pytest.raises(InvalidGrammarError, match="format 'regex'"):  # jsonschema checks it: never dropped
+        value_of({"type": "string", "format": "regex"}, unknown_formats="annotate")

@@ -1,0 +1,109 @@
+"""fd_guided.schema.regex: Python's reading of a pattern, re-printed so engines never admit more.
+
+The differential tests feed every short string over an alphabet of awkward characters (quote,
+backslash, newline, control, non-ASCII) through real matchers and compare with ``re.search``.
+"""
+import itertools
+import json
+import random
+import re
+
+import pytest
+
+from fd_guided.schema import regex
+from fd_guided.schema.refusal import Refusal
+
+from engine_probe import ENGINES, accepts, spec_for
+
+pytestmark = pytest.mark.cpu
+
+ALPHABET = ["a", "b", '"', "\\", "\n", "é", "1", "\x01"]
+STRINGS = [""] + ["".join(p) for n in (1, 2) for p in itertools.product(ALPHABET, repeat=n)]
+TEXTS = sorted({json.dumps(s) for s in STRINGS} | {json.dumps(s, ensure_ascii=False) for s in STRINGS})
+
+
+def engine_accepted(engine: str, pattern: str) -> list[str]:
+    spec = spec_for(engine, {"type": "string", "pattern": pattern})
+    return [text for text in TEXTS if accepts(engine, spec, text)]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("pattern", [
+    r"^a(b[0-9]{1,6})?$",        # xgrammar's JSON-schema path dropped "b" here ("a12" was admitted)
+    r"^[0-9]{1,4}(\.[0-9]{1,2})?$",
+    r"^a\\b$", r'^a"b$', r"^a\nb$", r"^[\\\"a]$", r"^[^\\]$", r'^[^"]$', r"^[\x00-\x1f]$",
+    r"^\S$", r"^\W$", r"^\D$", r"^.$", r"a", r"b$", r"^(a|)b?$",
+])
+def test_engines_never_admit_more_than_python(engine, pattern):
+    try:
+        regex.translate(pattern, engine)
+    except Refusal:
+        pytest.skip(f"{engine} refuses {pattern!r}")
+    for text in engine_accepted(engine, pattern):
+        assert re.search(pattern, json.loads(text)), (engine, pattern, text)
+
+
+def test_random_patterns_against_both_engines():
+    """A seeded sample of generated patterns: what an engine admits, Python's re.search admits."""
+    rng = random.Random(7)
+    atoms = ["a", "b", r"\"", r"\\", r"\n", "é", ".", "[ab]", "[^a]", r"\d", r"\w", r"\S", r"[^\\]", r"[\x00-\x1f]"]
+
+    def draw(depth=0):
+        roll = rng.random()
+        if depth > 2 or roll < 0.35:
+            return rng.choice(atoms)
+        if roll < 0.6:
+            return "".join(draw(depth + 1) for _ in range(2))
+        if roll < 0.75:
+            return f"({draw(depth + 1)}|{draw(depth + 1)})"
+        return f"({draw(depth + 1)}){rng.choice(['?', '*', '+', '{1,2}', '{0,2}'])}"
+
+    for _ in range(6):
+        pattern = rng.choice(["^{}$", "{}", "^{}"]).format(draw())
+        for engine in ENGINES:
+            try:
+                regex.translate(pattern, engine)
+            except Refusal:
+                continue
+            for text in engine_accepted(engine, pattern):
+                assert re.search(pattern, json.loads(text)), (engine, pattern, text)
+
+
+def test_optional_groups_print_as_counted_repeats():
+    assert regex.translate(r"^a(b[0-9]{1,6})?$", "xgrammar") == "^a(b[0-9]{1,6}){0,1}$"
+
+
+def test_xgrammar_classes_lose_quote_backslash_and_controls():
+    assert regex.translate(r"^[\\\"a]$", "xgrammar") == "^a$"
+    with pytest.raises(Refusal, match="escaped characters"):
+        regex.translate(r'^"$', "xgrammar")
+
+
+def test_search_semantics_become_full_match():
+    assert regex.translate("ab", "llguidance").startswith("^(")
+    tree, _ = regex.parse("ab")
+    full = regex.full_match_tree(tree, regex.PLAIN_JSON_CHARS)
+    assert full[0] == "cat" and full[1][0][0] == "rep" and full[1][-1][0] == "rep"
+
+
+@pytest.mark.parametrize("pattern, feature", [
+    (r"^(?=a)a$", "look-ahead"), (r"^(a)\1$", "back-references"), (r"\bword", "word boundaries"),
+    (r"(?i)abc", "flags"), (r"a^b", "anchors"), ("(" * 500 + "a" + ")" * 500, "RecursionError|nested"),
+    ("[a-", "cannot read"),
+])
+def test_unsupported_constructs_are_refused(pattern, feature):
+    with pytest.raises(Refusal, match=feature):
+        regex.translate(pattern, "llguidance")
+
+
+def test_xgrammar_bounded_repetitions_stay_under_its_compile_limit():
+    with pytest.raises(Refusal, match="above 128"):
+        regex.translate("^[a-z]{1,256}$", "xgrammar")
+    assert regex.translate("^[a-z]{1,256}$", "llguidance")
+
+
+def test_shorthands_inside_negated_classes_are_exact():
+    tree, _ = regex.parse(r"[^\d]")
+    assert not regex.contains(tree[1], ord("٣"))  # an Arabic-Indic digit is \d to Python
+    positive, _ = regex.parse(r"\d")
+    assert positive[1] == ((48, 57),)  # positive shorthands keep their ASCII members (a subset)
