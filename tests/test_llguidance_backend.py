@@ -11,7 +11,6 @@ import torch
 
 from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
 from fd_guided.backends.llguidance import LLGuidanceBackend
-from fd_guided.backends.llguidance_schema import python_exact_regex
 from fd_guided.kernels import allocate_pinned_bitmask
 from fd_guided.spec import GrammarSpec
 from fd_guided.tokenizer import load_tokenizer
@@ -157,11 +156,14 @@ def test_syntax_errors_have_no_feature():
     assert caught.value.feature is None
 
 
-def test_python_exact_regex_rewrites_only_class_shorthands():
-    assert python_exact_regex(r"^a\.b[\]x]$") == r"^a\.b[\]x]$"
-    assert python_exact_regex(r"\d+") == "[0-9]+"
-    assert python_exact_regex(r"[\w-]") == "[0-9A-Za-z_-]"
-    assert python_exact_regex(r"\S").startswith("[^\\x{9}-\\x{d}\\x{1c}-\\x{20}")
+def test_guided_regex_gets_pythons_exact_reading():
+    from fd_guided.schema import regex_for_engine
+
+    assert regex_for_engine("llguidance", r"^a\.b[\]x]$") == r"a\x{2e}b[\x{5d}x]"
+    assert regex_for_engine("llguidance", r"\d+") == "[0-9]+"  # ASCII: a subset of Python's Unicode \d
+    assert regex_for_engine("llguidance", r"\S").startswith("[\\x{0}-\\x{8}\\x{e}-\\x{1b}")  # Python's exact set
+    with pytest.raises(InvalidGrammarError, match="matches no string"):
+        regex_for_engine("llguidance", r"[^\s\S]")  # llguidance's own negation admitted U+E000 here
 
 
 def test_whitespace_is_bounded_by_default(backend):

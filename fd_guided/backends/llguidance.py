@@ -11,7 +11,7 @@ what llguidance enforces is never looser than what `jsonschema` (Python `re`, fo
 accepts: patterns re-printed from Python's parse, formats as exact patterns, numbers compared
 exactly (bounds and enum integers past 2^53 refused: llguidance compares them as doubles),
 strictness and oneOf/not/if/dependencies/unevaluated* rewritten into keywords it enforces.
-``guided_regex`` gets Python's class meanings through `llguidance_schema.python_exact_regex`;
+``guided_regex`` gets Python's exact reading through `fd_guided.schema.regex_for_engine`;
 format-style structural tags become Lark in `llguidance_tags`.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle
-from ..schema import for_engine
-from .llguidance_schema import Refusal, json_options, python_compiles, python_exact_regex
+from ..schema import for_engine, regex_for_engine
+from .llguidance_schema import Refusal, json_options
 from .llguidance_tags import format_to_lark
 
 logger = logging.getLogger(__name__)
@@ -269,8 +269,7 @@ def _json_object_grammar(spec: GrammarSpec) -> str:
 
 
 def _regex_grammar(spec: GrammarSpec) -> str:
-    python_compiles(spec.source, "guided_regex")
-    return LLMatcher.grammar_from_regex(python_exact_regex(spec.source))
+    return LLMatcher.grammar_from_regex(regex_for_engine("llguidance", spec.source))
 
 
 def _choice_grammar(spec: GrammarSpec) -> str:
@@ -323,8 +322,7 @@ def _check_json_schema(spec: GrammarSpec) -> None:
 
 
 def _check_regex(spec: GrammarSpec) -> None:
-    python_compiles(spec.source, "guided_regex")
-    python_exact_regex(spec.source)
+    regex_for_engine("llguidance", spec.source)
 
 
 def _check_structural_tag(spec: GrammarSpec) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 import llguidance
 
 from ..spec import JsonFormat
-from .llguidance_schema import Refusal, json_options, python_exact_regex
+from ..schema import regex_for_engine
+from .llguidance_schema import Refusal, json_options
 
 # ----- format-style structural tags (xgrammar's "format" JSON) as Lark ----------------------------
 
@@ -85,7 +86,7 @@ class _LarkBuilder:
         pattern = fmt.get("pattern")
         if not isinstance(pattern, str):
             raise Refusal(f"a regex without a pattern at {where}")
-        return self.terminal("/" + llguidance.regex_to_lark(python_exact_regex(pattern), "") + "/")
+        return self.terminal("/" + llguidance.regex_to_lark(_tag_regex(pattern), "") + "/")
 
     def _sequence(self, fmt: dict, where: str) -> str:
         parts = [p for p in (self.expr(e, f"{where}[{i}]") for i, e in enumerate(fmt.get("elements") or [])) if p]
@@ -173,3 +174,18 @@ class _LarkBuilder:
 
 def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False) if text else ""
+
+
+def _tag_regex(pattern: str) -> str:
+    """A structural-tag regex as llguidance must see it: Python's exact reading, except that a
+    pattern only Rust's syntax reads (Unicode property classes, ``\\p{L}``) is passed through as
+    written: its meaning is Rust's, which llguidance enforces exactly."""
+    from ..errors import InvalidGrammarError
+    from .xgrammar import has_unicode_property_escape
+
+    try:
+        return regex_for_engine("llguidance", pattern, part="structural_tag")
+    except InvalidGrammarError as error:
+        if error.feature and "cannot read" in error.feature and has_unicode_property_escape(pattern):
+            return pattern
+        raise

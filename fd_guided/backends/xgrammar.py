@@ -16,7 +16,7 @@ import xgrammar as xgr
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
-from ..schema import for_engine
+from ..schema import for_engine, regex_for_engine
 from ..schema.walk import subschemas
 from ..spec import FIELD_OF_KIND, GrammarSpec, JsonFormat, schema_objects
 from ..tokenizer import TokenizerBundle
@@ -92,6 +92,8 @@ class XGrammarBackend(GuidedBackend):
             _enforced_schema(spec)
         elif spec.kind == "structural_tag":
             structural_tag_json(spec)
+        elif spec.kind == "regex":
+            regex_for_engine("xgrammar", spec.source)
         if any(has_unicode_property_escape(text) for text in _regex_texts(spec)):
             feature = "Unicode property escapes (\\p{...}, \\P{...})"
             raise InvalidGrammarError(f"xgrammar cannot enforce {feature}", part=_part_of(spec), feature=feature)
@@ -205,7 +207,7 @@ def _compile(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.CompiledGr
     if kind == "json_object":
         return compiler.compile_json_schema(_ANY_OBJECT_SCHEMA, **{**_json_options(spec), "strict_mode": False})
     if kind == "regex":
-        return compiler.compile_regex(spec.source)
+        return compiler.compile_regex(regex_for_engine("xgrammar", spec.source))
     if kind == "choice":
         return compiler.compile_grammar(choice_ebnf(spec.choices))
     if kind == "ebnf":

@@ -47,6 +47,24 @@ logger = logging.getLogger(__name__)
 
 # Loader threads rebuild compiled grammars from worker bytes and talk to the L2 cache.
 _LOADER_THREADS = 2
+# After this many bytes of grammars loaded, freed native memory is handed back to the OS (below).
+_TRIM_EVERY_BYTES = 8 << 20
+
+
+def _allocator_trim():
+    """glibc's ``malloc_trim``, or None. Grammars are built on loader threads and freed on others;
+    glibc keeps each thread's freed memory in that thread's arena, so a long run of distinct
+    grammars grew RSS to ~3x the cache bound (tools/soak.py); trimming now and then keeps it near 1x."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _allocator_trim()
 
 
 class SharedGrammarCache(Protocol):
@@ -103,6 +121,7 @@ class CompileService:
         self._tickets: dict[GrammarSpec, _Ticket] = {}
         self._loaders = DeepStackExecutor(_LOADER_THREADS, name="fd-guided-load")
         self._loaders.submit(backend.warm_up)
+        self._loaded_since_trim = 0
         self._closed = False
         self.isolation, self._runner = self._make_runner(workers or self.config.compile_workers, isolation or self.config.compile_isolation)
 
@@ -274,6 +293,7 @@ class CompileService:
             # Cached before leaving the in-flight table, so no submit in between misses both.
             self.cache.put(key, compiled)
             self.metrics.set_gauge("cache_bytes", self.cache.size_bytes)
+            self._maybe_trim(compiled.memory_bytes)
         elif isinstance(error, InvalidGrammarError):
             self.metrics.inc("compile_errors_total")
             self.errors.put(key, error, transient=isinstance(error, CompileBudgetError))
@@ -288,6 +308,15 @@ class CompileService:
             future.set_result(compiled)
         else:
             future.set_exception(error)
+
+    def _maybe_trim(self, loaded_bytes: int) -> None:
+        with self._lock:
+            self._loaded_since_trim += loaded_bytes
+            due = self._loaded_since_trim >= _TRIM_EVERY_BYTES
+            if due:
+                self._loaded_since_trim = 0
+        if due and _TRIM is not None:
+            _TRIM(0)  # a few ms, on a loader thread, off every request's path
 
     def _from_shared_cache(self, engine: str, spec: GrammarSpec) -> CompiledGrammar | None:
         if self.shared_cache is None:

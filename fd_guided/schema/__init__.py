@@ -29,7 +29,7 @@ import functools
 import json
 from typing import Any
 
-from ..errors import InvalidGrammarError
+from ..errors import InvalidGrammarError, UnsatisfiableGrammarError
 from .emit import Emitter
 from .normalise import Normaliser
 from .refusal import Refusal, Unsatisfiable
@@ -41,6 +41,21 @@ UNKNOWN_FORMAT_POLICIES = ("refuse", "annotate")
 def for_engine(engine: str, schema: Any, json_format=None, *, part: str = "json schema") -> dict:
     """The schema to hand `engine` for `schema` under the request's `json_format` (module docstring)."""
     return json.loads(_run(engine, schema, json_format, part)[0])
+
+
+def regex_for_engine(engine: str, pattern: str, *, part: str = "guided_regex") -> str:
+    """A whole-output regex (``guided_regex``: Python's ``re.fullmatch``) as `engine` must see it:
+    Python's exact reading re-printed, never admitting a string Python rejects
+    (`regex.translate_full_match`). Raises `InvalidGrammarError` (``feature`` set for a construct
+    the engine cannot be given, `UnsatisfiableGrammarError` when the regex matches nothing)."""
+    from .regex import translate_full_match
+
+    try:
+        return translate_full_match(pattern, engine)
+    except Refusal as refusal:
+        raise InvalidGrammarError(f"{engine} cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
+    except Unsatisfiable as error:
+        raise UnsatisfiableGrammarError(error.reason, part=part) from None
 
 
 def narrows(engine: str, schema: Any, json_format=None) -> bool:
@@ -78,11 +93,11 @@ def _cached(engine: str, text: str, strict: bool, unknown: str, part: str) -> tu
         raise InvalidGrammarError(f"{engine} cannot enforce {refusal.feature}", part=f"{part} {refusal.location}",
                                   feature=refusal.feature) from None
     except Unsatisfiable as error:
-        raise InvalidGrammarError(f"the schema admits no value ({error.reason})", part=f"{part} {error.location}") from None
+        raise UnsatisfiableGrammarError(f"the schema admits no value ({error.reason})", part=f"{part} {error.location}") from None
     except RecursionError:
         raise InvalidGrammarError(f"{engine} cannot enforce a schema nested this deeply", part=part,
                                   feature="schema nesting too deep to normalise") from None
     return json.dumps(document, ensure_ascii=False), emitter.narrowed
 
 
-__all__ = ["for_engine", "narrows", "ENGINES", "UNKNOWN_FORMAT_POLICIES", "Refusal", "Unsatisfiable"]
+__all__ = ["for_engine", "regex_for_engine", "narrows", "ENGINES", "UNKNOWN_FORMAT_POLICIES", "Refusal", "Unsatisfiable"]

@@ -30,7 +30,7 @@ import re._constants as C
 import re._parser as sre
 from typing import Any
 
-from .refusal import Refusal
+from .refusal import Refusal, Unsatisfiable
 
 MAX_CODE_POINT = 0x10FFFF
 XGRAMMAR_MAX_COUNT = 128
@@ -361,6 +361,35 @@ def translate(pattern: str, engine: str) -> str:
         raise Refusal(f"pattern {pattern[:60]!r} (llguidance could only match it through classes it mis-escapes)")
     check_counts(tree, None)
     return f"^({to_text(tree, 'llguidance')})$"
+
+
+@functools.lru_cache(maxsize=1024)
+def translate_full_match(pattern: str, engine: str) -> str:
+    """A whole-output regex (``guided_regex``, judged by Python's ``re.fullmatch``) for `engine`,
+    never admitting a string Python rejects; ``^``/``$`` at its ends are no-ops, anywhere else refused.
+
+    Raises Refusal for a construct that cannot be carried over, and Unsatisfiable when Python's
+    reading matches no string at all (``[^\\s\\S]``): the engines' own negated classes can
+    admit surrogate-adjacent bytes there (llguidance generated U+E000 for it).
+    """
+    tree, _ = parse(pattern)
+    branches = tree[1] if tree[0] == "alt" else [tree]
+    tree = ("alt", [_strip_end_anchors(branch) for branch in branches]) if len(branches) > 1 else _strip_end_anchors(branches[0])
+    _no_inner_anchor(tree)
+    tree = restrict(tree, _ALL)
+    if tree == EMPTY_SET:
+        raise Unsatisfiable(f"the regex {pattern[:60]!r} matches no string")
+    check_counts(tree, XGRAMMAR_MAX_COUNT if engine == "xgrammar" else None)
+    return to_text(tree, engine) if tree != EPSILON else ""
+
+
+def _strip_end_anchors(node: tuple) -> tuple:
+    items = list(node[1]) if node[0] == "cat" else [node]
+    while items and items[0][0] == "bol":
+        items = items[1:]
+    while items and items[-1][0] == "eol":
+        items = items[:-1]
+    return items[0] if len(items) == 1 else ("cat", items)
 
 
 def python_compiles(pattern: str) -> bool:

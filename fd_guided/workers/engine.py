@@ -4,9 +4,16 @@ It plays the serving stack's part end to end so guided decoding is exercised by 
 admission (bad requests fail alone with InvalidGrammarError's message), slot assignment,
 prefill in chunks under a token budget, one decode token per running request per step, sampling,
 and retirement on EOS, `max_tokens` (``length``) or a guided finish (``stop``/``error``).
+
+Two ways to drive it: `generate(requests)` runs a batch to completion; `submit` / `step` /
+`abort` serve requests that arrive over time (a server's loop calls `step` while requests come
+and go; `submit` and `abort` may be called from other threads).
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,7 +38,7 @@ SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
 
 @dataclass
 class GenerationResult:
-    """One request's outcome. `finish_reason` is ``stop``, ``length`` or ``error``."""
+    """One request's outcome. `finish_reason` is ``stop``, ``length``, ``error`` or ``abort``."""
 
     index: int
     text: str
@@ -42,6 +49,15 @@ class GenerationResult:
     spec: GrammarSpec | None = field(default=None, repr=False)
     # From admission (fields validated, spec built) to the first sampled token.
     ttft_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class StepUpdate:
+    """What one `ReferenceEngine.step` did for one request: tokens it added, and its result once done."""
+
+    index: int
+    new_token_ids: tuple[int, ...]
+    finished: GenerationResult | None = None
 
 
 @dataclass
@@ -123,6 +139,12 @@ class ReferenceEngine:
             )
         self.runner.attach_guided(self.manager)
         self.stats = RunStats()
+        self._waiting: deque[_Sequence] = deque()
+        self._running: dict[int, _Sequence] = {}
+        self._free_slots = list(range(max_num_seqs - 1, -1, -1))
+        self._aborted: set[int] = set()
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
 
     @classmethod
     def default(cls, *, preset: str = "small", tokenizer: str = "deepseek", seed: int = 0, **kwargs) -> "ReferenceEngine":
@@ -140,28 +162,112 @@ class ReferenceEngine:
 
         Per request, ``max_tokens``, ``seed``, ``temperature``, ``top_k``, ``top_p``,
         ``ignore_eos`` (keep decoding past EOS, for benchmarks) and ``enable_thinking`` (or
-        ``chat_template_kwargs.enable_thinking``) override the defaults.
+        ``chat_template_kwargs.enable_thinking``) override the defaults. A request that fails
+        admission gets an ``error`` result; the others run.
         """
         started = time.perf_counter()
         self.stats = RunStats()
         timings_before = self.manager.timings.as_dict() if self.manager else {}
         results: dict[int, GenerationResult] = {}
-        waiting: deque[_Sequence] = deque()
-        for index, request in enumerate(requests):
+        order: list[int] = []
+        for request in requests:
+            index = next(self._ids)
+            order.append(index)
             try:
-                waiting.append(self._admit(index, request, max_tokens, seed))
-            except InvalidGrammarError as error:
-                results[index] = GenerationResult(index, "", [], "error", str(error))
+                self.submit(request, max_tokens=max_tokens, seed=seed, index=index, position=len(order) - 1)
             except Exception as error:  # noqa: BLE001 - one malformed request never loses the batch
-                results[index] = GenerationResult(index, "", [], "error", f"invalid request: {type(error).__name__}: {error}")
+                message = str(error) if isinstance(error, InvalidGrammarError) else f"invalid request: {type(error).__name__}: {error}"
+                results[index] = GenerationResult(index, "", [], "error", message)
         self.stats.admission_seconds = time.perf_counter() - started
-        for seq in self._run(waiting):
-            results[seq.index] = self._result(seq)
+        while self.has_unfinished():
+            for update in self.step():
+                if update.finished is not None:
+                    results[update.index] = update.finished
         self.stats.wall_seconds = time.perf_counter() - started
         if self.manager:
             after = self.manager.timings.as_dict()
             self.stats.guided = {k: after[k] - timings_before.get(k, 0.0) for k in after}
-        return [results[i] for i in range(len(requests))]
+        return [_renumbered(results[index], position) for position, index in enumerate(order)]
+
+    def submit(self, request: dict, *, max_tokens: int = 64, seed: int = 0, index: int | None = None,
+               position: int | None = None) -> int:
+        """Admit one request and queue it; returns its id (`GenerationResult.index`, `StepUpdate.index`).
+
+        Raises InvalidGrammarError (nothing is queued then). The request's sampling seed is
+        ``[seed, position]`` (`position` defaults to its id): `generate` passes the batch position,
+        so a batch samples the same way whatever ran before. Thread-safe.
+        """
+        index = next(self._ids) if index is None else index
+        seq = self._admit(index, request, max_tokens, seed, index if position is None else position)
+        with self._lock:
+            self._waiting.append(seq)
+        return index
+
+    def abort(self, index: int) -> None:
+        """Stop request `index` at the next step (its result has reason ``abort``). Thread-safe."""
+        with self._lock:
+            self._aborted.add(index)
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._waiting or self._running)
+
+    def step(self) -> list[StepUpdate]:
+        """One engine step: assign free slots, one forward over decode tokens and prompt chunks,
+        sampling, retirement. Returns an update per request that gained a token or finished. When
+        every running request is waiting for its grammar it waits up to 50 ms and returns []."""
+        updates = self._retire_aborted()
+        with self._lock:
+            while self._waiting and self._free_slots:
+                self._start(self._waiting.popleft(), self._free_slots.pop())
+        running = self._running
+        chunks, rows, prefill_done, prompt_tokens = self._plan(running)
+        if not chunks:
+            if running and self.manager is not None:
+                # Every running request holds its last prompt token until its grammar is ready.
+                self.manager.wait_ready(list(running), timeout_s=0.05)
+            return updates
+        step_started = tick = time.perf_counter()
+        logits = self.runner.execute_step(chunks, rows, prefill_done)
+        self.stats.forward_seconds += time.perf_counter() - tick
+        tokens = self._sample(logits, [running[slot] for slot in rows]) if rows else []
+        finishes = {finish.slot: finish for finish in self.runner.after_sample(tokens)}
+        now = time.perf_counter()
+        self.stats.steps += 1
+        self.stats.step_log.append((now - step_started, prompt_tokens))
+        for slot, token in zip(rows, tokens):
+            seq = running[slot]
+            if seq.first_token_at is None:
+                seq.first_token_at = now
+            before = len(seq.output_ids)
+            done = self._record(seq, token, finishes.get(slot))
+            added = tuple(seq.output_ids[before:])
+            if done:
+                self._retire(slot)
+            if added or done:
+                updates.append(StepUpdate(seq.index, added, self._result(seq) if done else None))
+        return updates
+
+    def _retire(self, slot: int) -> None:
+        with self._lock:
+            del self._running[slot]
+            self._free_slots.append(slot)
+        if self.manager:
+            self.manager.release(slot)
+
+    def _retire_aborted(self) -> list[StepUpdate]:
+        with self._lock:
+            aborted, self._aborted = self._aborted, set()
+            queued = [seq for seq in self._waiting if seq.index in aborted]
+            for seq in queued:
+                self._waiting.remove(seq)
+        updates = []
+        for seq in queued + [seq for seq in list(self._running.values()) if seq.index in aborted]:
+            if seq.slot >= 0 and seq.slot in self._running:
+                self._retire(seq.slot)
+            seq.finish_reason = "abort"
+            updates.append(StepUpdate(seq.index, (), self._result(seq)))
+        return updates
 
     def validate(self, request: dict) -> GrammarSpec | None:
         """Admission check of one request's guided fields (raises InvalidGrammarError)."""
@@ -171,7 +277,7 @@ class ReferenceEngine:
 
     # ----- scheduling ---------------------------------------------------------------------------
 
-    def _admit(self, index: int, request: dict, max_tokens: int, seed: int) -> _Sequence:
+    def _admit(self, index: int, request: dict, max_tokens: int, seed: int, position: int) -> _Sequence:
         if not isinstance(request, dict) or not isinstance(request.get("prompt"), str):
             raise InvalidGrammarError("each request needs a string 'prompt'", part="prompt")
         spec = self.validate(request)
@@ -189,46 +295,16 @@ class ReferenceEngine:
             prompt_ids=prompt_ids,
             max_tokens=int(request.get("max_tokens", max_tokens)),
             params=params,
-            rng=np.random.default_rng([int(request.get("seed", seed)), index]),
+            rng=np.random.default_rng([int(request.get("seed", seed)), position]),
             spec=spec,
             enable_thinking=thinking,
             ignore_eos=bool(request.get("ignore_eos", False)),
         )
 
-    def _run(self, waiting: deque[_Sequence]):
-        running: dict[int, _Sequence] = {}
-        free_slots = list(range(self.max_num_seqs - 1, -1, -1))
-        while waiting or running:
-            while waiting and free_slots:
-                self._start(waiting.popleft(), free_slots.pop(), running)
-            chunks, rows, prefill_done, prompt_tokens = self._plan(running)
-            if not chunks:
-                # Every running request holds its last prompt token until its grammar is ready.
-                self.manager.wait_ready(list(running), timeout_s=0.05)
-                continue
-            step_started = tick = time.perf_counter()
-            logits = self.runner.execute_step(chunks, rows, prefill_done)
-            self.stats.forward_seconds += time.perf_counter() - tick
-            tokens = self._sample(logits, [running[slot] for slot in rows]) if rows else []
-            finishes = {finish.slot: finish for finish in self.runner.after_sample(tokens)}
-            now = time.perf_counter()
-            self.stats.steps += 1
-            self.stats.step_log.append((now - step_started, prompt_tokens))
-            for slot, token in zip(rows, tokens):
-                seq = running[slot]
-                if seq.first_token_at is None:
-                    seq.first_token_at = now
-                if self._record(seq, token, finishes.get(slot)):
-                    del running[slot]
-                    if self.manager:
-                        self.manager.release(slot)
-                    free_slots.append(slot)
-                    yield seq
-
-    def _start(self, seq: _Sequence, slot: int, running: dict[int, _Sequence]) -> None:
+    def _start(self, seq: _Sequence, slot: int) -> None:
         seq.slot = slot
         seq.cache = self.model.new_cache()
-        running[slot] = seq
+        self._running[slot] = seq
         if self.manager is not None:
             self.manager.add_request(slot, seq.spec, request_id=seq.index, prompt_token_ids=seq.prompt_ids, enable_thinking=seq.enable_thinking)
 
@@ -301,6 +377,11 @@ class ReferenceEngine:
         if self.manager is not None:
             self.manager.close()
             self.manager.backend.close()
+
+
+def _renumbered(result: GenerationResult, position: int) -> GenerationResult:
+    """`generate` numbers its results by batch position (the ids are the engine's own)."""
+    return dataclasses.replace(result, index=position)
 
 
 def _padded(token_bytes: Sequence[bytes | None], size: int) -> list[bytes | None]:
