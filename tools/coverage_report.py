@@ -69,9 +69,9 @@ def _child(backend_name: str, options: dict, conn) -> None:
                 spec = parse_guided_request({"guided_json": text}, config)
                 record["admit_s"] = time.perf_counter() - started
                 started = time.perf_counter()
-                compiled = backend.compile(spec)
+                compiled = backend.compile_checked(spec)  # what a compile worker runs
                 record["compile_s"] = time.perf_counter() - started
-                cache.put(spec, compiled)
+                cache.put((compiled.backend_name, spec), compiled)  # the engine's jobs then find it
                 specs[index] = spec
                 record.update(status="accepted", engine=compiled.backend_name)
             except InvalidGrammarError as error:

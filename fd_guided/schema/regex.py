@@ -290,7 +290,8 @@ def _xg_char(point: int, in_class: bool) -> str:
     if char.isascii() and (char.isalnum() or char == " " or char == "_"):
         return char
     if 0x21 <= point <= 0x7E:
-        return "\\" + char
+        # Only metacharacters are escaped: xgrammar warns on (and ignores) a needless escape like "\,".
+        return "\\" + char if char in _XG_META else char
     if point > 0xFFFF:
         return char  # xgrammar reads astral characters literally; it has no \U escape
     return f"\\u{point:04x}"
