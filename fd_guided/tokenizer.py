@@ -58,7 +58,7 @@ class TokenizerBundle:
             token_bytes=self.token_bytes,
             eos_token_ids=self.eos_token_ids,
             encode=ByteEncoder(self.token_bytes),
-            decode_bytes=functools.partial(_join_bytes, self.token_bytes),
+            decode_bytes=functools.partial(join_token_bytes, self.token_bytes),
             think_start_id=self.think_start_id,
             think_end_id=self.think_end_id,
             padded_vocab_size=self.padded_vocab_size,
@@ -116,7 +116,7 @@ def _hf_bundle(name: str, tokenizer_file: str, padded_vocab_size: int | None = N
         token_bytes=token_bytes,
         eos_token_ids=eos_ids,
         encode=lambda text: hf.encode(text, add_special_tokens=False),
-        decode_bytes=functools.partial(_join_bytes, token_bytes),
+        decode_bytes=functools.partial(join_token_bytes, token_bytes),
         hf_tokenizer=hf,
         think_start_id=_lookup(hf.get_vocab(), THINK_START_TEXT),
         think_end_id=_lookup(hf.get_vocab(), THINK_END_TEXT),
@@ -188,11 +188,12 @@ def _qwen_bundle() -> TokenizerBundle:
         token_bytes=tuple(token_bytes),
         eos_token_ids=(qwen.eod_id, qwen.im_end_id),
         encode=lambda text: encoding.encode(text, allowed_special=set(), disallowed_special=()),
-        decode_bytes=functools.partial(_join_bytes, tuple(token_bytes)),
+        decode_bytes=functools.partial(join_token_bytes, tuple(token_bytes)),
         padded_vocab_size=PADDED_VOCAB_SIZES["qwen"],
     )
 
 
-def _join_bytes(token_bytes: tuple[bytes | None, ...], token_ids: Sequence[int]) -> bytes:
+def join_token_bytes(token_bytes: tuple[bytes | None, ...], token_ids: Sequence[int]) -> bytes:
+    """The bytes of `token_ids` (special and out-of-range ids add nothing): a bundle's `decode_bytes`."""
     size = len(token_bytes)
     return b"".join(token_bytes[i] or b"" for i in token_ids if 0 <= i < size)

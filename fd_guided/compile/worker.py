@@ -47,6 +47,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _next_message(conn: Connection, serving_pid: int):
+    """The next message on `conn`, or None once the pool hung up or the serving process died."""
+    while not conn.poll(_POLL_S):
+        if not _alive(serving_pid):
+            return None
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        return None
+
+
 def _warm_up(backend) -> None:
     """Pay every lazy first-use cost (imports, token tries) once here; forked workers inherit it."""
     from ..spec import GrammarSpec, parse_guided_request
@@ -71,15 +82,8 @@ def zygote(conn: Connection) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     conn.send(("ready", os.getpid()))
     while True:
-        if not conn.poll(_POLL_S):
-            if not _alive(serving_pid):
-                return
-            continue
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return
-        if message[0] != "fork":
+        message = _next_message(conn, serving_pid)
+        if message is None or message[0] != "fork":
             return
         fd = reduction.recv_handle(conn)
         pid = os.fork()
@@ -100,14 +104,10 @@ def zygote(conn: Connection) -> None:
 def serve(backend, conn: Connection, serving_pid: int) -> None:
     """A worker's loop: compile jobs one at a time until the pool hangs up or the server dies."""
     while True:
-        if not conn.poll(_POLL_S):
-            if not _alive(serving_pid):
-                return
-            continue
-        try:
-            job_id, engine, spec = conn.recv()
-        except (EOFError, OSError):
+        message = _next_message(conn, serving_pid)
+        if message is None:
             return
+        job_id, engine, spec = message
         outcome: list = []
         thread = start_thread(lambda: outcome.append(_compile(backend, engine, spec)), name="fd-guided-compile",
                               stack_bytes=WORKER_STACK_BYTES)

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from ...tokenizer import THINK_END_TEXT, THINK_START_TEXT, TokenizerBundle, load_tokenizer
+from ...tokenizer import THINK_END_TEXT, THINK_START_TEXT, TokenizerBundle, join_token_bytes, load_tokenizer
 from .config import read
 
 SENTENCEPIECE_FILES = ("tokenizer.model", "spm.model", "ernie_token_100k.model")
@@ -78,7 +78,7 @@ def bundle_from_sentencepiece(tokenizer: Any, name: str = "sentencepiece") -> To
         # sentencepiece itself: FastDeploy's Ernie4_5Tokenizer.tokenize refuses the keywords newer
         # transformers pass from encode() (split_special_tokens); the ids are the same.
         encode=lambda text: list(sp.encode(text)),
-        decode_bytes=functools.partial(_join, frozen),
+        decode_bytes=functools.partial(join_token_bytes, frozen),
         think_start_id=think_start,
         think_end_id=think_end,
     )
@@ -126,8 +126,3 @@ def _is_ernie(architectures: Any) -> bool:
     except ImportError:
         return any(str(name).lower().startswith("ernie") for name in names)
     return bool(ErnieArchitectures.contains_ernie_arch(names))
-
-
-def _join(token_bytes: tuple[bytes | None, ...], token_ids) -> bytes:
-    size = len(token_bytes)
-    return b"".join(token_bytes[i] or b"" for i in token_ids if 0 <= i < size)
