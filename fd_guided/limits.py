@@ -153,7 +153,7 @@ def schema_ref_depth(schema: Any) -> int:
     re-entered). A 3,000-link ``$ref`` chain counts ~3,000; a wide schema of many shallow
     definitions counts its deepest path only. Iterative: the walk cannot overflow Python's stack.
     """
-    from .spec import resolve_local_ref
+    from .schema.meta import resolve_local_ref
 
     entered: set[int] = set()
     deepest = 0

@@ -24,16 +24,13 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from .config import GuidedConfig
+from .documents import MAX_NESTING, as_dict, check_document, check_text, load_json  # noqa: F401 - MAX_NESTING re-exported
 from .errors import InvalidGrammarError
 from .limits import AdmissionLimits, check_choices, check_grammar, check_regex, check_schema, check_size
-
-try:  # fast meta-validation at admission; `jsonschema` alone gives the same verdicts, slower
-    import jsonschema_rs as _jsonschema_rs
-except ImportError:
-    _jsonschema_rs = None
+from .schema.meta import check_json_schema, resolve_local_ref, schema_objects  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +38,6 @@ KIND_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choi
 KINDS = ("json_schema", "json_object", "regex", "choice", "ebnf", "lark", "structural_tag")
 JSON_KINDS = ("json_schema", "json_object", "structural_tag")
 COMPACT_SEPARATORS = (",", ":")
-# Deepest JSON document accepted (schemas, structural tags). SchemaStore's deepest schema has 27
-# levels; native parsers and converters recurse, so an unbounded depth could crash the process.
-MAX_NESTING = 128
-# Keys whose values are JSON instances in a structural tag's tree (see `schema_objects`).
-_VALUE_KEYWORDS = ("const", "enum", "default", "examples")
 UNKNOWN_FORMAT_POLICIES = ("refuse", "annotate")
 
 
@@ -190,7 +182,7 @@ def _is_set(value: Any) -> bool:
 
 
 def _response_format_type(response_format: Any) -> str:
-    response_format = _as_dict(response_format, "response_format")
+    response_format = as_dict(response_format, "response_format")
     kind = response_format.get("type")
     if kind not in ("text", "json_object", "json_schema", "structural_tag"):
         raise InvalidGrammarError(
@@ -201,14 +193,14 @@ def _response_format_type(response_format: Any) -> str:
 
 
 def _from_response_format(response_format: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
-    response_format = _as_dict(response_format, "response_format")
+    response_format = as_dict(response_format, "response_format")
     kind = _response_format_type(response_format)
     if kind == "json_object":
         return GrammarSpec("json_object", "", json_format)
     if kind == "structural_tag":
         body = {key: value for key, value in response_format.items() if key != "type"}
         return _parse_structural_tag(body, json_format, limits, part="response_format")
-    json_schema = _as_dict(response_format.get("json_schema"), "response_format.json_schema")
+    json_schema = as_dict(response_format.get("json_schema"), "response_format.json_schema")
     schema = json_schema.get("schema", json_schema.get("json_schema"))
     if schema is None:
         raise InvalidGrammarError("missing 'schema'", part="response_format.json_schema")
@@ -235,7 +227,7 @@ def _parse_regex(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -
         raise InvalidGrammarError("must be a non-empty string", part="guided_regex")
     if "\x00" in value:
         raise InvalidGrammarError("must not contain NUL characters", part="guided_regex")
-    _check_text(value, "guided_regex")
+    check_text(value, "guided_regex")
     check_regex(value, limits, "guided_regex")
     try:
         re.compile(value)
@@ -258,7 +250,7 @@ def _parse_choice(value: Any, json_format: JsonFormat, limits: AdmissionLimits) 
             raise InvalidGrammarError(f"must be a string, got {type(choice).__name__}", part=f"guided_choice[{index}]")
         if not choice:
             raise InvalidGrammarError("must not be empty", part=f"guided_choice[{index}]")
-        _check_text(choice, f"guided_choice[{index}]")
+        check_text(choice, f"guided_choice[{index}]")
     check_choices(list(value), limits, "guided_choice")
     return GrammarSpec("choice", json.dumps(list(value), ensure_ascii=False))
 
@@ -266,7 +258,7 @@ def _parse_choice(value: Any, json_format: JsonFormat, limits: AdmissionLimits) 
 def _parse_grammar(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
     if not isinstance(value, str) or not value.strip():
         raise InvalidGrammarError("must be a non-empty grammar string", part="guided_grammar")
-    _check_text(value, "guided_grammar")
+    check_text(value, "guided_grammar")
     lark = grammar_is_lark(value)
     check_grammar(value, lark, limits, "guided_grammar")
     return GrammarSpec("lark" if lark else "ebnf", value)
@@ -274,14 +266,6 @@ def _parse_grammar(value: Any, json_format: JsonFormat, limits: AdmissionLimits)
 
 def _parse_structural_tag_field(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
     return _parse_structural_tag(value, json_format, limits, part="structural_tag")
-
-
-def _check_text(text: str, part: str) -> None:
-    """Constraint text must be valid Unicode (a lone surrogate cannot be UTF-8 encoded for an engine)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise InvalidGrammarError(f"not valid Unicode text ({error.reason} at position {error.start})", part=part) from None
 
 
 FIELD_OF_KIND = {"json_schema": "guided_json", "json_object": "json_object", "regex": "guided_regex", "choice": "guided_choice",
@@ -312,7 +296,7 @@ def _parse_json_schema(value: Any, json_format: JsonFormat, limits: AdmissionLim
     source = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
     check_size(source, limits.max_constraint_bytes, part, "schema")
     check_schema(schema, limits, part)
-    _check_json_schema(schema, part)
+    check_json_schema(schema, part)
     return GrammarSpec("json_schema", source, json_format)
 
 
@@ -320,165 +304,21 @@ def _load_schema(value: Any, part: str) -> dict:
     if isinstance(value, type) and hasattr(value, "model_json_schema"):
         return value.model_json_schema()
     if isinstance(value, (str, bytes)):
-        value = _load_json(value, part)
+        value = load_json(value, part)
     if value is True:
         return {}  # any JSON value (json_object would allow only objects)
     if value is False:
         raise InvalidGrammarError("the schema `false` admits no value", part=part)
     if not isinstance(value, dict):
         raise InvalidGrammarError(f"a JSON schema must be an object, got {type(value).__name__}", part=part)
-    _check_nesting(value, part)
+    check_document(value, part)
     return value
-
-
-def _load_json(text: str | bytes, part: str) -> Any:
-    if isinstance(text, (bytes, bytearray)):
-        try:
-            text = bytes(text).decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise InvalidGrammarError(f"not valid UTF-8 ({error.reason} at byte {error.start})", part=part) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InvalidGrammarError(f"malformed JSON: {error}", part=part) from None
-    except RecursionError:
-        raise InvalidGrammarError(f"JSON nested more than {MAX_NESTING} levels deep", part=part) from None
-
-
-def _check_nesting(value: Any, part: str) -> None:
-    """Refuse what is not a plain JSON document, iteratively (the check itself cannot overflow).
-
-    Deeper than MAX_NESTING: every later stage (meta-validation, checkers, the engines'
-    converters) recurses over the document, and past a few hundred levels that is a RecursionError
-    or, in native code, a crash of the whole process; a cyclic dict is caught here too. Keys must be
-    strings, values JSON values (a tuple reads as an array), numbers finite and strings valid Unicode.
-    """
-    stack = [(value, 1, "")]
-    while stack:
-        node, depth, path = stack.pop()
-        if depth > MAX_NESTING:
-            raise InvalidGrammarError(f"nested more than {MAX_NESTING} levels deep", part=part)
-        if isinstance(node, dict):
-            for key, child in node.items():
-                if not isinstance(key, str):
-                    raise InvalidGrammarError(f"object keys must be strings, got {type(key).__name__} {key!r:.40}", part=f"{part}{path}")
-                _check_text(key, f"{part}{path}")
-                stack.append((child, depth + 1, f"{path}.{key}"))
-        elif isinstance(node, (list, tuple)):
-            stack.extend((child, depth + 1, f"{path}[{index}]") for index, child in enumerate(node))
-        elif isinstance(node, str):
-            _check_text(node, f"{part}{path}")
-        elif isinstance(node, float):
-            if node != node or node in (float("inf"), float("-inf")):
-                raise InvalidGrammarError(f"{node!r} is not a JSON number", part=f"{part}{path}")
-        elif node is not None and not isinstance(node, (bool, int)):
-            raise InvalidGrammarError(f"{type(node).__name__} is not a JSON value", part=f"{part}{path}")
-
-
-def _check_json_schema(schema: dict, part: str) -> None:
-    if not _fast_meta_valid(schema):
-        _check_meta_schema(schema, part)
-    _check_references(schema, part)
-
-
-def _fast_meta_valid(schema: dict) -> bool:
-    """True when `schema` is certainly valid against its draft's meta-schema, found quickly.
-
-    Meta-validation in `jsonschema` costs ~1 ms per KB of schema (the 2020-12 meta-schema's
-    $dynamicRef chains): tens of ms per cold request at admission. jsonschema-rs does it in well
-    under a millisecond, but judges the "regex" format by ECMA-262 where `jsonschema` uses Python's
-    `re`, which our output validation also uses; so every `pattern` and `patternProperties` key
-    must also compile with `re`. This only ever accepts: whatever fails here goes to `jsonschema`,
-    which has the last word and writes the error message.
-    """
-    if _jsonschema_rs is None:
-        return False
-    try:
-        if not _jsonschema_rs.meta.is_valid(schema):
-            return False
-    except Exception:  # an unknown $schema URI, unexpected input: let jsonschema decide
-        return False
-    except BaseException as error:  # a Rust panic arrives as pyo3's PanicException, a BaseException
-        if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
-            raise
-        return False
-    return all(_compiles(pattern) for pattern in _schema_regexes(schema))
-
-
-def _schema_regexes(schema: dict) -> Iterator[str]:
-    """Every `pattern` value and `patternProperties` key in a schema document (by keyword position)."""
-    from .schema.walk import schema_regexes
-
-    return (pattern for pattern, _ in schema_regexes(schema))
-
-
-def _compiles(pattern: str) -> bool:
-    try:
-        re.compile(pattern)
-    except (re.error, RecursionError, OverflowError, ValueError):  # 500 nested groups overflow re's parser
-        return False
-    return True
-
-
-def _check_meta_schema(schema: dict, part: str) -> None:
-    import jsonschema
-
-    validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        validator_class.check_schema(schema)
-    except jsonschema.SchemaError as error:
-        location = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.path)
-        raise InvalidGrammarError(f"not a valid JSON schema: {error.message}", part=f"{part}{location}") from None
-    except RecursionError:
-        # The meta-schema's "regex" format check runs Python's re parser, which recurses per group.
-        raise InvalidGrammarError("a pattern nested too deeply for Python's re", part=part) from None
-
-
-def _check_references(schema: dict, part: str) -> None:
-    """Every ``$ref`` in a schema position must resolve inside the document (JSON pointers, ``$id``,
-    ``$anchor``): remote references are never fetched. Walked by keyword position, so a ``$ref``
-    under a property *named* ``enum`` or ``default`` is checked too."""
-    from .schema.drafts import first_unresolvable_reference
-
-    found = first_unresolvable_reference(schema)
-    if found is not None:
-        ref, where = found
-        raise InvalidGrammarError(f"reference {ref[:200]!r} does not resolve inside the schema (remote references "
-                                  f"are not fetched)", part=f"{part}{where[1:]}")
-
-
-def schema_objects(node: Any, path: str = "") -> Iterator[tuple[dict, str]]:
-    """Every object of a structural tag's tree with its path (``.a[0].b``), parents first; the
-    values of `_VALUE_KEYWORDS` are not entered. (JSON schemas are walked by keyword position:
-    `fd_guided.schema.walk`.)"""
-    if isinstance(node, dict):
-        yield node, path
-        for key, child in node.items():
-            if key not in _VALUE_KEYWORDS:
-                yield from schema_objects(child, f"{path}.{key}")
-    elif isinstance(node, list):
-        for index, child in enumerate(node):
-            yield from schema_objects(child, f"{path}[{index}]")
-
-
-def resolve_local_ref(root: Any, ref: str) -> Any:
-    """The node a local JSON pointer (``#``, ``#/a/0/b``, with ``~0``/``~1`` escapes) names, or None."""
-    node: Any = root
-    for token in ref[2:].split("/") if len(ref) > 2 else []:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
 
 
 def _parse_structural_tag(value: Any, json_format: JsonFormat, limits: AdmissionLimits, *, part: str) -> GrammarSpec:
     if isinstance(value, (str, bytes)):
-        value = _load_json(value, part)
-    value = _as_dict(value, part)
+        value = load_json(value, part)
+    value = as_dict(value, part)
     if "format" in value:
         source = json.dumps({"type": "structural_tag", "format": value["format"]}, ensure_ascii=False)
         check_size(source, limits.max_constraint_bytes, part, "structural tag")
@@ -493,7 +333,7 @@ def _parse_structural_tag(value: Any, json_format: JsonFormat, limits: Admission
     normalised = []
     for index, structure in enumerate(structures):
         where = f"{part}.structures[{index}]"
-        structure = _as_dict(structure, where)
+        structure = as_dict(structure, where)
         begin, end = structure.get("begin"), structure.get("end")
         if not isinstance(begin, str) or not begin or not isinstance(end, str):
             raise InvalidGrammarError("needs string 'begin' (non-empty) and 'end'", part=where)
@@ -501,7 +341,7 @@ def _parse_structural_tag(value: Any, json_format: JsonFormat, limits: Admission
             raise InvalidGrammarError(f"begin {begin!r} starts with none of the triggers {triggers}", part=where)
         schema = _load_schema(structure.get("schema", {"type": "object"}), f"{where}.schema")
         check_schema(schema, limits, f"{where}.schema")
-        _check_json_schema(schema, f"{where}.schema")
+        check_json_schema(schema, f"{where}.schema")
         normalised.append({"begin": begin, "schema": schema, "end": end})
     canonical = {"structures": normalised, "triggers": triggers}
     source = json.dumps(canonical, ensure_ascii=False, separators=(",", ":"))
@@ -557,15 +397,4 @@ def _bool_field(fields: Mapping[str, Any], name: str) -> bool:
     value = fields[name]
     if not isinstance(value, bool):
         raise InvalidGrammarError(f"must be a boolean, got {type(value).__name__}", part=name)
-    return value
-
-
-def _as_dict(value: Any, part: str) -> dict:
-    if isinstance(value, (str, bytes)):
-        value = _load_json(value, part)
-    if hasattr(value, "model_dump"):
-        value = value.model_dump(by_alias=True)
-    if not isinstance(value, dict):
-        raise InvalidGrammarError(f"must be an object, got {type(value).__name__}", part=part)
-    _check_nesting(value, part)
     return value

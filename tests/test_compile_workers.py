@@ -196,7 +196,7 @@ def test_auto_falls_back_to_llguidance_when_xgrammar_fails_to_compile(tokenizer)
 
 
 def test_auto_starts_on_the_first_engine_ready_and_caches_xgrammar_for_next_time(tokenizer):
-    service = service_for(tokenizer, "auto", auto_fallback_grace_s=0.05)
+    service = service_for(tokenizer, "auto", auto_fallback_grace_s=0.05, compile_timeout_s=120)
     try:
         spec = spec_of(choices(10_000, "f"))
         first = service.compile_now(spec)

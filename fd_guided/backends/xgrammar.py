@@ -18,7 +18,8 @@ from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..schema import for_engine, regex_for_engine
 from ..schema.walk import subschemas
-from ..spec import FIELD_OF_KIND, GrammarSpec, JsonFormat, schema_objects
+from ..schema.meta import schema_objects
+from ..spec import FIELD_OF_KIND, GrammarSpec, JsonFormat
 from ..tokenizer import TokenizerBundle
 
 

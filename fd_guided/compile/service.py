@@ -26,7 +26,6 @@ import pickle
 import threading
 import time
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Protocol
 
 from ..errors import (
@@ -41,7 +40,8 @@ from ..metrics import GuidedMetrics
 from ..spec import GrammarSpec
 from .cache import CompiledGrammarCache, RememberedErrors
 from .pool import CompileProcessPool
-from .threads import DeepStackExecutor
+from .futures import failed, failed_with, join, resolved
+from .threads import DeepStackExecutor, ThreadCompileRunner
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class CompileService:
         if isolation == "process" and recipe is None:
             logger.warning("backend %s cannot compile in worker processes: compiling in threads (no kill on budget)", self.backend.name)
         if recipe is None:
-            return "thread", _ThreadRunner(self.backend, workers, self.config.compile_timeout_s)
+            return "thread", ThreadCompileRunner(self.backend, workers, self.config.compile_timeout_s)
         pool = CompileProcessPool(
             _zygote_key(recipe), recipe, self.config, max_workers=workers, timeout_s=self.config.compile_timeout_s,
             memory_limit_bytes=self.config.compile_memory_limit_bytes, demote_after_s=self.config.compile_demote_after_s,
@@ -145,11 +145,11 @@ class CompileService:
         try:
             engines = tuple(self.backend.compile_engines(spec))
         except InvalidGrammarError as error:
-            return _failed(error)
+            return failed_with(error)
         hits = [self.cache.get((engine, spec)) for engine in engines]
         if hits[0] is not None:
             self.metrics.inc("cache_hits_total")
-            return _resolved(hits[0])
+            return resolved(hits[0])
         with self._lock:
             ticket = self._tickets.get(spec)
             if ticket is not None:
@@ -159,11 +159,11 @@ class CompileService:
                 ticket = self._tickets[spec] = _Ticket(spec, engines)
         if ticket is None:
             if self._closed:
-                return _failed(GuidedDecodingError("the compile service is closed"))
+                return failed_with(GuidedDecodingError("the compile service is closed"))
             # A later engine has it cached: serve that now, and compile the preferred one for next time.
             self.metrics.inc("cache_hits_total")
             self._job(engines[0], spec)
-            return _resolved(next(hit for hit in hits if hit is not None))
+            return resolved(next(hit for hit in hits if hit is not None))
         self.metrics.inc("cache_misses_total")
         self._advance(ticket)
         return ticket.future
@@ -178,7 +178,7 @@ class CompileService:
                 if engine in ticket.jobs:
                     continue
                 earlier = [ticket.jobs.get(e) for e in ticket.engines[:index]]
-                if index == 0 or self.config.auto_first_ready or all(j is not None and _failed_job(j) for j in earlier):
+                if index == 0 or self.config.auto_first_ready or all(j is not None and failed(j) for j in earlier):
                     ticket.jobs[engine] = self._job(engine, ticket.spec)
                     started.append(ticket.jobs[engine])
             outcome = self._decide(ticket)
@@ -216,7 +216,7 @@ class CompileService:
                     return None
                 waiting_for_earlier = True
                 continue
-            if _failed_job(job):
+            if failed(job):
                 errors.append((engine, job.exception()))
                 continue
             if waiting_for_earlier and not self._grace_over(ticket):
@@ -244,10 +244,10 @@ class CompileService:
         key = (engine, spec)
         cached = self.cache.get(key)
         if cached is not None:
-            return _resolved(cached)
+            return resolved(cached)
         error = self.errors.get(key)
         if error is not None:
-            return _failed(error)
+            return failed_with(error)
         with self._lock:
             future = self._jobs.get(key)
             if future is not None:
@@ -363,77 +363,8 @@ class CompileService:
                 ticket.future.set_exception(closed)
 
 
-class _ThreadRunner:
-    """Compiles in this process on deep-stack threads. A job past its budget fails (its thread runs on)."""
-
-    def __init__(self, backend: GuidedBackend, workers: int, timeout_s: float):
-        self.backend, self.timeout_s = backend, timeout_s
-        self._executor = DeepStackExecutor(workers, name="fd-guided-compile")
-
-    def submit(self, engine: str, spec: GrammarSpec) -> Future:
-        outer: Future = Future()
-
-        def work():
-            started = time.perf_counter()
-            return self.backend.engine(engine).compile_checked(spec), time.perf_counter() - started
-
-        timer = threading.Timer(self.timeout_s, _settle, (outer, None, GrammarCompileTimeout(
-            f"the {engine} compile ran past its {self.timeout_s:g} s budget (it cannot be stopped in thread isolation)")))
-        timer.daemon = True
-        inner = self._executor.submit(work)
-        inner.add_done_callback(lambda done: (timer.cancel(), _copy(done, outer)))
-        timer.start()
-        return outer
-
-    def close(self) -> None:
-        self._executor.shutdown()
-
-
 def _zygote_key(recipe: tuple[str, dict]) -> str:
     """Pools whose recipes differ only in config share one zygote (the config reaches each worker)."""
     path, kwargs = recipe
     material = pickle.dumps((path, {k: v for k, v in sorted(kwargs.items()) if k != "config"}), protocol=4)
     return hashlib.sha256(material).hexdigest()
-
-
-def _failed_job(job: Future) -> bool:
-    return job.done() and (job.cancelled() or job.exception() is not None)
-
-
-def _settle(future: Future, result, error: BaseException | None) -> None:
-    try:
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
-    except Exception:  # noqa: BLE001 - already settled (InvalidStateError): the first outcome stands
-        pass
-
-
-def _copy(source: Future, target: Future) -> None:
-    if source.cancelled():
-        _settle(target, None, GuidedDecodingError("the compile was cancelled"))
-    elif source.exception() is not None:
-        _settle(target, None, source.exception())
-    else:
-        _settle(target, source.result(), None)
-
-
-def join(future: Future, deadline: float) -> CompiledGrammar:
-    """Wait for `future` until the monotonic `deadline`; raise GrammarCompileTimeout past it."""
-    try:
-        return future.result(timeout=max(0.0, deadline - time.monotonic()))
-    except FutureTimeout:
-        raise GrammarCompileTimeout("the grammar did not compile before the request needed its first token") from None
-
-
-def _resolved(value) -> Future:
-    future: Future = Future()
-    future.set_result(value)
-    return future
-
-
-def _failed(error: BaseException) -> Future:
-    future: Future = Future()
-    future.set_exception(error)
-    return future

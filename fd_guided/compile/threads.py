@@ -11,8 +11,16 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import GrammarCompileTimeout
+from .futures import copy_outcome, settle
+
+if TYPE_CHECKING:
+    from ..interface import GuidedBackend
+    from ..spec import GrammarSpec
 
 WORKER_STACK_BYTES = 8 << 20
 PARENT_STACK_BYTES = 64 << 20
@@ -76,3 +84,29 @@ class DeepStackExecutor:
                 item[0].cancel()
         for _ in self._threads:
             self._queue.put(None)
+
+
+class ThreadCompileRunner:
+    """Compiles in this process on deep-stack threads. A job past its budget fails (its thread runs on)."""
+
+    def __init__(self, backend: GuidedBackend, workers: int, timeout_s: float):
+        self.backend, self.timeout_s = backend, timeout_s
+        self._executor = DeepStackExecutor(workers, name="fd-guided-compile")
+
+    def submit(self, engine: str, spec: GrammarSpec) -> Future:
+        outer: Future = Future()
+
+        def work():
+            started = time.perf_counter()
+            return self.backend.engine(engine).compile_checked(spec), time.perf_counter() - started
+
+        timer = threading.Timer(self.timeout_s, settle, (outer, None, GrammarCompileTimeout(
+            f"the {engine} compile ran past its {self.timeout_s:g} s budget (it cannot be stopped in thread isolation)")))
+        timer.daemon = True
+        inner = self._executor.submit(work)
+        inner.add_done_callback(lambda done: (timer.cancel(), copy_outcome(done, outer)))
+        timer.start()
+        return outer
+
+    def close(self) -> None:
+        self._executor.shutdown()

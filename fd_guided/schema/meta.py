@@ -1,0 +1,120 @@
+"""JSON Schema documents checked against their draft's meta-schema, and their references resolved.
+
+`check_json_schema` is admission's schema check: jsonschema-rs accepts quickly what is certainly
+valid, `jsonschema` decides the rest and words the error; every ``$ref`` must resolve inside the
+document (remote references are never fetched).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator
+
+from ..errors import InvalidGrammarError
+
+try:  # fast meta-validation at admission; `jsonschema` alone gives the same verdicts, slower
+    import jsonschema_rs as _jsonschema_rs
+except ImportError:
+    _jsonschema_rs = None
+
+# Keywords whose values are JSON instances, not subschemas: never entered by `schema_objects`.
+_VALUE_KEYWORDS = ("const", "enum", "default", "examples")
+
+
+def check_json_schema(schema: dict, part: str) -> None:
+    if not _fast_meta_valid(schema):
+        _check_meta_schema(schema, part)
+    _check_references(schema, part)
+
+
+def _fast_meta_valid(schema: dict) -> bool:
+    """True when `schema` is certainly valid against its draft's meta-schema, found quickly.
+
+    Meta-validation in `jsonschema` costs ~1 ms per KB of schema (the 2020-12 meta-schema's
+    $dynamicRef chains): tens of ms per cold request at admission. jsonschema-rs does it in well
+    under a millisecond, but judges the "regex" format by ECMA-262 where `jsonschema` uses Python's
+    `re`, which our output validation also uses; so every `pattern` and `patternProperties` key
+    must also compile with `re`. This only ever accepts: whatever fails here goes to `jsonschema`,
+    which has the last word and writes the error message.
+    """
+    if _jsonschema_rs is None:
+        return False
+    try:
+        if not _jsonschema_rs.meta.is_valid(schema):
+            return False
+    except Exception:  # an unknown $schema URI, unexpected input: let jsonschema decide
+        return False
+    except BaseException as error:  # a Rust panic arrives as pyo3's PanicException, a BaseException
+        if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise
+        return False
+    return all(_compiles(pattern) for pattern in _schema_regexes(schema))
+
+
+def _schema_regexes(schema: dict) -> Iterator[str]:
+    """Every `pattern` value and `patternProperties` key in a schema document (by keyword position)."""
+    from .walk import schema_regexes
+
+    return (pattern for pattern, _ in schema_regexes(schema))
+
+
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError):  # 500 nested groups overflow re's parser
+        return False
+    return True
+
+
+def _check_meta_schema(schema: dict, part: str) -> None:
+    import jsonschema
+
+    validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator_class.check_schema(schema)
+    except jsonschema.SchemaError as error:
+        location = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.path)
+        raise InvalidGrammarError(f"not a valid JSON schema: {error.message}", part=f"{part}{location}") from None
+    except RecursionError:
+        # The meta-schema's "regex" format check runs Python's re parser, which recurses per group.
+        raise InvalidGrammarError("a pattern nested too deeply for Python's re", part=part) from None
+
+
+def _check_references(schema: dict, part: str) -> None:
+    """Every ``$ref`` in a schema position must resolve inside the document (JSON pointers, ``$id``,
+    ``$anchor``): remote references are never fetched. Walked by keyword position, so a ``$ref``
+    under a property *named* ``enum`` or ``default`` is checked too."""
+    from .drafts import first_unresolvable_reference
+
+    found = first_unresolvable_reference(schema)
+    if found is not None:
+        ref, where = found
+        raise InvalidGrammarError(f"reference {ref[:200]!r} does not resolve inside the schema (remote references "
+                                  f"are not fetched)", part=f"{part}{where[1:]}")
+
+
+def schema_objects(node: Any, path: str = "") -> Iterator[tuple[dict, str]]:
+    """Every object of a structural tag's tree with its path (``.a[0].b``), parents first; the
+    values of `_VALUE_KEYWORDS` are not entered. (JSON schemas are walked by keyword position:
+    `fd_guided.schema.walk`.)"""
+    if isinstance(node, dict):
+        yield node, path
+        for key, child in node.items():
+            if key not in _VALUE_KEYWORDS:
+                yield from schema_objects(child, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, child in enumerate(node):
+            yield from schema_objects(child, f"{path}[{index}]")
+
+
+def resolve_local_ref(root: Any, ref: str) -> Any:
+    """The node a local JSON pointer (``#``, ``#/a/0/b``, with ``~0``/``~1`` escapes) names, or None."""
+    node: Any = root
+    for token in ref[2:].split("/") if len(ref) > 2 else []:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
