@@ -20,11 +20,13 @@ compiles in this process (no kill: a job past its budget fails its requests but 
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import pickle
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from typing import Protocol
 
@@ -47,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 # Loader threads rebuild compiled grammars from worker bytes and talk to the L2 cache.
 _LOADER_THREADS = 2
+# close() waits this long for a loader inside a native call (a rebuild takes milliseconds).
+_LOADER_CLOSE_WAIT_S = 2.0
 # After this many bytes of grammars loaded, freed native memory is handed back to the OS (below).
 _TRIM_EVERY_BYTES = 8 << 20
 
@@ -123,6 +127,7 @@ class CompileService:
         self._loaders.submit(backend.warm_up)
         self._loaded_since_trim = 0
         self._closed = False
+        _live_services.add(self)
         self.isolation, self._runner = self._make_runner(workers or self.config.compile_workers, isolation or self.config.compile_isolation)
 
     def _make_runner(self, workers: int, isolation: str):
@@ -184,6 +189,10 @@ class CompileService:
             outcome = self._decide(ticket)
             if outcome is not None:
                 ticket.settled = True
+                # Each job's done-callbacks hold this ticket: drop the ticket's hold on the jobs so
+                # the pair is not a reference cycle (left to the cyclic GC, settled tickets kept
+                # their compiled grammars alive and RSS swung by ~3x the cache bound).
+                ticket.jobs = {}
         for job in started:
             job.add_done_callback(lambda _, t=ticket: self._advance(t))
         if outcome is None:
@@ -350,17 +359,30 @@ class CompileService:
                 "remembered_errors": len(self.errors), "remembered_error_bytes": self.errors.size_bytes, **runner}
 
     def close(self) -> None:
-        """Stop every compile (workers are killed) and fail the tickets still pending. Never hangs."""
+        """Stop every compile (workers are killed) and fail the tickets still pending. Returns within
+        about two seconds whatever is in flight (a rebuild on a loader thread may finish first)."""
         with self._lock:
+            if self._closed and not self._tickets:
+                return
             self._closed = True
             tickets = list(self._tickets.values())
             self._tickets.clear()
         self._runner.close()
-        self._loaders.shutdown()
+        self._loaders.shutdown(wait_s=_LOADER_CLOSE_WAIT_S)
         closed = GuidedDecodingError("the compile service was closed before this compile finished")
         for ticket in tickets:
             if not ticket.future.done():
                 ticket.future.set_exception(closed)
+
+
+_live_services: "weakref.WeakSet[CompileService]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_services() -> None:
+    # Before the interpreter tears down: no loader thread may still be inside native code then.
+    for service in list(_live_services):
+        service.close()
 
 
 def _zygote_key(recipe: tuple[str, dict]) -> str:

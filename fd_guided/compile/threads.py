@@ -72,8 +72,10 @@ class DeepStackExecutor:
             except BaseException as error:  # noqa: BLE001 - delivered to the waiter
                 future.set_exception(error)
 
-    def shutdown(self) -> None:
-        """Stop taking work; queued work is dropped with a cancelled Future. Never waits."""
+    def shutdown(self, wait_s: float = 0.0) -> None:
+        """Stop taking work; queued work is dropped with a cancelled Future. Waits up to `wait_s`
+        for a job already running (a native call, milliseconds): a daemon thread still inside
+        native code when the interpreter exits can abort the process in C++ destructors."""
         self._closed = True
         while True:
             try:
@@ -84,6 +86,9 @@ class DeepStackExecutor:
                 item[0].cancel()
         for _ in self._threads:
             self._queue.put(None)
+        deadline = time.monotonic() + wait_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class ThreadCompileRunner:
@@ -109,4 +114,4 @@ class ThreadCompileRunner:
         return outer
 
     def close(self) -> None:
-        self._executor.shutdown()
+        self._executor.shutdown()  # no wait: a compile in this process cannot be stopped
