@@ -74,13 +74,18 @@ class ServerState:
             raise RequestError(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
                                f"context of {limit} tokens", param="max_tokens", code="context_length_exceeded")
 
-    def stats(self, reset: bool) -> dict:
+    def stats(self, reset: bool = False, series: bool = False) -> dict:
         """Over the current window, in seconds: the event loop's lag, engine step times (with a
-        forward), and per step the longest inter-token gap of the requests decoding in it."""
-        return {"loop_lag": self.lag.window.snapshot(reset), "engine_step": self.steps.snapshot(reset),
-                "token_gap": self.token_gaps.snapshot(reset),
-                "requests_in_flight": self.engine_loop.in_flight,
-                "compiles_in_flight": self.engine.manager.metrics.value("compiles_in_flight") if self.engine.manager else 0}
+        forward), and per step the longest inter-token gap of the requests decoding in it; with
+        `series` the raw samples too (for plots)."""
+        return {"loop_lag": self.lag.window.snapshot(reset, series), "engine_step": self.steps.snapshot(reset, series),
+                "token_gap": self.token_gaps.snapshot(reset, series), **self.load()}
+
+    def load(self) -> dict:
+        """What is in flight now (cheap: `/health` reports it)."""
+        manager = self.engine.manager
+        return {"requests_in_flight": self.engine_loop.in_flight,
+                "compiles_in_flight": int(manager.metrics.value("compiles_in_flight")) if manager else 0}
 
 
 def build_engine(settings: ServerSettings) -> ReferenceEngine:

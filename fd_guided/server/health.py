@@ -17,28 +17,30 @@ from typing import Callable
 
 
 class WindowStats:
-    """The last `maxlen` samples of one series (thread-safe), with count/mean/p50/p90/p99/max."""
+    """The last `maxlen` samples of one series with their wall-clock times (thread-safe):
+    count/mean/p50/p90/p99/max, and the raw series for plots."""
 
     def __init__(self, maxlen: int = 200_000):
-        self._samples: deque[float] = deque(maxlen=maxlen)
+        self._samples: deque[tuple[float, float]] = deque(maxlen=maxlen)
         self._lock = threading.Lock()
         self._since = time.time()
 
     def add(self, value: float) -> None:
         with self._lock:
-            self._samples.append(value)
+            self._samples.append((time.time(), value))
 
-    def snapshot(self, reset: bool = False) -> dict[str, float | int | None]:
+    def snapshot(self, reset: bool = False, series: bool = False) -> dict:
+        """The summary of the window; with `series` also ``samples``: [[unix time, value], ...]."""
         with self._lock:
-            samples = sorted(self._samples)
+            samples = list(self._samples)
             since = self._since
             if reset:
                 self._samples.clear()
                 self._since = time.time()
-        return summarise(samples) | {"window_seconds": round(time.time() - since, 3)}
-
-    def reset(self) -> None:
-        self.snapshot(reset=True)
+        summary = summarise(sorted(value for _, value in samples)) | {"window_seconds": round(time.time() - since, 3)}
+        if series:
+            summary["samples"] = [[round(t, 4), value] for t, value in samples]
+        return summary
 
 
 def summarise(sorted_samples: list[float]) -> dict[str, float | int | None]:

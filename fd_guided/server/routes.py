@@ -1,6 +1,7 @@
 """The HTTP endpoints: OpenAI's ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, plus
-``/health``, ``/metrics`` (Prometheus) and ``/stats`` (loop lag and step times, JSON; ``POST
-/stats/reset`` starts a new window).
+``/health`` (with what is in flight), ``/metrics`` (Prometheus) and ``/stats`` (event-loop lag,
+engine step times and inter-token gaps as JSON percentiles; ``?samples=true`` adds the raw series;
+``POST /stats/reset`` starts a new window).
 
 A generation request is admitted (and its grammar compiled) before any response header is sent, so
 every constraint error, including one only a compiler finds, is an HTTP 400 (`errors.py`).
@@ -45,8 +46,9 @@ def _state(request: Request) -> "ServerState":
 
 @router.get("/health")
 async def health(request: Request):
-    alive = _state(request).engine_loop.alive
-    return JSONResponse({"status": "ok" if alive else "engine thread stopped"}, status_code=200 if alive else 503)
+    state = _state(request)
+    alive = state.engine_loop.alive
+    return JSONResponse({"status": "ok" if alive else "engine thread stopped", **state.load()}, status_code=200 if alive else 503)
 
 
 @router.get("/v1/models")
@@ -60,8 +62,8 @@ async def metrics(request: Request):
 
 
 @router.get("/stats")
-async def stats(request: Request):
-    return _state(request).stats(reset=False)
+async def stats(request: Request, samples: bool = False):
+    return _state(request).stats(series=samples)
 
 
 @router.post("/stats/reset")

@@ -72,7 +72,8 @@ def check_tool_calls(calls, allowed=SCHEMAS) -> None:
 
 def test_models_health_and_metrics(server, client):
     assert [model.id for model in client.models.list()] == [MODEL]
-    assert httpx.get(server.base_url + "/health").json() == {"status": "ok"}
+    health = httpx.get(server.base_url + "/health").json()
+    assert health["status"] == "ok" and health["requests_in_flight"] == 0
     client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, extra_body={"guided_choice": ["x", "y"]})
     families = {family.name: family for family in text_string_to_metric_families(httpx.get(server.base_url + "/metrics").text)}
     # the manager's metrics and the server's own, in one parseable exposition
@@ -82,6 +83,11 @@ def test_models_health_and_metrics(server, client):
     assert families["fd_guided_server_engine_step_seconds"].type == "histogram"
     stats = httpx.get(server.base_url + "/stats").json()
     assert stats["loop_lag"]["count"] > 0 and stats["engine_step"]["count"] > 0
+    assert stats["loop_lag"]["p99"] <= stats["loop_lag"]["max"]
+    reset = httpx.post(server.base_url + "/stats/reset").json()
+    assert reset["engine_step"]["count"] == stats["engine_step"]["count"]
+    series = httpx.get(server.base_url + "/stats", params={"samples": "true"}).json()
+    assert series["engine_step"]["count"] == 0 and len(series["loop_lag"]["samples"]) == series["loop_lag"]["count"]
 
 
 def test_json_schema_strict_with_n_2(client):
