@@ -102,11 +102,14 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--backend", default="auto", help="guided-decoding backend: auto, xgrammar or llguidance")
     serve.add_argument("--chat-template", default="hermes", choices=("hermes", "llama3"),
                        help="chat format and tool-call syntax: hermes (<tool_call> JSON) or llama3 (JSON calls)")
-    serve.add_argument("--served-model-name", help="the model id clients send (default: fd-guided-PRESET)")
+    serve.add_argument("--served-model-name", help="the model id clients send; fd-guided-PRESET when not given")
     serve.add_argument("--max-num-seqs", type=int, default=32, help="requests decoded together (engine slots)")
     serve.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per forward (prefill chunks)")
     serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
     serve.add_argument("--admission-threads", type=int, default=1, help="threads validating requests off the event loop")
+    serve.add_argument("--switch-interval-ms", type=float, default=1.0,
+                       help="Python's GIL switch interval for the process (Python's default is 5): shorter keeps "
+                            "the event loop's wait for the GIL short while engine and admission threads are busy")
     serve.add_argument("--seed", type=int, default=0, help="seed of the model's random weights")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     serve.set_defaults(handler=_serve)
@@ -119,7 +122,8 @@ def _serve(args) -> int:
     settings = ServerSettings(preset=args.preset, tokenizer=args.tokenizer, backend=args.backend, seed=args.seed,
                               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                               chat_template=args.chat_template, served_model_name=args.served_model_name,
-                              default_max_tokens=args.default_max_tokens, admission_threads=args.admission_threads)
+                              default_max_tokens=args.default_max_tokens, admission_threads=args.admission_threads,
+                              switch_interval_s=args.switch_interval_ms / 1000)
     serve(settings, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

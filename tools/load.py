@@ -250,7 +250,8 @@ def check_loopback(url: str) -> None:
 def start_server(args) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{args.port}"
     command = [sys.executable, "-m", "fd_guided.cli", "serve", "--port", str(args.port), "--preset", args.preset,
-               "--max-num-seqs", str(args.max_num_seqs), "--log-level", "warning"]
+               "--max-num-seqs", str(args.max_num_seqs), "--switch-interval-ms", str(args.switch_interval_ms),
+               "--log-level", "warning"]
     print("+ " + " ".join(command), flush=True)
     process = subprocess.Popen(command, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
     deadline = time.monotonic() + 180
@@ -313,6 +314,7 @@ def main(argv=None) -> int:
     parser.add_argument("--port", type=int, default=8123, help="port for --start-server")
     parser.add_argument("--preset", default="small", help="model preset for --start-server")
     parser.add_argument("--max-num-seqs", type=int, default=96, help="engine slots for --start-server (room for the burst)")
+    parser.add_argument("--switch-interval-ms", type=float, default=1.0, help="GIL switch interval for --start-server")
     parser.add_argument("--model", help="model id (default: the server's)")
     parser.add_argument("--background", type=int, default=8, help="streaming clients sending back to back")
     parser.add_argument("--cold", type=int, default=64, help="requests in the burst (distinct cold schemas when guided)")
