@@ -183,7 +183,8 @@ class _SamplingRequest(_Strict):
     def guided_fields(self) -> dict[str, Any]:
         """The fields `fd_guided.spec` reads, as given (None left out)."""
         fields = {name: getattr(self, name) for name in GUIDED_FIELDS if getattr(self, name) is not None}
-        if self.response_format is not None:
+        # {"type": "text"} asks for no constraint (clients send it explicitly): it is not a guided field.
+        if self.response_format is not None and self.response_format != {"type": "text"}:
             fields["response_format"] = self.response_format
         return fields
 

@@ -111,6 +111,11 @@ def test_plan_refusals_name_the_field():
         plan_tools(TOOLS + TOOLS[:1], "auto", None, HERMES, {})
     assert caught.value.part == "tools"
     assert plan_tools(TOOLS, "none", None, HERMES, {}) is None
+    # an explicit response_format "text" is no constraint, so it combines with tools
+    from fd_guided.server.protocol import ChatCompletionRequest
+
+    request = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text"}})
+    assert request.guided_fields() == {}
 
 
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
