@@ -38,11 +38,16 @@ setup(
         "jsonschema-rs>=0.30",  # fast meta-validation at admission (fd_guided.spec)
         "pydantic>=2.0",
         "numpy>=1.24",
+        # fd-guided serve (fd_guided.server)
+        "fastapi>=0.110",
+        "uvicorn>=0.29",
+        "prometheus-client>=0.20",
     ],
     extras_require={
         "redis": ["redis>=5.0"],
         # jsonschema[format]: the checkers fd_guided.validate needs for date-time, uri, hostname, ...
-        "test": ["pytest>=8", "redis>=5.0", "jsonschema[format]>=4.18"],
+        # openai: the server tests drive it with the real client (chat.completions.parse needs >= 1.92)
+        "test": ["pytest>=8", "redis>=5.0", "jsonschema[format]>=4.18", "openai>=1.92", "httpx>=0.27"],
     },
     entry_points={
         "console_scripts": ["fd-guided=fd_guided.cli:main"],

@@ -4,6 +4,7 @@
     fd-guided generate --json-schema '{"type":"object",...}' --prompt "..."
     fd-guided generate --requests reqs.jsonl --max-tokens 128
     fd-guided backends                      # registered backends
+    fd-guided serve --preset small --port 8000   # OpenAI-compatible HTTP server (fd_guided.server)
 """
 from __future__ import annotations
 
@@ -83,7 +84,48 @@ def _parser() -> argparse.ArgumentParser:
     bench.set_defaults(handler=_bench)
     backends = commands.add_parser("backends", help="list registered guided-decoding backends")
     backends.set_defaults(handler=_backends)
+    _serve_parser(commands)
     return parser
+
+
+def _serve_parser(commands) -> None:
+    serve = commands.add_parser(
+        "serve", help="serve the OpenAI API (chat/completions, completions, tools) over HTTP",
+        description="An OpenAI-compatible server on the reference engine: the embedded Paddle model (random "
+                    "weights, constrained output) behind /v1/chat/completions, /v1/completions and /v1/models, "
+                    "with response_format, guided_* fields, tool calling, streaming, /metrics, /health and /stats.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--preset", default="small", help="built-in model size: tiny, small, base")
+    serve.add_argument("--tokenizer", default="deepseek", help="deepseek, qwen, or a tokenizer.json path")
+    serve.add_argument("--backend", default="auto", help="guided-decoding backend: auto, xgrammar or llguidance")
+    serve.add_argument("--chat-template", default="hermes", choices=("hermes", "llama3"),
+                       help="chat format and tool-call syntax: hermes (<tool_call> JSON) or llama3 (JSON calls)")
+    serve.add_argument("--served-model-name", help="the model id clients send; fd-guided-PRESET when not given")
+    serve.add_argument("--max-num-seqs", type=int, default=32, help="requests decoded together (engine slots)")
+    serve.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per forward (prefill chunks)")
+    serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
+    serve.add_argument("--admission-threads", type=int, default=1, help="threads validating requests off the event loop")
+    serve.add_argument("--switch-interval-ms", type=float, default=1.0,
+                       help="Python's GIL switch interval for the process (Python's default is 5): shorter keeps "
+                            "the event loop's wait for the GIL short while engine and admission threads are busy")
+    serve.add_argument("--seed", type=int, default=0, help="seed of the model's random weights")
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.set_defaults(handler=_serve)
+
+
+def _serve(args) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from .server import ServerSettings, serve
+
+    settings = ServerSettings(preset=args.preset, tokenizer=args.tokenizer, backend=args.backend, seed=args.seed,
+                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                              chat_template=args.chat_template, served_model_name=args.served_model_name,
+                              default_max_tokens=args.default_max_tokens, admission_threads=args.admission_threads,
+                              switch_interval_s=args.switch_interval_ms / 1000)
+    serve(settings, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
 
 
 def _read_inline(value: str | None) -> str | None:

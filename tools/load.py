@@ -1,0 +1,350 @@
+"""Load `fd-guided serve` over HTTP and report TTFT/TPOT and the server's loop health, as JSON.
+
+    python tools/load.py --start-server --preset small --out docs/load.json      # starts its own server
+    python tools/load.py --url http://127.0.0.1:8000 --out load.json             # a server already up
+
+Two phases, each with the same HTTP load shape, one unguided and one guided:
+
+  background  `--background` streaming clients send requests back to back for the whole phase
+              (guided phase: `--cached` schemas compiled during warm-up, i.e. cache hits);
+  burst       after `--burst-delay-s`, `--cold` requests at once (guided phase: that many distinct,
+              complex, never-seen JSON schemas: that many cold compiles in flight together).
+
+Client side, per request: TTFT (send -> first content byte) and TPOT ((last - first token) /
+(completion tokens - 1), from the usage of the stream). Server side, per phase (`/stats` is reset
+at the start): the event loop's lag (a 10 ms timer's overshoot: p99 and max), engine step times and
+the longest inter-token gap per step (a stalled decode step shows there), plus a timeline of
+compiles and requests in flight (polled from `/health`). Bounded: `--max-requests` in all and
+`--phase-timeout-s` per phase; loopback addresses only.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+
+import httpx
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+MESSAGES = [{"role": "user", "content": "Fill in the record."}]
+
+
+# ----- schemas ------------------------------------------------------------------------------------
+
+
+def complex_schema(index: int) -> dict:
+    """A distinct, compile-heavy schema per index: $defs, nested objects and arrays, enums, bounded
+    strings and numbers, formats, a pattern, anyOf. The index is baked into names and enums so no
+    two share a cache entry."""
+    tag = f"k{index}"
+    return {
+        "type": "object",
+        "$defs": {
+            "address": {"type": "object", "properties": {
+                f"street_{tag}": {"type": "string", "maxLength": 24},
+                "zip": {"type": "string", "pattern": f"^[0-9]{{5}}(-{index % 10}[0-9]{{3}})?$"},
+                "country": {"enum": ["FR", "DE", "JP", f"X{index}"]}}, "required": [f"street_{tag}", "zip", "country"]},
+            "item": {"type": "object", "properties": {
+                "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+                "qty": {"type": "integer", "minimum": 1, "maximum": 50 + index},
+                "price": {"type": "number", "minimum": 0, "maximum": 1000},
+                "tags": {"type": "array", "items": {"enum": ["new", "sale", f"t{index}"]}, "maxItems": 3}},
+                "required": ["sku", "qty"]},
+        },
+        "properties": {
+            f"id_{tag}": {"type": "integer", "minimum": 0},
+            "created": {"type": "string", "format": "date"},
+            "email": {"type": "string", "format": "email"},
+            "status": {"enum": ["open", "paid", "shipped", f"s{index}"]},
+            "shipping": {"$ref": "#/$defs/address"},
+            "billing": {"anyOf": [{"$ref": "#/$defs/address"}, {"type": "null"}]},
+            "items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 4},
+            "note": {"type": "string", "maxLength": 40},
+        },
+        "required": [f"id_{tag}", "status", "items"],
+        "additionalProperties": False,
+    }
+
+
+def response_format(schema: dict, name: str) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+# ----- one request --------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    kind: str
+    sent: float
+    ttft: float | None = None
+    tpot: float | None = None
+    tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+async def stream_one(client: httpx.AsyncClient, model: str, kind: str, max_tokens: int, extra: dict) -> Sample:
+    body = {"model": model, "messages": MESSAGES, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, **extra}
+    sample = Sample(kind, time.perf_counter())
+    first = last = None
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                sample.error = f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
+                return sample
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    sample.tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", []):
+                    if choice["delta"].get("content"):
+                        now = time.perf_counter()
+                        first = first or now
+                        last = now
+                    sample.finish_reason = choice.get("finish_reason") or sample.finish_reason
+    except httpx.HTTPError as error:
+        sample.error = f"{type(error).__name__}: {error}"
+        return sample
+    if first is not None:
+        sample.ttft = first - sample.sent
+        if sample.tokens > 1 and last > first:
+            sample.tpot = (last - first) / (sample.tokens - 1)
+    return sample
+
+
+# ----- one phase ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Budget:
+    left: int
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
+@dataclass
+class Phase:
+    name: str
+    samples: list[Sample] = field(default_factory=list)
+    timeline: list[dict] = field(default_factory=list)
+
+
+async def run_phase(args, client: httpx.AsyncClient, name: str, guided: bool, budget: Budget, cold_offset: int) -> dict:
+    phase = Phase(name)
+    await client.post("/stats/reset")
+    started = time.perf_counter()
+    deadline = started + args.phase_timeout_s
+    burst_done = asyncio.Event()
+    cached = [complex_schema(1_000_000 + i) for i in range(args.cached)]
+
+    async def background(worker: int) -> None:
+        count = 0
+        while not burst_done.is_set() and time.perf_counter() < deadline and budget.take():
+            extra = {"seed": worker * 1000 + count}
+            if guided:
+                extra["response_format"] = response_format(cached[(worker + count) % len(cached)], "cached")
+            else:
+                extra["ignore_eos"] = True  # unguided random text runs to max_tokens, like a long answer
+            phase.samples.append(await stream_one(client, args.model, "background", args.max_tokens, extra))
+            count += 1
+
+    async def burst() -> None:
+        await asyncio.sleep(args.burst_delay_s)
+        jobs = []
+        for i in range(args.cold):
+            if not budget.take():
+                break
+            extra = {"seed": i}
+            if guided:
+                extra["response_format"] = response_format(complex_schema(cold_offset + i), f"cold{i}")
+            else:
+                extra["ignore_eos"] = True
+            jobs.append(stream_one(client, args.model, "burst", args.max_tokens, extra))
+        remaining = max(1.0, deadline - time.perf_counter())
+        try:
+            phase.samples.extend(await asyncio.wait_for(asyncio.gather(*jobs), remaining))
+        except asyncio.TimeoutError:
+            print(f"  {name}: burst did not finish within --phase-timeout-s", flush=True)
+        # a few more seconds of background load after the burst, to see the steps recover
+        await asyncio.sleep(args.tail_s)
+        burst_done.set()
+
+    async def poll() -> None:
+        while not burst_done.is_set():
+            health = (await client.get("/health")).json()
+            phase.timeline.append({"t": round(time.perf_counter() - started, 3), "compiles_in_flight": health["compiles_in_flight"],
+                                   "requests_in_flight": health["requests_in_flight"]})
+            await asyncio.sleep(0.1)
+
+    await asyncio.gather(burst(), poll(), *(background(w) for w in range(args.background)))
+    wall = time.perf_counter() - started
+    stats = (await client.get("/stats", params={"samples": "true"})).json()
+    return summarise_phase(phase, stats, wall, time.time() - wall)
+
+
+def percentiles(values: list[float]) -> dict:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return {"count": 0}
+
+    def rank(q):
+        return values[min(len(values) - 1, max(0, int(q * len(values) + 0.999999) - 1))]
+
+    return {"count": len(values), "p50": rank(0.5), "p90": rank(0.9), "p99": rank(0.99), "max": values[-1],
+            "mean": sum(values) / len(values)}
+
+
+def summarise_phase(phase: Phase, stats: dict, wall: float, started_unix: float) -> dict:
+    kinds = sorted({s.kind for s in phase.samples})
+    result = {"wall_seconds": wall, "started_unix": started_unix, "requests": len(phase.samples),
+              "errors": [s.error for s in phase.samples if s.error][:10],
+              "error_count": sum(1 for s in phase.samples if s.error),
+              "finish_reasons": {}, "ttft": {}, "tpot": {}, "timeline": phase.timeline,
+              "peak_compiles_in_flight": max((p["compiles_in_flight"] for p in phase.timeline), default=0)}
+    for sample in phase.samples:
+        key = f"{sample.kind}:{sample.finish_reason or 'none'}"
+        result["finish_reasons"][key] = result["finish_reasons"].get(key, 0) + 1
+    for kind in kinds:
+        result["ttft"][kind] = percentiles([s.ttft for s in phase.samples if s.kind == kind])
+        result["tpot"][kind] = percentiles([s.tpot for s in phase.samples if s.kind == kind])
+    for name in ("loop_lag", "engine_step", "token_gap"):
+        result[name] = stats[name]
+    return result
+
+
+# ----- the run ------------------------------------------------------------------------------------
+
+
+async def settle(client: httpx.AsyncClient, timeout_s: float) -> None:
+    """Wait until nothing is in flight: `auto` keeps compiling a schema with xgrammar after
+    llguidance served it, and a phase must not inherit the previous one's compiles."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        health = (await client.get("/health")).json()
+        if health["compiles_in_flight"] == 0 and health["requests_in_flight"] == 0:
+            return
+        await asyncio.sleep(0.25)
+    print("  warning: compiles still in flight when the phase starts", flush=True)
+
+
+def check_loopback(url: str) -> None:
+    host = urllib.parse.urlsplit(url).hostname
+    if host not in LOOPBACK:
+        raise SystemExit(f"refusing to load {host!r}: this tool talks to loopback addresses only")
+
+
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    url = f"http://127.0.0.1:{args.port}"
+    command = [sys.executable, "-m", "fd_guided.cli", "serve", "--port", str(args.port), "--preset", args.preset,
+               "--max-num-seqs", str(args.max_num_seqs), "--switch-interval-ms", str(args.switch_interval_ms),
+               "--log-level", "warning"]
+    print("+ " + " ".join(command), flush=True)
+    process = subprocess.Popen(command, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited with {process.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    process.terminate()
+    raise SystemExit("the server did not come up within 180 s")
+
+
+async def run(args, url: str) -> dict:
+    limits = httpx.Limits(max_connections=args.background + args.cold + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(args.phase_timeout_s + 30), limits=limits) as client:
+        args.model = args.model or (await client.get("/v1/models")).json()["data"][0]["id"]
+        budget = Budget(args.max_requests)
+        print(f"warm-up: compiling {args.cached} cached schemas", flush=True)
+        for i in range(args.cached):
+            await stream_one(client, args.model, "warmup", 4, {"response_format": response_format(complex_schema(1_000_000 + i), "c")})
+        cold_offset = int(time.time()) % 100_000 * 1000  # fresh schemas on every run against a long-lived server
+        report = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "phases": {}}
+        for name, guided in (("unguided", False), ("guided", True)):
+            await settle(client, args.phase_timeout_s)
+            print(f"phase {name}: {args.background} background clients, burst of {args.cold} after {args.burst_delay_s} s", flush=True)
+            report["phases"][name] = await run_phase(args, client, name, guided, budget, cold_offset)
+            print(format_phase(name, report["phases"][name]), flush=True)
+        metrics = (await client.get("/metrics")).text
+        report["server_metrics_excerpt"] = [line for line in metrics.splitlines() if line.startswith(
+            ("fd_guided_cache_misses_total", "fd_guided_cache_hits_total", "fd_guided_compile_seconds_count",
+             "fd_guided_compile_seconds_sum", "fd_guided_requests_by_backend_total"))]
+        return report
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def format_phase(name: str, phase: dict) -> str:
+    lines = [f"  {name}: {phase['requests']} requests in {phase['wall_seconds']:.1f} s, {phase['error_count']} errors, "
+             f"peak compiles in flight {phase['peak_compiles_in_flight']}, finish {phase['finish_reasons']}"]
+    for kind in phase["ttft"]:
+        ttft, tpot = phase["ttft"][kind], phase["tpot"][kind]
+        lines.append(f"    {kind:<10} TTFT ms p50 {_ms(ttft.get('p50'))} p99 {_ms(ttft.get('p99'))} max {_ms(ttft.get('max'))}"
+                     f" | TPOT ms p50 {_ms(tpot.get('p50'))} p99 {_ms(tpot.get('p99'))} max {_ms(tpot.get('max'))}")
+    for key, label in (("loop_lag", "event-loop lag"), ("engine_step", "engine step"), ("token_gap", "inter-token gap")):
+        s = phase[key]
+        lines.append(f"    {label:<16} ms p50 {_ms(s.get('p50'))} p99 {_ms(s.get('p99'))} max {_ms(s.get('max'))} (n={s['count']})")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="a running server (loopback only)")
+    parser.add_argument("--start-server", action="store_true", help="start `fd-guided serve` for the run, then stop it")
+    parser.add_argument("--port", type=int, default=8123, help="port for --start-server")
+    parser.add_argument("--preset", default="small", help="model preset for --start-server")
+    parser.add_argument("--max-num-seqs", type=int, default=96, help="engine slots for --start-server (room for the burst)")
+    parser.add_argument("--switch-interval-ms", type=float, default=1.0, help="GIL switch interval for --start-server")
+    parser.add_argument("--model", help="model id (default: the server's)")
+    parser.add_argument("--background", type=int, default=8, help="streaming clients sending back to back")
+    parser.add_argument("--cold", type=int, default=64, help="requests in the burst (distinct cold schemas when guided)")
+    parser.add_argument("--cached", type=int, default=4, help="schemas compiled in warm-up, used by background clients")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--burst-delay-s", type=float, default=2.0)
+    parser.add_argument("--tail-s", type=float, default=2.0, help="background load kept after the burst finishes")
+    parser.add_argument("--phase-timeout-s", type=float, default=240.0)
+    parser.add_argument("--max-requests", type=int, default=2000, help="requests in all, both phases")
+    parser.add_argument("--out", help="write the JSON report here")
+    args = parser.parse_args(argv)
+    if not args.start_server:
+        check_loopback(args.url)
+    process = None
+    if args.start_server:
+        process, url = start_server(args)
+    else:
+        url = args.url
+    try:
+        report = asyncio.run(run(args, url))
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(timeout=30)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(report, handle, indent=1)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
