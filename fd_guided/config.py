@@ -48,7 +48,9 @@ class GuidedConfig:
     `CompileBudgetError` (an `InvalidGrammarError`) and the worker is replaced; a native crash
     costs only that request. `compile_workers` compiles run at normal priority at once; one that
     runs longer than `compile_demote_after_s` drops to the lowest CPU priority and stops counting
-    against that number, so a few slow compiles cannot hold back quick ones. ``thread`` compiles
+    against that number, so a few slow compiles cannot hold back quick ones. Every compile runs at
+    niceness `compile_nice` (10): background work, so a burst of cold compiles cannot starve the
+    serving process's decode steps of CPU. ``thread`` compiles
     in this process (no kill, no crash isolation: for backends that cannot serialize grammars).
     `auto_first_ready`: ``auto`` compiles an uncached request with every engine at once; it runs on
     xgrammar if xgrammar is done within `auto_fallback_grace_s` of the start, else on the first
@@ -75,6 +77,7 @@ class GuidedConfig:
     compile_isolation: Literal["process", "thread"] = "process"
     compile_memory_limit_bytes: int = 2 << 30
     compile_demote_after_s: float = 0.5
+    compile_nice: int = 10
     auto_first_ready: bool = True
     auto_fallback_grace_s: float = 0.1
     first_token_wait_s: float = 0.0
@@ -102,6 +105,8 @@ class GuidedConfig:
             raise ValueError("auto_fallback_grace_s must be >= 0")
         if self.first_token_wait_s < 0:
             raise ValueError("first_token_wait_s must be >= 0")
+        if not 0 <= self.compile_nice <= 19:
+            raise ValueError("compile_nice must be in [0, 19]")
         if self.compile_demote_after_s <= 0:
             raise ValueError("compile_demote_after_s must be positive")
         if self.max_whitespace_cnt is not None and self.max_whitespace_cnt < 1:

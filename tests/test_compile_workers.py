@@ -81,6 +81,17 @@ def test_a_compile_over_its_memory_budget_is_killed(tokenizer):
         service.close()
 
 
+def test_compile_workers_run_below_the_serving_process(tokenizer):
+    service = service_for(tokenizer, "xgrammar", compile_nice=7)
+    try:
+        service.compile_now(spec_of({"guided_regex": "[a-z]+"}, "xgrammar"))
+        pids = service._runner.worker_pids()
+        assert pids and {os.getpriority(os.PRIO_PROCESS, pid) for pid in pids} == {7}
+        assert os.getpriority(os.PRIO_PROCESS, 0) == 0  # the serving process keeps its priority
+    finally:
+        service.close()
+
+
 def test_a_slow_compile_is_demoted_to_the_lowest_cpu_priority(tokenizer):
     service = service_for(tokenizer, "xgrammar", compile_demote_after_s=0.2)
     try:

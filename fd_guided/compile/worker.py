@@ -90,6 +90,8 @@ def zygote(conn: Connection) -> None:
         if pid == 0:
             conn.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            # Compiles are background work next to a serving process (`GuidedConfig.compile_nice`).
+            os.setpriority(os.PRIO_PROCESS, 0, int(getattr(message[1], "compile_nice", 0)))
             code = 0
             try:
                 serve(backend.with_config(message[1]), Connection(fd), serving_pid)
