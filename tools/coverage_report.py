@@ -82,12 +82,16 @@ def _child(backend_name: str, options: dict, conn) -> None:
                               traceback=traceback.format_exc(limit=4)[-800:])
             conn.send(("compiled", record))
         elif message[0] == "generate":
-            _, jobs = message  # (schema index, sample number)
+            _, jobs = message  # (schema index, sample number, schema text)
+            # A child started after a crash or a timeout has not seen the earlier schemas: admit them again.
+            for index, _, text in jobs:
+                if index not in specs:
+                    specs[index] = parse_guided_request({"guided_json": text}, config)
             requests = [{"prompt": "Return the JSON document.", "guided_json": json.loads(specs[i].source),
-                         "seed": options["seed"] + sample, **_layout(specs[i])} for i, sample in jobs]
+                         "seed": options["seed"] + sample, **_layout(specs[i])} for i, sample, _ in jobs]
             results = engine.generate(requests, max_tokens=options["max_tokens"], seed=options["seed"])
             records = []
-            for (index, _), result in zip(jobs, results):
+            for (index, _, _), result in zip(jobs, results):
                 record = {"finish": result.finish_reason, "tokens": len(result.token_ids)}
                 if result.finish_reason == "stop":
                     try:
@@ -198,28 +202,21 @@ def run_backend(backend: str, schemas: list[Path], root: Path, args) -> dict:
             counts = collections.Counter(r["status"] for r in records)
             print(f"[{backend}] compiled {number + 1}/{len(schemas)} {dict(counts)} {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
     accepted = [i for i, r in enumerate(records) if r["status"] == "accepted"][: args.generate]
-    jobs = [(index, sample) for index in accepted for sample in range(args.samples)]
+    jobs = [(index, sample, read_text(schemas[index])) for index in accepted for sample in range(args.samples)]
     for start in range(0, len(jobs), args.batch):
         chunk = jobs[start:start + args.batch]
         reply = worker.ask(("generate", chunk), args.timeout * 4 + 60)
         if reply[0] == "generated":
-            for (index, _), generated in zip(chunk, reply[1]):
+            for (index, _, _), generated in zip(chunk, reply[1]):
                 records[index].setdefault("generations", []).append(generated)
         else:
-            for index, _ in chunk:
+            for index, _, _ in chunk:
                 records[index].setdefault("generations", []).append({"finish": reply[0], "reason": "worker died or hung while generating"})
-            # The compiled specs lived in the dead child: compile the remaining schemas again.
-            _recompile(worker, sorted({index for index, _ in jobs[start + args.batch:]}), schemas, args)
         done = min(start + args.batch, len(jobs))
         if done % (args.batch * 4) == 0 or done == len(jobs):
             print(f"[{backend}] generated {done}/{len(jobs)} {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
     worker.stop()
     return {"backend": backend, "records": records, "seconds": time.perf_counter() - started}
-
-
-def _recompile(worker: _Worker, indices: list[int], schemas: list[Path], args) -> None:
-    for index in indices:
-        worker.ask(("compile", index, read_text(schemas[index])), args.timeout)
 
 
 def percentile(values: list[float], q: float) -> float | None:
