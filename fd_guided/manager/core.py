@@ -1,32 +1,4 @@
-"""The batch manager: the few hooks a serving stack's model runner calls, slot by slot.
-
-Per request (a *slot* is the host's batch index for it)::
-
-    spec = manager.validate(fields)                 # admission; InvalidGrammarError -> HTTP 400
-    manager.prefetch(spec)                          # optional, when it queues: the compile starts
-    manager.add_request(slot, spec, ...)            # at prefill: the compile starts (or is joined)
-    manager.is_ready(slot)                          # the scheduler samples its first token only then
-    manager.mark_prefill_done([slot])               # in the step whose forward ends the prompt
-
-Per decode step, with ``rows[i]`` the slot whose logits are row i (None for a row of no slot)::
-
-    manager.begin_step(rows)                        # before the forward: fills start in the background
-    logits = model(...)
-    manager.apply(logits)                           # joins compiles/fills, masks IN PLACE
-    tokens = sample(logits)
-    finished = manager.accept(tokens)               # advance matchers; finished slots with reasons
-    manager.release(slot)                           # when the host retires the request
-
-Guarantees: a slot is masked only after its prefill is done, its grammar is ready and its
-reasoning (if any) has ended; the step never waits for a compile (a row sampled before its
-grammar is ready waits at most `GuidedConfig.first_token_wait_s`, then fails alone). A failed or
-over-budget compile, a rejected token or a row the grammar leaves without any allowed token
-finishes only that slot (reason ``error``, message in `GuidedFinish.error`) and the batch goes on.
-Rows of finished slots allow only the engine's stop tokens, so a host that keeps sampling them
-(``min_tokens``, a late retire) samples a stop token, never an unconstrained one and never from an
-all-masked row. Every slot owns its matcher; compiled grammars are shared read-only. Hooks called
-out of order raise `SlotStateError`.
-"""
+"""`GuidedDecodingManager`: slot lifecycle and the step hooks (the flow: `fd_guided.manager`)."""
 from __future__ import annotations
 
 import logging
@@ -34,63 +6,34 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
-import numpy as np
-
-from .compile import CompileService
-from .config import GuidedConfig
-from .errors import CompileBudgetError, GuidedDecodingError, InvalidGrammarError, SlotStateError
-from .interface import Grammar, GuidedBackend
-from .kernels import apply_token_bitmask_inplace
-from .metrics import GuidedMetrics
-from .spec import GrammarSpec, check_with_backend, parse_guided_request
+from ..compile import CompileService
+from ..config import GuidedConfig
+from ..errors import CompileBudgetError, GuidedDecodingError, InvalidGrammarError, SlotStateError
+from ..interface import GuidedBackend
+from ..kernels import apply_token_bitmask_inplace
+from ..metrics import GuidedMetrics
+from ..reasoning import MarkerLike, ReasoningMarker, ReasoningState, starts_in_reasoning
+from ..spec import GrammarSpec, check_with_backend, parse_guided_request
+from .plan import EMPTY, FORCED, GRAMMAR, INVALID, STOP, DraftTree, NodePlan, TreeFill, fill_trees, plan_nodes
+from .slot import GuidedFinish, SlotState, StepTimings, allows, host_words, token_row
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class GuidedFinish:
-    """A slot that guided decoding finished: ``stop`` (grammar complete) or ``error`` (with why).
-
-    ``forced``: the host ended the request itself with a stop token the mask did not allow (see
-    `GuidedDecodingManager.accept`); it is never returned by `accept`, only by `finish_of`.
-    """
-
-    slot: int
-    reason: Literal["stop", "error", "forced"]
-    error: str | None = None
-
-
 @dataclass
-class StepTimings:
-    """Seconds spent in each guided phase, summed over the steps of a run."""
+class _Entry:
+    """One request's rows in the current step: `tree.num_nodes` rows from `first_row`."""
 
-    compile_wait: float = 0.0
-    fill: float = 0.0
-    fill_join: float = 0.0
-    apply: float = 0.0
-    accept: float = 0.0
-    steps: int = 0
-
-    def as_dict(self) -> dict[str, float]:
-        return {k: getattr(self, k) for k in ("compile_wait", "fill", "fill_join", "apply", "accept", "steps")}
-
-
-@dataclass
-class _Slot:
-    request_id: Any
-    spec: GrammarSpec
-    ticket: Future
-    pending_tokens: list[int]
-    in_reasoning: bool
-    prefill_done: bool = False
-    grammar: Grammar | None = None
-    finish: GuidedFinish | None = None
-    finish_reported: bool = False
-    accepted: int = 0
-    rejected_token: int | None = field(default=None, repr=False)
+    slot: int | None
+    first_row: int
+    tree: DraftTree
+    plans: list[NodePlan] | None = None  # None: its rows are not masked (unguided, prefilling)
+    fill: TreeFill | None = None
+    stopped: bool = False  # every row allows only stop tokens (finished or failed)
+    limit: int = 0
 
 
 class GuidedDecodingManager:
@@ -98,47 +41,61 @@ class GuidedDecodingManager:
 
     Args:
         backend: a built `GuidedBackend` (see `fd_guided.registry.create_backend`).
-        max_num_seqs: the most logits rows a step can have (bitmask rows are allocated once).
+        max_num_seqs: the most requests a step can have.
         metrics: shared metrics sink; a private one is made if omitted.
-        think_end_id: token id that ends a reasoning section; None for non-reasoning models.
+        think_end_id / think_end: what ends a reasoning section: a token id, a token-id sequence,
+            alternatives of those, or a `ReasoningMarker` (`think_end` wins if both are given);
+            None for non-reasoning models (see `fd_guided.reasoning`).
         compile_service: share one between managers of the same backend (e.g. TP ranks in one
             process); by default the manager owns its own.
         kernel_impl: the `fd_guided.kernels` path used to mask logits ("auto" picks by device).
+        max_draft_tokens: the most draft nodes one request brings to a speculative step; bitmask
+            rows are allocated once for ``max_num_seqs * (max_draft_tokens + 1)`` logits rows.
     """
 
-    def __init__(
-        self,
-        backend: GuidedBackend,
-        max_num_seqs: int,
-        *,
-        metrics: GuidedMetrics | None = None,
-        think_end_id: int | None = None,
-        compile_service: CompileService | None = None,
-        kernel_impl: str = "auto",
-    ):
+    def __init__(self, backend: GuidedBackend, max_num_seqs: int, *, metrics: GuidedMetrics | None = None,
+                 think_end_id: int | None = None, think_end: MarkerLike = None, compile_service: CompileService | None = None,
+                 kernel_impl: str = "auto", max_draft_tokens: int = 0):
         if max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        if max_draft_tokens < 0:
+            raise ValueError("max_draft_tokens must be >= 0")
         self.backend = backend
         self.config: GuidedConfig = backend.config
         self.max_num_seqs = max_num_seqs
+        self.max_draft_tokens = max_draft_tokens
         self.metrics = metrics or (compile_service.metrics if compile_service else GuidedMetrics())
-        self.think_end_id = think_end_id
+        self.reasoning_marker = ReasoningMarker.of(think_end if think_end is not None else think_end_id)
         self.kernel_impl = kernel_impl
         self._owns_compiler = compile_service is None
         self.compiler = compile_service or CompileService(backend, metrics=self.metrics)
-        self.bitmask = backend.allocate_bitmask(max_num_seqs)
-        self._bitmask_words = _host_words(self.bitmask)
-        self._stop_row = _stop_only_row(backend.stop_token_ids, self._bitmask_words.shape[1])
+        self.bitmask = backend.allocate_bitmask(max_num_seqs * (max_draft_tokens + 1))
+        self._bitmask_words = host_words(self.bitmask)
+        self._stop_ids = frozenset(backend.stop_token_ids)
+        self._stop_row = token_row(backend.stop_token_ids, self._bitmask_words.shape[1])
+        self._not_stop = ~self._stop_row
         self.timings = StepTimings()
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, SlotState] = {}
         self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-guided-fill")
         self._fill_future: Future | None = None
         self._rows: list[int | None] = []
+        self._entries: list[_Entry] = []
+        self._speculative = False
         self._phase: Literal["idle", "begun", "applied"] = "idle"
         self._applied_rows: set[int] = set()
-        self._masked_rows: list[int] = []
-        self._deferred_rows: list[int] = []
         self._stop_rows: list[int] = []
+        self._forced_rows: dict[int, int] = {}
+        self._deferred: list[_Entry] = []
+        self._drafting = None  # the open `DraftingSession`, if any
+
+    @property
+    def think_end_id(self) -> int | None:
+        """The single-token think-end id (None for no marker or a multi-token one)."""
+        return self.reasoning_marker.single_token if self.reasoning_marker else None
+
+    @think_end_id.setter
+    def think_end_id(self, value: MarkerLike) -> None:
+        self.reasoning_marker = ReasoningMarker.of(value)
 
     # ----- admission and slot lifecycle -------------------------------------------------------
 
@@ -150,35 +107,25 @@ class GuidedDecodingManager:
         return spec
 
     def prefetch(self, spec: GrammarSpec | None) -> None:
-        """Start compiling `spec` now: when the request enters the engine's waiting queue.
-
-        Never blocks. When `add_request` later submits the same spec it finds the grammar cached
-        or joins the compile in flight, so a request that queued for a slot starts with its
-        grammar (nearly) ready instead of compiling during its own prefill. A failed compile is
-        remembered and fails the request when it is added, as it would have anyway.
-        """
+        """Start compiling `spec` now (when the request enters the waiting queue). Never blocks:
+        `add_request` later finds the grammar cached or joins the compile in flight; a failure is
+        remembered and fails the request when it is added."""
         if spec is not None:
             self.compiler.submit(spec)
 
-    def add_request(
-        self,
-        slot: int,
-        spec: GrammarSpec | None,
-        *,
-        request_id: Any = None,
-        prompt_token_ids: Sequence[int] = (),
-        output_token_ids: Sequence[int] = (),
-        enable_thinking: bool | None = None,
-        prefill_done: bool = False,
-    ) -> None:
+    def add_request(self, slot: int, spec: GrammarSpec | None, *, request_id: Any = None, prompt_token_ids: Sequence[int] = (),
+                    output_token_ids: Sequence[int] = (), enable_thinking: bool | None = None, prefill_done: bool = False,
+                    reasoning_budget: int | None = None, jump_forward: bool | None = None) -> None:
         """Start guiding `slot` with `spec` (None: an unguided request, nothing to do).
 
         `output_token_ids` are tokens already generated for this request elsewhere (a prefill
         node in disaggregated serving, or before a preemption); they are replayed into the new
         matcher, reasoning included, before its first mask. `enable_thinking` follows the chat
-        template flag: with ``True`` on a reasoning model (`think_end_id` set) the constraint
-        starts after the think-end token, unless the prompt already closed the section. ``None``
-        and ``False`` constrain from the first token: a request is never unconstrained by omission.
+        template flag: ``True`` on a reasoning model starts in a reasoning section unless the
+        prompt already closed it; ``None`` and ``False`` constrain from the first token.
+        `reasoning_budget`: reasoning tokens allowed before the think-end marker is forced (None:
+        no limit). `jump_forward`: let `jump_forward` emit forced tokens for this request (None:
+        ``GuidedConfig.jump_forward``).
 
         Raises:
             SlotStateError: `slot` is out of range or still holds a request (release it first).
@@ -186,16 +133,17 @@ class GuidedDecodingManager:
         self._check_slot(slot)
         if slot in self._slots:
             raise SlotStateError(f"slot {slot} still holds guided request {self._slots[slot].request_id!r}: release it first")
+        if reasoning_budget is not None and reasoning_budget < 0:
+            raise ValueError(f"reasoning_budget must be >= 0, got {reasoning_budget}")
         if spec is None:
             return
         self.metrics.inc("requests_total")
-        self._slots[slot] = _Slot(
-            request_id=request_id,
-            spec=spec,
-            ticket=self.compiler.submit(spec),
-            pending_tokens=list(output_token_ids),
-            in_reasoning=self._starts_in_reasoning(prompt_token_ids, enable_thinking),
+        thinking = starts_in_reasoning(self.reasoning_marker, prompt_token_ids, enable_thinking)
+        self._slots[slot] = SlotState(
+            request_id=request_id, spec=spec, ticket=self.compiler.submit(spec), pending_tokens=list(output_token_ids),
+            reasoning=ReasoningState(self.reasoning_marker, budget=reasoning_budget) if thinking else None,
             prefill_done=prefill_done or bool(output_token_ids),
+            jump_forward=self.config.jump_forward if jump_forward is None else bool(jump_forward),
         )
 
     def add_failed_request(self, slot: int, message: str, *, request_id: Any = None) -> None:
@@ -207,15 +155,10 @@ class GuidedDecodingManager:
             raise SlotStateError(f"slot {slot} still holds guided request {self._slots[slot].request_id!r}: release it first")
         failed: Future = Future()
         failed.set_exception(InvalidGrammarError(message))
-        state = _Slot(request_id=request_id, spec=GrammarSpec("regex", "(failed)"), ticket=failed, pending_tokens=[],
-                      in_reasoning=False, prefill_done=True)
+        state = SlotState(request_id=request_id, spec=GrammarSpec("regex", "(failed)"), ticket=failed, pending_tokens=[],
+                          reasoning=None, prefill_done=True)
         self._fail(slot, state, message)
         self._slots[slot] = state
-
-    def _starts_in_reasoning(self, prompt_token_ids: Sequence[int], enable_thinking: bool | None) -> bool:
-        if self.think_end_id is None or enable_thinking is not True:
-            return False
-        return self.think_end_id not in prompt_token_ids
 
     def mark_prefill_done(self, slots: Sequence[int]) -> None:
         """The given slots sample their first token in the coming step (their final prefill chunk)."""
@@ -228,10 +171,13 @@ class GuidedDecodingManager:
         """Forget `slot` (finished, aborted or preempted). Its compiled grammar stays cached.
 
         Raises SlotStateError between `begin_step` and `apply` for a slot with a row in the step
-        (its row is being filled); after `apply` a released slot's row is simply not advanced.
+        (its row is being filled), and while a drafting session holds it; after `apply` a released
+        slot's row is simply not advanced.
         """
-        if self._phase == "begun" and slot in self._rows and slot in self._slots:
+        if slot in self._slots and self._phase == "begun" and any(e.slot == slot for e in self._entries):
             raise SlotStateError(f"slot {slot} has a row in the step being prepared: release it after apply()")
+        if slot in self._slots and self._drafting is not None and slot in self._drafting.slots:
+            raise SlotStateError(f"slot {slot} is being drafted: close the drafting session first")
         self._slots.pop(slot, None)
 
     def is_guided(self, slot: int) -> bool:
@@ -240,8 +186,7 @@ class GuidedDecodingManager:
     def is_ready(self, slot: int) -> bool:
         """True when sampling `slot`'s next token waits for nothing: its grammar is compiled (or
         its compile failed, and it will finish with an error), or it is not guided. A host's
-        scheduler holds a guided request's first sampling step until then (vLLM keeps such
-        requests waiting); `apply` never waits for a compile."""
+        scheduler holds a guided request's first sampling step until then; `apply` never waits."""
         state = self._slots.get(slot)
         return state is None or state.grammar is not None or state.finish is not None or state.ticket.done()
 
@@ -257,68 +202,167 @@ class GuidedDecodingManager:
         state = self._slots.get(slot)
         return state.finish if state else None
 
+    def in_reasoning(self, slot: int) -> bool:
+        """True while `slot` is inside its reasoning section (unconstrained, or forcing its end)."""
+        state = self._slots.get(slot)
+        return state is not None and state.in_reasoning
+
     # ----- the step -----------------------------------------------------------------------------
 
     def begin_step(self, rows: Sequence[int | None]) -> None:
         """Before the forward: map logits rows to slots and start filling ready rows in the background."""
         if len(rows) > self.max_num_seqs:
             raise ValueError(f"{len(rows)} logits rows exceed max_num_seqs={self.max_num_seqs}")
+        self._begin([_Entry(slot, row, EMPTY) for row, slot in enumerate(rows)], speculative=False)
+
+    def begin_speculative_step(self, slots: Sequence[int | None], drafts: Sequence[DraftTree | Sequence[int] | None]) -> None:
+        """Before a verification forward: request i has ``len(drafts[i]) + 1`` consecutive logits
+        rows (a chain) or one row per node of its `DraftTree`, requests in order. Row j of a chain
+        is masked with the grammar after drafts 0..j-1 (see `fd_guided.manager.plan`); all of a
+        request's rows are filled from its one matcher, which is back at its accepted state after.
+        After `apply`, `draft_limits()` says how many drafts each request may accept."""
+        if len(slots) != len(drafts):
+            raise ValueError(f"got {len(slots)} slots and {len(drafts)} draft lists")
+        if len(slots) > self.max_num_seqs:
+            raise ValueError(f"{len(slots)} requests exceed max_num_seqs={self.max_num_seqs}")
+        entries, row = [], 0
+        for slot, draft in zip(slots, drafts):
+            tree = DraftTree.of(draft)
+            if tree.num_nodes - 1 > self.max_draft_tokens:
+                raise ValueError(f"slot {slot}: {tree.num_nodes - 1} drafts exceed max_draft_tokens={self.max_draft_tokens}")
+            entries.append(_Entry(slot, row, tree))
+            row += tree.num_nodes
+        self._begin(entries, speculative=True)
+
+    def _begin(self, entries: list[_Entry], *, speculative: bool) -> None:
+        if self._drafting is not None:
+            raise SlotStateError("a drafting session is open: close it before the verification step")
         self._join_fill()
-        self._rows = list(rows)
-        self._phase = "begun"
-        ready_rows, grammars, deferred, stops = [], [], [], []
-        for row, slot in enumerate(self._rows):
-            state = self._slots.get(slot) if slot is not None else None
+        self._entries, self._speculative, self._phase = entries, speculative, "begun"
+        self._rows = [e.slot for e in entries for _ in range(e.tree.num_nodes)]
+        self._stop_rows, self._forced_rows, self._deferred = [], {}, []
+        jobs = []
+        for entry in entries:
+            state = self._slots.get(entry.slot) if entry.slot is not None else None
             if state is None or not state.prefill_done:
+                entry.limit = len(entry.tree.tokens)
                 continue
-            if state.finish is not None:
-                stops.append(row)
+            if state.finish is None and state.grammar is None and not state.ticket.done():
+                self._deferred.append(entry)
                 continue
-            if state.grammar is None and not state.ticket.done():
-                deferred.append(row)
-                continue
-            self._materialise(slot, state)
-            if state.finish is not None:
-                stops.append(row)
-            elif not state.in_reasoning:
-                ready_rows.append(row)
-                grammars.append(state.grammar)
-        self._masked_rows, self._deferred_rows, self._stop_rows = ready_rows, deferred, stops
-        if ready_rows:
-            self._fill_future = self._fill_pool.submit(self._timed_fill, grammars, ready_rows)
+            self._materialise(entry.slot, state)
+            job = self._prepare(entry, state)
+            if job is not None:
+                jobs.append(job)
+        if jobs:
+            self._fill_future = self._fill_pool.submit(self._timed_fill, jobs)
+
+    def _prepare(self, entry: _Entry, state: SlotState) -> TreeFill | None:
+        """Plan `entry`'s rows; returns the grammar rows to fill (None if there are none)."""
+        rows = range(entry.first_row, entry.first_row + entry.tree.num_nodes)
+        if state.finish is not None:
+            entry.stopped = True
+            self._stop_rows.extend(rows)
+            return None
+        entry.plans = plans = plan_nodes(entry.tree, state.reasoning if state.in_reasoning else None, self._stop_ids)
+        nodes = []
+        for node, plan in enumerate(plans):
+            row = entry.first_row + node
+            if plan.kind == GRAMMAR:
+                nodes.append((row, node, entry.tree.parents[node - 1] if node else -1, plan.path))
+            elif plan.kind == FORCED:
+                self._forced_rows[row] = plan.forced
+            elif plan.kind in (STOP, INVALID):
+                self._stop_rows.append(row)
+        if len(entry.tree.tokens):
+            self.metrics.inc("draft_tokens_total", len(entry.tree.tokens))
+        if not nodes:
+            return None
+        entry.fill = TreeFill(state.grammar, nodes, entry.first_row)
+        return entry.fill
 
     def apply(self, logits) -> None:
-        """Mask `logits` in place (rows as given to begin_step). Never waits for a compile (see
-        `GuidedConfig.first_token_wait_s`); joins the background fill."""
-        if len(self._rows) != _num_rows(logits):
-            raise SlotStateError(f"begin_step announced {len(self._rows)} rows but the logits have {_num_rows(logits)}")
-        late_rows = self._resolve_deferred()
+        """Mask `logits` in place (rows as announced by the begin hook). Never waits for a
+        compile (see `GuidedConfig.first_token_wait_s`); joins the background fill."""
+        if len(self._rows) != int(logits.shape[0]):
+            raise SlotStateError(f"the begin hook announced {len(self._rows)} rows but the logits have {int(logits.shape[0])}")
+        late_jobs = self._resolve_deferred()
         started = time.perf_counter()
-        empty = self._join_fill() or []
+        self._join_fill()
         self.timings.fill_join += time.perf_counter() - started
         self.metrics.observe("fill_join_seconds", time.perf_counter() - started)
-        if late_rows:
-            empty += self._timed_fill([self._slots[self._rows[r]].grammar for r in late_rows], late_rows)
-            self._masked_rows = sorted(self._masked_rows + late_rows)
-        for row in empty:
-            slot = self._rows[row]
-            self.metrics.inc("dead_end_rows_total")
-            self._fail(slot, self._slots[slot], f"the {self._slots[slot].spec.kind} grammar allows no token here "
-                       f"(after {self._slots[slot].accepted} accepted tokens): no valid continuation exists")
-        rows = self._masked_rows
-        if self._stop_rows or empty:
-            self._write_stop_rows(self._stop_rows + empty)
-            rows = sorted(set(rows) | set(self._stop_rows))
+        if late_jobs:
+            self._timed_fill(late_jobs)
+        masked: set[int] = set(self._forced_rows)
+        for entry in self._entries:
+            self._settle(entry, masked)
+        words = self._bitmask_words
+        for row in self._stop_rows:
+            words[row] = self._stop_row
+        for row, token in self._forced_rows.items():
+            words[row] = token_row([token], words.shape[1])
+        rows = sorted(masked | set(self._stop_rows))
         started = time.perf_counter()
         if rows:
             # Every row guided: no row list (on CUDA that saves staging it and a scatter).
-            indices = None if len(rows) == len(self._rows) else rows
-            apply_token_bitmask_inplace(logits, self.bitmask, indices=indices, impl=self.kernel_impl)
+            apply_token_bitmask_inplace(logits, self.bitmask, indices=None if len(rows) == len(self._rows) else rows,
+                                        impl=self.kernel_impl)
         self._applied_rows = set(rows)
         self._phase = "applied"
         elapsed = time.perf_counter() - started
         self.timings.apply += elapsed
         self.metrics.observe("apply_seconds", elapsed)
+
+    def _settle(self, entry: _Entry, masked: set[int]) -> None:
+        """After the fill: fail a dead-end root, turn ended chains into stop rows, set the limit."""
+        if entry.plans is None:
+            return
+        fill = entry.fill
+        if fill is not None and fill.root_dead:
+            slot, state = entry.slot, self._slots[entry.slot]
+            self.metrics.inc("dead_end_rows_total")
+            self._fail(slot, state, f"the {state.spec.kind} grammar allows no token here (after {state.accepted} accepted "
+                       "tokens): no valid continuation exists")
+            entry.stopped, entry.plans = True, None
+            self._stop_rows.extend(range(entry.first_row, entry.first_row + entry.tree.num_nodes))
+            return
+        if fill is not None:
+            for node in fill.invalid:
+                entry.plans[node] = NodePlan(INVALID)
+            for node in fill.stops:
+                entry.plans[node] = NodePlan(STOP)
+            for row, node, _, _ in fill.nodes:
+                if node in fill.invalid or node in fill.stops:
+                    self._stop_rows.append(row)
+                else:
+                    masked.add(row)
+        invalid = sum(plan.kind == INVALID for plan in entry.plans)
+        if invalid:
+            self.metrics.inc("draft_tokens_invalid_total", invalid)
+        entry.limit = 0
+        for node in range(1, entry.tree.num_nodes):  # leading valid drafts of the chain through node order
+            if entry.plans[node].kind == INVALID or entry.tree.parents[node - 1] != node - 1:
+                break
+            entry.limit = node
+
+    def draft_limits(self) -> list[int]:
+        """After `apply`: per request of the step, how many leading drafts (of a chain) the host
+        may accept. Past that the grammar rejects a draft (its row is the last real mask; the rows
+        after it allow only stop tokens): an exact verifier never accepts it, since its masked
+        probability is 0; a host whose verifier is not exact must cut there. 0 for a finished or
+        failed request; every draft for an unguided one."""
+        if self._phase != "applied":
+            raise SlotStateError("draft_limits() is known only after apply()")
+        return [entry.limit for entry in self._entries]
+
+    def allows_only_stop(self, row: int) -> bool:
+        """After `apply`: True when logits row `row` allows no token but stop tokens (the request is
+        finished or failed, or its grammar is complete). The `min_tokens` rule: a host that bans
+        stop tokens until `min_tokens` must not ban them in such a row (the constraint wins, the
+        request ends shorter), or the row would have no legal token at all."""
+        if self._phase != "applied":
+            raise SlotStateError("allows_only_stop() is known only after apply()")
+        return row in self._applied_rows and not (self._bitmask_words[row] & self._not_stop).any()
 
     def accept(self, token_ids: Sequence[int], *, masked_out: Literal["reject", "host"] = "reject") -> list[GuidedFinish]:
         """Advance each decoding slot by its row's sampled token; return slots finished this step.
@@ -335,19 +379,45 @@ class GuidedDecodingManager:
         not masked (reasoning, prefill) are processed as usual, so a forced think-end still starts
         the constraint.
         """
-        started = time.perf_counter()
+        if self._speculative:
+            raise SlotStateError("this step was begun with begin_speculative_step: use accept_speculative()")
         if len(token_ids) != len(self._rows):
             raise SlotStateError(f"got {len(token_ids)} sampled tokens for {len(self._rows)} rows")
+        return self._accept([[int(t)] for t in token_ids], masked_out)
+
+    def accept_speculative(self, accepted: Sequence[Sequence[int]], *, masked_out: Literal["reject", "host"] = "reject") -> list[GuidedFinish]:
+        """After verification: per request of the step, the tokens it emits: its accepted drafts
+        (a path from the root of its tree) and then the one token sampled at the last of them;
+        [] for a request that emits nothing (a prefill chunk). All are pushed into its matcher at
+        once (`Grammar.accept_tokens`); `masked_out` as in `accept`, row by row along the path.
+
+        Raises:
+            SlotStateError: not after `begin_speculative_step`, or a count mismatch.
+            ValueError: a token before the last is not a draft child of the path so far (nothing
+                is advanced then).
+        """
+        if not self._speculative:
+            raise SlotStateError("this step was begun with begin_step: use accept()")
+        if len(accepted) != len(self._entries):
+            raise SlotStateError(f"got accepted tokens for {len(accepted)} requests, the step has {len(self._entries)}")
+        return self._accept([[int(t) for t in tokens] for tokens in accepted], masked_out)
+
+    def _accept(self, accepted: list[list[int]], masked_out: str) -> list[GuidedFinish]:
+        started = time.perf_counter()
+        paths = [self._path(entry, tokens) for entry, tokens in zip(self._entries, accepted)]
         words = self._bitmask_words
-        for row, (slot, token) in enumerate(zip(self._rows, token_ids)):
+        for entry, tokens, path in zip(self._entries, accepted, paths):
+            slot = entry.slot
             state = self._slots.get(slot) if slot is not None else None
-            if state is None or not state.prefill_done or state.finish is not None or state.grammar is None:
+            if not tokens or state is None or not state.prefill_done or state.finish is not None or state.grammar is None:
                 continue
-            token = int(token)
-            if masked_out == "host" and row in self._applied_rows and not _allows(words[row], token):
-                self._host_forced(slot, state, token)
-                continue
-            self._advance(slot, state, token)
+            forced_at = None
+            if masked_out == "host":
+                rows = [entry.first_row + node for node in path]
+                forced_at = next((j for j, row in enumerate(rows) if row in self._applied_rows and not allows(words[row], tokens[j])), None)
+            self._advance(slot, state, tokens if forced_at is None else tokens[:forced_at])
+            if forced_at is not None and state.finish is None:
+                self._host_forced(slot, state, tokens[forced_at])
         self._phase = "idle"
         finished = self._collect_finishes()
         elapsed = time.perf_counter() - started
@@ -356,18 +426,54 @@ class GuidedDecodingManager:
         self.metrics.observe("accept_seconds", elapsed)
         return finished
 
-    def _host_forced(self, slot: int, state: _Slot, token: int) -> None:
-        stop = token in self.backend.stop_token_ids
+    def _path(self, entry: _Entry, tokens: list[int]) -> list[int]:
+        """The node each of `tokens` is sampled at: the root, then the draft children they follow."""
+        path, node = [], 0
+        for j, token in enumerate(tokens):
+            path.append(node)
+            if j + 1 < len(tokens):
+                child = entry.tree.child(node, token)
+                if child is None:
+                    raise ValueError(f"slot {entry.slot}: accepted token {j} ({token}) is not a draft of the path "
+                                     "(only the last accepted token may be sampled off the drafts)")
+                node = child
+        return path
+
+    def _host_forced(self, slot: int, state: SlotState, token: int) -> None:
+        stop = token in self._stop_ids
         self.metrics.inc_labelled("host_forced_tokens_total", "kind", "stop" if stop else "other")
         if stop:
             state.finish = GuidedFinish(slot, "forced")
             state.finish_reported = True
 
+    # ----- helpers for drafters and jump-forward (implemented in their modules) -----------------
+
+    def valid_draft_prefix(self, slot: int, tokens: Sequence[int]) -> int:
+        """How many leading `tokens` slot `slot` could accept from its current state (reasoning and a
+        forced think-end included), without advancing anything: a drafter cuts its proposal there.
+        Every token for an unguided slot; 0 for a finished or not yet compiled one."""
+        from .drafting import valid_prefix
+
+        return valid_prefix(self, slot, [int(t) for t in tokens])
+
+    def begin_drafting(self, slots: Sequence[int | None]):
+        """A `DraftingSession`: masks for a draft model's own steps (see `fd_guided.manager.drafting`)."""
+        from .drafting import DraftingSession
+
+        return DraftingSession(self, slots)
+
+    def jump_forward(self, slot: int, *, max_new_tokens: int | None = None):
+        """Tokens the grammar forces next for `slot`, re-encoded at the boundary, or None (see
+        `fd_guided.manager.jump_forward.JumpForward` for what the host must do with them)."""
+        from .jump_forward import jump_forward
+
+        return jump_forward(self, slot, max_new_tokens)
+
     # ----- internals ----------------------------------------------------------------------------
 
-    def _materialise(self, slot: int, state: _Slot) -> None:
+    def _materialise(self, slot: int, state: SlotState) -> None:
         """Create the slot's matcher from its (done) ticket and replay tokens made elsewhere."""
-        if state.grammar is not None:
+        if state.grammar is not None or state.finish is not None:
             return
         try:
             compiled = state.ticket.result(timeout=0)
@@ -382,52 +488,56 @@ class GuidedDecodingManager:
         self.metrics.inc_labelled("requests_by_backend_total", "backend", compiled.backend_name)
         logger.debug("guided request %s (slot %d): %s on backend %s", state.request_id, slot, state.spec.describe(), compiled.backend_name)
         pending, state.pending_tokens = state.pending_tokens, []
-        for token in pending:
-            if state.finish is not None:
-                break
-            self._advance(slot, state, token)
+        self._advance(slot, state, pending)
 
-    def _resolve_deferred(self) -> list[int]:
-        """Rows whose compile was pending at begin_step: ready now -> filled late; still pending
-        after `first_token_wait_s` -> the request fails alone (its row allows only stop tokens)."""
-        late_rows = []
-        if self._deferred_rows and self.config.first_token_wait_s > 0:
+    def _resolve_deferred(self) -> list[TreeFill]:
+        """Entries whose compile was pending at the begin hook: ready now -> filled late; still
+        pending after `first_token_wait_s` -> the request fails alone (its rows allow only stop tokens)."""
+        if self._deferred and self.config.first_token_wait_s > 0:
             started = time.perf_counter()
-            wait_futures([self._slots[self._rows[r]].ticket for r in self._deferred_rows], timeout=self.config.first_token_wait_s)
+            wait_futures([self._slots[e.slot].ticket for e in self._deferred], timeout=self.config.first_token_wait_s)
             self.timings.compile_wait += time.perf_counter() - started
-        for row in self._deferred_rows:
-            slot = self._rows[row]
-            state = self._slots[slot]
+        jobs = []
+        for entry in self._deferred:
+            state = self._slots[entry.slot]
             if not state.ticket.done():
                 self.metrics.inc("unready_samples_total")
-                self._fail(slot, state, "its grammar was still compiling when its first token was sampled "
+                self._fail(entry.slot, state, "its grammar was still compiling when its first token was sampled "
                            "(the host must wait until is_ready(slot))")
             else:
-                self._materialise(slot, state)
-            if state.finish is not None:
-                self._stop_rows.append(row)
-            elif not state.in_reasoning:
-                late_rows.append(row)
-        self._deferred_rows = []
-        return late_rows
+                self._materialise(entry.slot, state)
+            job = self._prepare(entry, state)
+            if job is not None:
+                jobs.append(job)
+        self._deferred = []
+        return jobs
 
-    def _advance(self, slot: int, state: _Slot, token: int) -> None:
-        if state.in_reasoning:
-            if token == self.think_end_id:
-                state.in_reasoning = False
+    def _advance(self, slot: int, state: SlotState, tokens: Sequence[int]) -> None:
+        """Push `tokens` (in order) through the reasoning section and into the grammar."""
+        index = 0
+        while index < len(tokens) and state.finish is None:
+            if state.in_reasoning:
+                before = state.reasoning
+                if before.forced_token() is not None:
+                    self.metrics.inc("reasoning_forced_tokens_total")
+                state.reasoning = before.step(tokens[index])
+                index += 1
+                continue
+            if state.grammar.is_terminated():
+                return
+            rest = tokens[index:]
+            accepted = state.grammar.accept_tokens(rest)
+            state.history.extend(rest[:accepted])
+            if state.grammar.is_terminated():
+                state.finish = GuidedFinish(slot, "stop")
+            elif accepted < len(rest):
+                self.metrics.inc("rejected_tokens_total")
+                state.rejected_token = rest[accepted]
+                self._fail(slot, state, f"token {rest[accepted]} was rejected by the {state.spec.kind} grammar after "
+                           f"{state.accepted} accepted tokens")
             return
-        if state.grammar.is_terminated():
-            return
-        if not state.grammar.accept_token(token):
-            self.metrics.inc("rejected_tokens_total")
-            state.rejected_token = token
-            self._fail(slot, state, f"token {token} was rejected by the {state.spec.kind} grammar after {state.accepted} accepted tokens")
-            return
-        state.accepted += 1
-        if state.grammar.is_terminated():
-            state.finish = GuidedFinish(slot, "stop")
 
-    def _fail(self, slot: int, state: _Slot, message: str) -> None:
+    def _fail(self, slot: int, state: SlotState, message: str) -> None:
         logger.warning("guided request %s (slot %d) failed: %s", state.request_id, slot, message)
         state.finish = GuidedFinish(slot, "error", message)
 
@@ -440,25 +550,17 @@ class GuidedDecodingManager:
                 self.metrics.inc("requests_finished_total")
         return finished
 
-    def _timed_fill(self, grammars: list[Grammar], rows: list[int]) -> list[int]:
-        """Fill `rows`; return those the grammar left without a single allowed token."""
+    def _timed_fill(self, jobs: list[TreeFill]) -> None:
         started = time.perf_counter()
-        self.backend.fill_bitmasks(grammars, self.bitmask, rows)
-        empty = [row for row in rows if not self._bitmask_words[row].any()]
+        fill_trees(self.backend, self.bitmask, self._bitmask_words, jobs)
         elapsed = time.perf_counter() - started
         self.timings.fill += elapsed
         self.metrics.observe("fill_seconds", elapsed)
-        return empty
 
-    def _write_stop_rows(self, rows: list[int]) -> None:
-        for row in rows:
-            self._bitmask_words[row] = self._stop_row
-
-    def _join_fill(self) -> list[int] | None:
+    def _join_fill(self) -> None:
         future, self._fill_future = self._fill_future, None
         if future is not None:
-            return future.result()
-        return None
+            future.result()
 
     def _check_slot(self, slot: int) -> None:
         if not isinstance(slot, int) or not 0 <= slot < self.max_num_seqs:
@@ -469,28 +571,3 @@ class GuidedDecodingManager:
         self._fill_pool.shutdown(wait=True)
         if self._owns_compiler:
             self.compiler.close()
-
-
-def _num_rows(logits) -> int:
-    return int(logits.shape[0])
-
-
-def _allows(words: np.ndarray, token: int) -> bool:
-    word, bit = divmod(token, 32)
-    return 0 <= word < words.shape[0] and bool((int(words[word]) >> bit) & 1)
-
-
-def _host_words(bitmask) -> np.ndarray:
-    """The bitmask as a writable numpy int32 view (CPU memory, pinned or not)."""
-    return bitmask.numpy() if hasattr(bitmask, "numpy") else np.asarray(bitmask)
-
-
-def _stop_only_row(stop_token_ids: Sequence[int], words: int) -> np.ndarray:
-    row = np.zeros(words, dtype=np.uint32)
-    for token in stop_token_ids:
-        if 0 <= token < words * 32:
-            row[token >> 5] |= np.uint32(1 << (token & 31))
-    return row.view(np.int32)
-
-
-__all__ = ["GuidedDecodingManager", "GuidedFinish", "StepTimings", "InvalidGrammarError"]
