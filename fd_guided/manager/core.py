@@ -17,7 +17,7 @@ from ..kernels import apply_token_bitmask_inplace
 from ..metrics import GuidedMetrics
 from ..reasoning import MarkerLike, ReasoningMarker, ReasoningState, starts_in_reasoning
 from ..spec import GrammarSpec, check_with_backend, parse_guided_request
-from .plan import EMPTY, FORCED, GRAMMAR, INVALID, STOP, DraftTree, NodePlan, TreeFill, fill_trees, plan_nodes
+from .plan import EMPTY, FORCED, FREE, GRAMMAR, INVALID, STOP, DraftTree, NodePlan, TreeFill, fill_trees, plan_nodes
 from .slot import GuidedFinish, SlotState, StepTimings, allows, host_words, token_row
 
 logger = logging.getLogger(__name__)
@@ -85,6 +85,7 @@ class GuidedDecodingManager:
         self._applied_rows: set[int] = set()
         self._stop_rows: list[int] = []
         self._forced_rows: dict[int, int] = {}
+        self._reasoning_rows: set[int] = set()
         self._deferred: list[_Entry] = []
         self._drafting = None  # the open `DraftingSession`, if any
 
@@ -240,7 +241,7 @@ class GuidedDecodingManager:
         self._join_fill()
         self._entries, self._speculative, self._phase = entries, speculative, "begun"
         self._rows = [e.slot for e in entries for _ in range(e.tree.num_nodes)]
-        self._stop_rows, self._forced_rows, self._deferred = [], {}, []
+        self._stop_rows, self._forced_rows, self._deferred, self._reasoning_rows = [], {}, [], set()
         jobs = []
         for entry in entries:
             state = self._slots.get(entry.slot) if entry.slot is not None else None
@@ -272,6 +273,9 @@ class GuidedDecodingManager:
                 nodes.append((row, node, entry.tree.parents[node - 1] if node else -1, plan.path))
             elif plan.kind == FORCED:
                 self._forced_rows[row] = plan.forced
+                self._reasoning_rows.add(row)
+            elif plan.kind == FREE:
+                self._reasoning_rows.add(row)
             elif plan.kind in (STOP, INVALID):
                 self._stop_rows.append(row)
         if len(entry.tree.tokens):
@@ -363,6 +367,15 @@ class GuidedDecodingManager:
         if self._phase != "applied":
             raise SlotStateError("allows_only_stop() is known only after apply()")
         return row in self._applied_rows and not (self._bitmask_words[row] & self._not_stop).any()
+
+    def is_reasoning_row(self, row: int) -> bool:
+        """After `apply`: True when logits row `row` belongs to a guided request still inside its
+        reasoning section (unmasked, or forced to the think-end marker). A host that will not let
+        a guided request end before its constraint ran bans stop tokens there (the reference
+        engine does); the manager itself leaves reasoning rows unmasked."""
+        if self._phase != "applied":
+            raise SlotStateError("is_reasoning_row() is known only after apply()")
+        return row in self._reasoning_rows
 
     def accept(self, token_ids: Sequence[int], *, masked_out: Literal["reject", "host"] = "reject") -> list[GuidedFinish]:
         """Advance each decoding slot by its row's sampled token; return slots finished this step.
