@@ -74,7 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--json", dest="json_out", action="store_true", help="print one JSON object per output")
     generate.set_defaults(handler=_generate)
     bench = commands.add_parser("bench", help="measure guided-decoding cost side by side (steps, kernels, ttft)")
-    bench.add_argument("--only", nargs="+", choices=("steps", "kernels", "ttft"), help="run only these parts")
+    bench.add_argument("--only", nargs="+", choices=("steps", "kernels", "ttft", "spec", "jump_forward"),
+                       help="run only these parts (spec and jump_forward run only when named)")
+    bench.add_argument("--spec-ks", type=int, nargs="+", default=[1, 3, 5, 7], help="draft lengths K for --only spec")
     bench.add_argument("--preset", default="small")
     bench.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
     bench.add_argument("--rounds", type=int, default=3)
@@ -170,7 +172,7 @@ def _bench(args) -> int:
     from .bench import PARTS, format_report, run_bench
 
     report = run_bench(tuple(args.only or PARTS), preset=args.preset, batches=tuple(args.batches), rounds=args.rounds,
-                       decode_steps=args.decode_steps, progress=lambda line: print(line, flush=True))
+                       decode_steps=args.decode_steps, spec_ks=tuple(args.spec_ks), progress=lambda line: print(line, flush=True))
     print(format_report(report))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as handle:

@@ -38,7 +38,9 @@ class SpeculativeConfig:
     """drafter: ``ngram`` (prompt lookup) or ``draft_model``; num_draft_tokens: K (1..16);
     masked_drafts: drafts obey the grammar (see the module docstring); draft_layers: the draft
     model's depth; ngram_min/ngram_max: suffix lengths the n-gram drafter matches, longest first;
-    ngram_candidates: continuations it considers when masked."""
+    ngram_candidates: continuations it considers when masked. fixed_draft_length: always propose
+    exactly K drafts (a short proposal is padded with its last token, grammar-invalid drafts are
+    kept): for benchmarks, so guided and unguided steps verify the same number of rows."""
 
     drafter: str = "ngram"
     num_draft_tokens: int = 4
@@ -47,6 +49,7 @@ class SpeculativeConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     ngram_candidates: int = 8
+    fixed_draft_length: bool = False
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -101,6 +104,9 @@ class NgramDrafter:
                 proposals.append(Proposal(candidates[best][: valid[best]]))
             else:
                 proposals.append(Proposal(candidates[0]))
+            if self.config.fixed_draft_length and k > 0:
+                tokens = proposals[-1].tokens
+                tokens += [tokens[-1] if tokens else (seq.prompt_ids + seq.output_ids)[-1]] * (k - len(tokens))
         return proposals
 
 
@@ -153,7 +159,8 @@ class DraftModelDrafter:
         finally:
             valid = session.close() if session is not None else None
         for row, i in enumerate(drafting):
-            keep = ks[i] if valid is None or not manager.is_guided(seqs[i].slot) else min(ks[i], valid[row])
+            keep = ks[i] if valid is None or self.config.fixed_draft_length or not manager.is_guided(seqs[i].slot) \
+                else min(ks[i], valid[row])
             proposals[i].tokens = proposals[i].tokens[:keep]
             if proposals[i].dists is not None:
                 proposals[i].dists = proposals[i].dists[:keep]
