@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from .manager import GuidedDecodingManager
-from .manager.core import _Entry
+from .manager.step import _Entry
 from .manager.plan import EMPTY
 
 FASTDEPLOY_CACHE_BYTES = 4 * 1024 * 1024
