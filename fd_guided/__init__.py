@@ -12,8 +12,9 @@ from .errors import (
     InvalidGrammarError,
     SlotStateError,
 )
-from .manager import GuidedDecodingManager, GuidedFinish
+from .manager import DraftTree, GuidedDecodingManager, GuidedFinish, JumpForward
 from .metrics import GuidedMetrics
+from .reasoning import ReasoningMarker, marker_from_text
 from .registry import available_backends, create_backend, get_backend_class, register_backend
 from .spec import GrammarSpec, JsonFormat, parse_guided_request
 from .tokenizer import TokenizerBundle, load_tokenizer
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendNotFoundError",
+    "DraftTree",
     "DuplicateBackendError",
     "GrammarCompileTimeout",
     "GrammarSpec",
@@ -33,12 +35,15 @@ __all__ = [
     "GuidedRequestError",
     "InvalidGrammarError",
     "JsonFormat",
+    "JumpForward",
+    "ReasoningMarker",
     "SlotStateError",
     "TokenizerBundle",
     "available_backends",
     "create_backend",
     "get_backend_class",
     "load_tokenizer",
+    "marker_from_text",
     "parse_guided_request",
     "register_backend",
 ]

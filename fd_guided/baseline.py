@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 
 from .manager import GuidedDecodingManager
+from .manager.step import _Entry
+from .manager.plan import EMPTY
 
 FASTDEPLOY_CACHE_BYTES = 4 * 1024 * 1024
 
@@ -21,12 +23,13 @@ FASTDEPLOY_CACHE_BYTES = 4 * 1024 * 1024
 class FastDeployStyleManager(GuidedDecodingManager):
     def begin_step(self, rows) -> None:
         self._join_fill()
-        self._rows = list(rows)
-        self._phase = "begun"
-        self._masked_rows, self._stop_rows = [], []
-        self._deferred_rows = [
-            row for row, slot in enumerate(self._rows)
-            if slot is not None and slot in self._slots and self._slots[slot].prefill_done and self._slots[slot].finish is None
+        self._entries = [_Entry(slot, row, EMPTY) for row, slot in enumerate(rows)]
+        self._rows, self._speculative, self._phase = list(rows), False, "begun"
+        self._stop_rows, self._forced_rows = [], {}
+        self._deferred = [
+            entry for entry in self._entries
+            if entry.slot is not None and entry.slot in self._slots and self._slots[entry.slot].prefill_done
+            and self._slots[entry.slot].finish is None
         ]
 
     def apply(self, logits):
@@ -36,18 +39,23 @@ class FastDeployStyleManager(GuidedDecodingManager):
         import xgrammar as xgr
 
         started = time.perf_counter()
-        self.wait_ready([self._rows[r] for r in self._deferred_rows])
+        self.wait_ready([entry.slot for entry in self._deferred])
         self.timings.compile_wait += time.perf_counter() - started
-        rows = self._resolve_deferred()
-        if rows:
-            self._timed_fill([self._slots[self._rows[r]].grammar for r in rows], rows)
+        jobs = self._resolve_deferred()
+        if jobs:
+            self._timed_fill(jobs)
+        masked: set[int] = set()
+        for entry in self._entries:
+            self._settle(entry, masked)
+        rows = sorted(masked)
+        self._phase = "applied"
         started = time.perf_counter()
         if not rows:
             return logits
         host = torch.from_numpy(logits.numpy()).float()
         xgr.apply_token_bitmask_inplace(host, self.bitmask, indices=rows)
-        masked = paddle.to_tensor(host.numpy(), dtype=logits.dtype, place=logits.place)
+        masked_logits = paddle.to_tensor(host.numpy(), dtype=logits.dtype, place=logits.place)
         elapsed = time.perf_counter() - started
         self.timings.apply += elapsed
         self.metrics.observe("apply_seconds", elapsed)
-        return masked
+        return masked_logits

@@ -72,10 +72,16 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--tokenizer", default="deepseek", help="deepseek, qwen, or a tokenizer.json path")
     generate.add_argument("--backend", default="auto", help="auto (default), xgrammar or llguidance")
     generate.add_argument("--max-num-seqs", type=int, default=32)
+    generate.add_argument("--speculative", choices=("ngram", "draft_model"), help="draft and verify tokens with this drafter")
+    generate.add_argument("--num-draft-tokens", type=int, default=4, help="K, drafts per step (with --speculative)")
+    generate.add_argument("--unmasked-drafts", action="store_true", help="let drafts ignore the grammar (acceptance drops)")
+    generate.add_argument("--jump-forward", action="store_true", help="emit the tokens a grammar forces without sampling them")
     generate.add_argument("--json", dest="json_out", action="store_true", help="print one JSON object per output")
     generate.set_defaults(handler=_generate)
     bench = commands.add_parser("bench", help="measure guided-decoding cost side by side (steps, kernels, ttft)")
-    bench.add_argument("--only", nargs="+", choices=("steps", "kernels", "ttft"), help="run only these parts")
+    bench.add_argument("--only", nargs="+", choices=("steps", "kernels", "ttft", "spec", "jump_forward"),
+                       help="run only these parts (spec and jump_forward run only when named)")
+    bench.add_argument("--spec-ks", type=int, nargs="+", default=[1, 3, 5, 7], help="draft lengths K for --only spec")
     bench.add_argument("--preset", default="small")
     bench.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
     bench.add_argument("--rounds", type=int, default=3)
@@ -155,9 +161,13 @@ def _generate(args) -> int:
 
     requests = _requests_from_args(args)
     started = time.perf_counter()
+    from .workers import SpeculativeConfig
+
+    speculative = SpeculativeConfig(args.speculative, args.num_draft_tokens, masked_drafts=not args.unmasked_drafts) \
+        if args.speculative else None
     engine = ReferenceEngine.default(
-        preset=args.preset, tokenizer=args.tokenizer, seed=args.seed,
-        guided_config=GuidedConfig(backend=args.backend), max_num_seqs=args.max_num_seqs,
+        preset=args.preset, tokenizer=args.tokenizer, seed=args.seed, speculative=speculative,
+        guided_config=GuidedConfig(backend=args.backend, jump_forward=args.jump_forward), max_num_seqs=args.max_num_seqs,
     )
     load_seconds = time.perf_counter() - started
     results = engine.generate(requests, max_tokens=args.max_tokens, seed=args.seed)
@@ -197,6 +207,10 @@ def _print_summary(engine, results, checked: int, valid: int, load_seconds: floa
     print(f"  constrained outputs finished and validated: {valid}/{checked} valid")
     print(f"  generated tokens: {stats.generated_tokens} in {stats.wall_seconds:.2f}s  ({stats.tokens_per_second:.1f} tokens/s, {stats.steps} steps)")
     print(f"  model load: {load_seconds:.2f}s  forward+mask: {stats.forward_seconds:.2f}s  sampling: {stats.sample_seconds:.2f}s")
+    if stats.draft_tokens or stats.jump_tokens:
+        print(f"  speculative: {stats.draft_tokens} drafts ({stats.draft_seconds:.2f}s drafting), acceptance length "
+              f"{stats.acceptance_length:.2f}; jump-forward: {stats.jump_tokens} tokens; "
+              f"forward passes per token {stats.forward_passes_per_token:.3f}")
     if guided:
         print(
             "  guided time: compile wait {compile_wait:.4f}s, fill {fill:.4f}s (overlapped; host waited {fill_join:.4f}s), "
@@ -212,7 +226,7 @@ def _bench(args) -> int:
     from .bench import PARTS, format_report, run_bench
 
     report = run_bench(tuple(args.only or PARTS), preset=args.preset, batches=tuple(args.batches), rounds=args.rounds,
-                       decode_steps=args.decode_steps, progress=lambda line: print(line, flush=True))
+                       decode_steps=args.decode_steps, spec_ks=tuple(args.spec_ks), progress=lambda line: print(line, flush=True))
     print(format_report(report))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as handle:

@@ -61,6 +61,10 @@ class GuidedConfig:
     `GuidedDecodingManager.is_ready(slot)`. A row whose grammar is still compiling when the mask is
     applied waits at most `first_token_wait_s` (default 0), then its request finishes with reason
     ``error`` and its row allows only stop tokens; the rest of the batch goes on.
+
+    `jump_forward` (off by default): the server-wide default of whether the manager's
+    `jump_forward` emits the tokens a grammar forces without sampling them (a request may say
+    otherwise, see `GuidedDecodingManager.add_request`).
     """
 
     backend: str = "auto"
@@ -86,6 +90,7 @@ class GuidedConfig:
     parallel_fill_min_rows: int = 16
     rejection_policy: Literal["error"] = "error"
     think_end_token: str | None = None
+    jump_forward: bool = False
 
     def __post_init__(self):
         if self.rejection_policy not in REJECTION_POLICIES:

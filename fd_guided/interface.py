@@ -47,7 +47,13 @@ class CompiledGrammar(abc.ABC):
 
 
 class Grammar(abc.ABC):
-    """One request's matcher. Not thread-safe; owned by one slot."""
+    """One request's matcher. Not thread-safe; owned by one slot.
+
+    Speculative decoding and jump-forward use the state as a stack: `accept_tokens` pushes drafts,
+    `rollback` pops them (a stop token counts as one token), `validate_tokens` and `forced_bytes`
+    look without moving. The abstract methods are enough; engines override the others with native
+    calls where they have them.
+    """
 
     @abc.abstractmethod
     def accept_token(self, token_id: int) -> bool:
@@ -68,6 +74,30 @@ class Grammar(abc.ABC):
     @abc.abstractmethod
     def reset(self) -> None:
         """Back to the start state, as if no token was accepted."""
+
+    def accept_tokens(self, token_ids: Sequence[int]) -> int:
+        """Advance by `token_ids` in order, up to the first one the grammar rejects (which leaves
+        the state as it was) or through a stop token that terminates it. Returns how many were
+        accepted: the state is the one after that many tokens."""
+        accepted = 0
+        for token in token_ids:
+            if self.is_terminated() or not self.accept_token(token):
+                break
+            accepted += 1
+        return accepted
+
+    def validate_tokens(self, token_ids: Sequence[int]) -> int:
+        """How many leading tokens of `token_ids` `accept_tokens` would accept; the state is unchanged."""
+        accepted = self.accept_tokens(token_ids)
+        if accepted:
+            self.rollback(accepted)
+        return accepted
+
+    def forced_bytes(self) -> bytes:
+        """The bytes every continuation from this state begins with (what jump-forward may emit
+        without sampling); b"" when the next byte is not determined, or the engine cannot tell.
+        The state is unchanged."""
+        return b""
 
 
 class GuidedBackend(abc.ABC):

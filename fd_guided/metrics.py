@@ -46,6 +46,11 @@ class GuidedMetrics:
         "requests_finished_total": "Guided requests finished by the grammar (stop) or by an error.",
         "shared_cache_hits_total": "Compiles served from the shared (L2) cache.",
         "shared_cache_misses_total": "Shared (L2) cache lookups that found nothing usable.",
+        "draft_tokens_total": "Draft tokens of speculative steps whose rows were masked.",
+        "draft_tokens_invalid_total": "Draft tokens the grammar rejected (their chain ended there; the host must not accept them).",
+        "jump_forward_tokens_total": "Tokens emitted by jump-forward without a sample.",
+        "jump_forward_retracted_tokens_total": "Sampled tokens jump-forward re-encoded at the boundary (retracted, then re-emitted).",
+        "reasoning_forced_tokens_total": "Think-end marker tokens forced because a request spent its reasoning budget.",
     }
     GAUGES = {
         "compiles_in_flight": "Compiles submitted and not finished.",

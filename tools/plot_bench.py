@@ -73,11 +73,40 @@ def plot_ttft(report: dict, out: Path) -> None:
     save(fig, out / "ttft.png")
 
 
+def plot_spec(report: dict, out: Path) -> None:
+    rows = report["spec"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    labels = [f"{r['drafter']}\nK={r['k']}" for r in rows]
+    grouped_bars(left, rows, [(lambda r: r["acceptance_len_unmasked_drafts"], "unmasked drafts"),
+                              (lambda r: r["acceptance_len_masked_drafts"], "masked drafts")], labels)
+    left.set_ylabel("tokens per target forward per request")
+    left.set_title("Acceptance length under a JSON schema")
+    grouped_bars(right, rows, [(lambda r: r["guided_over_unguided_step"], "guided / unguided step")], labels)
+    right.axhline(1.15, color="black", linestyle="dashed", linewidth=1)
+    right.set_ylabel("speculative step time ratio")
+    right.set_title(f"Guided speculative step at batch {rows[0].get('batch', '?')} (goal <= 1.15)")
+    save(fig, out / "spec.png")
+
+
+def plot_jump_forward(report: dict, out: Path) -> None:
+    rows = report["jump_forward"]
+    fig, ax = plt.subplots(figsize=(11, 4))
+    grouped_bars(ax, rows, [(lambda r: r["forward_passes_per_token_off"], "jump-forward off"),
+                            (lambda r: r["forward_passes_per_token_on"], "jump-forward on")],
+                 [r["schema"].replace("_any_whitespace", "\n(any ws)") for r in rows])
+    for i, r in enumerate(rows):
+        ax.annotate(f"tok/s x{r['tokens_per_s_ratio']:.2f}", (i, r["forward_passes_per_token_off"]), ha="center", va="bottom", fontsize=7)
+    ax.set_ylabel("forward passes per output token")
+    ax.set_title("Jump-forward (labels: tokens/s on / off)")
+    save(fig, out / "jump_forward.png")
+
+
 def main(argv: list[str]) -> int:
     report = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    for part, plot in (("steps", plot_steps), ("kernels", plot_kernels), ("ttft", plot_ttft)):
+    for part, plot in (("steps", plot_steps), ("kernels", plot_kernels), ("ttft", plot_ttft), ("spec", plot_spec),
+                       ("jump_forward", plot_jump_forward)):
         if part in report:
             plot(report, out)
             print(f"wrote {out / (part + '.png')}")

@@ -62,7 +62,13 @@ class LLGuidanceCompiled(CompiledGrammar):
 
 
 class LLGuidanceMatcher(Grammar):
-    """One slot's LLMatcher. A rejected token leaves the state unchanged (checked before consuming)."""
+    """One slot's LLMatcher. A rejected token leaves the state unchanged (checked before consuming).
+
+    A stop token is never consumed by llguidance: it is accepted when the match is complete and
+    only marks the matcher terminated. Why: llguidance does not count a consumed EOS in its
+    rollback history (``rollback(1)`` after EOS undid the last *text* token), and speculative
+    decoding rolls back through stop tokens.
+    """
 
     __slots__ = ("matcher", "stop_token_ids", "vocab_size", "_terminated")
 
@@ -79,16 +85,38 @@ class LLGuidanceMatcher(Grammar):
         if self.matcher.is_error():
             logger.warning("llguidance matcher is in its error state: %s", _first_line(self.matcher.get_error()))
             return False
-        # validate_tokens never counts EOS; a stop token is valid exactly when the match is complete.
-        is_stop = token_id in self.stop_token_ids
-        if not (self.matcher.is_accepting() if is_stop else self.matcher.validate_tokens([token_id]) == 1):
+        if token_id in self.stop_token_ids:
+            # validate_tokens never counts EOS; a stop token is valid exactly when the match is complete.
+            self._terminated = bool(self.matcher.is_accepting())
+            return self._terminated
+        if self.matcher.validate_tokens([token_id]) != 1:
             return False
         if not self.matcher.consume_token(token_id):
             logger.warning("llguidance rejected a validated token: %s", _first_line(self.matcher.get_error()))
             return False
-        if is_stop:
-            self._terminated = True
         return True
+
+    def accept_tokens(self, token_ids: Sequence[int]) -> int:
+        tokens = [int(t) for t in token_ids]
+        text = next((i for i, t in enumerate(tokens) if t in self.stop_token_ids or not 0 <= t < self.vocab_size), len(tokens))
+        if self._terminated or self.matcher.is_error():
+            return 0
+        # One native call validates the text tokens before the first stop token, one consumes them.
+        valid = self.matcher.validate_tokens(tokens[:text]) if text else 0
+        if valid and not self.matcher.consume_tokens(tokens[:valid]):
+            logger.warning("llguidance rejected validated tokens: %s", _first_line(self.matcher.get_error()))
+            return 0
+        if valid == text < len(tokens) and self.accept_token(tokens[text]):
+            return valid + 1
+        return valid
+
+    def validate_tokens(self, token_ids: Sequence[int]) -> int:
+        tokens = [int(t) for t in token_ids]
+        if self._terminated or self.matcher.is_error():
+            return 0
+        if any(t in self.stop_token_ids or not 0 <= t < self.vocab_size for t in tokens):
+            return super().validate_tokens(tokens)  # a stop token needs the state before it
+        return int(self.matcher.validate_tokens(tokens))
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         pointer, row_bytes = _row_pointer(bitmask, row, self.vocab_size)
@@ -103,13 +131,22 @@ class LLGuidanceMatcher(Grammar):
         return self._terminated
 
     def rollback(self, num_tokens: int) -> None:
-        if num_tokens > 0:
-            self.matcher.rollback(num_tokens)
+        if num_tokens <= 0:
+            return
+        if self._terminated:  # the stop token is ours, not llguidance's (see the class docstring)
             self._terminated = False
+            num_tokens -= 1
+        if num_tokens:
+            self.matcher.rollback(num_tokens)
 
     def reset(self) -> None:
         self.matcher.reset()
         self._terminated = False
+
+    def forced_bytes(self) -> bytes:
+        if self._terminated or self.matcher.is_error():
+            return b""
+        return bytes(self.matcher.compute_ff_bytes())
 
 
 # ----- the backend --------------------------------------------------------------------------------

@@ -52,10 +52,16 @@ class XGrammarMatcher(Grammar):
         return bool(self.matcher.is_terminated())
 
     def rollback(self, num_tokens: int) -> None:
-        self.matcher.rollback(num_tokens)
+        if num_tokens > 0:
+            self.matcher.rollback(num_tokens)
 
     def reset(self) -> None:
         self.matcher.reset()
+
+    def forced_bytes(self) -> bytes:
+        if self.matcher.is_terminated():
+            return b""
+        return self.matcher.find_jump_forward_string().encode("utf-8")
 
 
 class XGrammarBackend(GuidedBackend):

@@ -5,6 +5,9 @@ Three parts, each reported as ratios of things measured in the same run:
     baseline manager, with our overhead split into compile wait, fill, apply and accept;
   - ``kernels``: the mask kernel per path vs xgrammar's CPU kernel vs a plain copy of the logits;
   - ``ttft``: time to first token for a cold complex schema, async compile vs compiling inline.
+  - ``spec`` (only when asked for): speculative decoding under a grammar, acceptance length
+    with and without masked drafts, guided over unguided speculative step;
+  - ``jump_forward`` (only when asked for): forward passes per token and tokens/s, on vs off.
 Speed targets live here, never in timed tests.
 """
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from typing import Callable
 
 PARTS = ("steps", "kernels", "ttft")
+EXTRA_PARTS = ("spec", "jump_forward")  # run with --only: each takes minutes at the default sizes
 
 
 def machine_info() -> dict:
@@ -36,7 +40,7 @@ def machine_info() -> dict:
 
 
 def run_bench(parts=PARTS, *, preset: str = "small", batches=(1, 8, 32, 128), rounds: int = 3,
-              decode_steps: int = 24, progress: Callable[[str], None] = print) -> dict:
+              decode_steps: int = 24, spec_ks=(1, 3, 5, 7), progress: Callable[[str], None] = print) -> dict:
     """Run the chosen parts on the embedded default model; returns a JSON-ready dict."""
     from ..workers.engine import ReferenceEngine
 
@@ -60,6 +64,16 @@ def run_bench(parts=PARTS, *, preset: str = "small", batches=(1, 8, 32, 128), ro
         progress("time to first token: cold complex schema, async vs inline compile")
         # TTFT varies more from run to run than step times: more rounds for the same confidence.
         report["ttft"] = bench_ttft(model, tokenizer, rounds=max(rounds, 7), progress=progress)
+    if "spec" in parts:
+        from .spec import bench_spec
+
+        progress("speculative decoding: acceptance length unmasked vs masked drafts, guided vs unguided step")
+        report["spec"] = bench_spec(model, tokenizer, ks=spec_ks, batch=max(batches), rounds=rounds, progress=progress)
+    if "jump_forward" in parts:
+        from .jump_forward import bench_jump_forward
+
+        progress("jump-forward: forward passes per token and tokens/s, off vs on")
+        report["jump_forward"] = bench_jump_forward(model, tokenizer, rounds=rounds, progress=progress)
     return report
 
 
@@ -90,4 +104,16 @@ def format_report(report: dict) -> str:
         for row in report["ttft"]:
             lines.append(f"{'':25}{row['prompt_tokens']:>13}  {row['ttft_unguided_ms']:8.1f}  {row['ttft_async_ms']:5.1f}  {row['ttft_inline_ms']:6.1f}  "
                          f"{row['compile_in_run_ms']:16.1f}  {row['async_excess_ms']:14.1f}  {row['async_excess_over_bound_ms']:+34.1f}  {row['admission_ms']:9.1f}")
+    if "spec" in report:
+        lines.append("\nspeculative  drafter      k  acceptance unmasked  masked  guided/unguided step  guided ms  unguided ms  invalid")
+        for row in report["spec"]:
+            lines.append(f"{'':13}{row['drafter']:<11} {row['k']:>2}  {row['acceptance_len_unmasked_drafts']:19.2f}  "
+                         f"{row['acceptance_len_masked_drafts']:6.2f}  {row['guided_over_unguided_step']:20.3f}  "
+                         f"{row['guided_step_ms']:9.1f}  {row['unguided_step_ms']:11.1f}  {row['invalid_outputs']:7}")
+    if "jump_forward" in report:
+        lines.append("\njump-forward  schema                          passes/token off  on      fewer  tokens/s on/off  invalid")
+        for row in report["jump_forward"]:
+            off, on = row["forward_passes_per_token_off"], row["forward_passes_per_token_on"]
+            lines.append(f"{'':14}{row['schema']:<32}{off:16.3f}  {on:6.3f}  {100 * (1 - on / off):4.0f}%  "
+                         f"{row['tokens_per_s_ratio']:15.2f}  {row['invalid_outputs']:7}")
     return "\n".join(lines)

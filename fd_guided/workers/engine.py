@@ -8,6 +8,18 @@ and retirement on EOS, `max_tokens` (``length``) or a guided finish (``stop``/``
 Two ways to drive it: `generate(requests)` runs a batch to completion; `submit` / `step` /
 `abort` serve requests that arrive over time (a server's loop calls `step` while requests come
 and go; `submit` and `abort` may be called from other threads).
+
+Options on top of plain decoding, each exercising a part of the guided manager on real logits:
+  - speculative decoding (`SpeculativeConfig`: n-gram or draft-model drafts, K per step, masked
+    or not; `workers/speculative.py`), verified exactly (`workers/verify.py`): greedy output is
+    the non-speculative greedy output, sampled output equal in distribution;
+  - jump-forward (`GuidedConfig.jump_forward`, or a request's ``jump_forward``): forced tokens
+    are appended without a sample and go through the model in one chunk with the next step;
+  - reasoning: ``enable_thinking`` and ``reasoning_budget`` per request, `think_end` (text) for
+    the marker (default: the tokenizer's ``</think>`` token); a guided request cannot stop inside
+    its reasoning section (stop tokens are banned there);
+  - ``min_tokens``: stop tokens are banned until then, except in rows the grammar leaves with
+    nothing else (`GuidedDecodingManager.allows_only_stop`): the constraint wins.
 """
 from __future__ import annotations
 
@@ -16,90 +28,25 @@ import itertools
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Sequence
-
-import numpy as np
+from typing import Sequence
 
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..manager import GuidedDecodingManager
 from ..metrics import GuidedMetrics
+from ..reasoning import marker_from_text
 from ..registry import create_backend
 from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle, load_tokenizer
 from .cpu import CPUModelRunner
 from .model import SeqChunk, TinyDecoderLM, TinyLMConfig
-from .sampling import SamplingParams, sample_next_tokens
+from .sampling import ban_tokens, sample_next_tokens
+from .sequence import GenerationResult, RunStats, SequenceState, StepUpdate, read_request
+from .speculative import Proposal, SpeculativeConfig, make_drafter, truncate_to_shared_prefix
 from .token_prior import structural_token_prior
+from .verify import verify
 
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
-
-
-@dataclass
-class GenerationResult:
-    """One request's outcome. `finish_reason` is ``stop``, ``length``, ``error`` or ``abort``."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    error: str | None = None
-    prompt_tokens: int = 0
-    spec: GrammarSpec | None = field(default=None, repr=False)
-    # From admission (fields validated, spec built) to the first sampled token.
-    ttft_seconds: float | None = None
-
-
-@dataclass(frozen=True)
-class StepUpdate:
-    """What one `ReferenceEngine.step` did for one request: tokens it added, and its result once done."""
-
-    index: int
-    new_token_ids: tuple[int, ...]
-    finished: GenerationResult | None = None
-
-
-@dataclass
-class RunStats:
-    """Totals of the last `generate` call, for the CLI summary and the benchmark."""
-
-    wall_seconds: float = 0.0
-    forward_seconds: float = 0.0
-    sample_seconds: float = 0.0
-    steps: int = 0
-    generated_tokens: int = 0
-    admission_seconds: float = 0.0
-    guided: dict[str, float] = field(default_factory=dict)
-    # One entry per step: (seconds, number of prompt tokens in the step); decode-only steps have 0.
-    step_log: list[tuple[float, int]] = field(default_factory=list)
-
-    def decode_step_seconds(self) -> list[float]:
-        return [seconds for seconds, prompt_tokens in self.step_log if prompt_tokens == 0]
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.generated_tokens / self.wall_seconds if self.wall_seconds else 0.0
-
-
-@dataclass
-class _Sequence:
-    index: int
-    prompt_ids: list[int]
-    max_tokens: int
-    params: SamplingParams
-    rng: np.random.Generator
-    spec: GrammarSpec | None
-    enable_thinking: bool | None
-    ignore_eos: bool = False
-    cache: Any = None
-    slot: int = -1
-    prefilled: int = 0
-    output_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    error: str | None = None
-    admitted_at: float = 0.0
-    first_token_at: float | None = None
+__all__ = ["ReferenceEngine", "GenerationResult", "StepUpdate", "RunStats", "SpeculativeConfig"]
 
 
 class ReferenceEngine:
@@ -108,8 +55,12 @@ class ReferenceEngine:
     Args:
         model: the Paddle LM; `tokenizer` must match its vocabulary.
         runner_cls: a `GuidedRunnerMixin` device runner class (CPU by default).
-        guided_config: backend and whitespace defaults; `guided=False` runs with no manager.
+        guided_config: backend and whitespace defaults (and `jump_forward`, the server-wide
+            default); `guided=False` runs with no manager.
         max_num_seqs: slots (concurrent requests); max_num_batched_tokens: tokens per forward.
+        speculative: draft and verify K tokens per decode step (None: one token per step).
+        think_end: text of the reasoning marker (several tokens are fine); default the
+            tokenizer's think-end token.
     """
 
     def __init__(
@@ -124,6 +75,8 @@ class ReferenceEngine:
         max_num_seqs: int = 32,
         max_num_batched_tokens: int = 512,
         metrics: GuidedMetrics | None = None,
+        speculative: SpeculativeConfig | None = None,
+        think_end: str | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -131,16 +84,18 @@ class ReferenceEngine:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.guided_config = guided_config or GuidedConfig()
         self.runner = runner_cls(model, **(runner_kwargs or {}))
+        self.speculative = speculative
+        self.drafter = make_drafter(speculative, model) if speculative else None
         self.manager: GuidedDecodingManager | None = None
         if guided:
             backend = create_backend(self.guided_config.backend, tokenizer, vocab_size=model.cfg.vocab_size, config=self.guided_config)
-            self.manager = GuidedDecodingManager(
-                backend, max_num_seqs, metrics=metrics, think_end_id=tokenizer.think_end_id
-            )
+            marker = marker_from_text(tokenizer, think_end) if think_end else tokenizer.think_end_id
+            self.manager = GuidedDecodingManager(backend, max_num_seqs, metrics=metrics, think_end=marker,
+                                                 max_draft_tokens=speculative.num_draft_tokens if speculative else 0)
         self.runner.attach_guided(self.manager)
         self.stats = RunStats()
-        self._waiting: deque[_Sequence] = deque()
-        self._running: dict[int, _Sequence] = {}
+        self._waiting: deque[SequenceState] = deque()
+        self._running: dict[int, SequenceState] = {}
         self._free_slots = list(range(max_num_seqs - 1, -1, -1))
         self._aborted: set[int] = set()
         self._lock = threading.Lock()
@@ -213,37 +168,54 @@ class ReferenceEngine:
             return bool(self._waiting or self._running)
 
     def step(self) -> list[StepUpdate]:
-        """One engine step: assign free slots, one forward over decode tokens and prompt chunks,
-        sampling, retirement. Returns an update per request that gained a token or finished. When
-        every running request is waiting for its grammar it waits up to 50 ms and returns []."""
+        """One engine step: assign free slots, draft (speculative), one forward over decode chunks
+        and prompt chunks, sampling or verification, retirement, jump-forward. Returns an update
+        per request that gained tokens or finished. When every running request is waiting for its
+        grammar it waits up to 50 ms and returns []."""
         updates = self._retire_aborted()
         with self._lock:
             while self._waiting and self._free_slots:
                 self._start(self._waiting.popleft(), self._free_slots.pop())
         running = self._running
-        chunks, rows, prefill_done, prompt_tokens = self._plan(running)
+        chunks, slots, drafts, prefill_done, prompt_tokens = self._plan(running)
         if not chunks:
             if running and self.manager is not None:
                 # Every running request holds its last prompt token until its grammar is ready.
                 self.manager.wait_ready(list(running), timeout_s=0.05)
             return updates
         step_started = tick = time.perf_counter()
-        logits = self.runner.execute_step(chunks, rows, prefill_done)
+        seqs = [running[slot] for slot in slots]
+        before = [len(seq.prompt_ids) + len(seq.output_ids) for seq in seqs]
+        decoding = [seq.decoding and seq.output_ids != [] for seq in seqs]
+        if self.speculative:
+            logits = self.runner.execute_speculative_step(chunks, slots, [p.tokens for p in drafts], prefill_done)
+        else:
+            logits = self.runner.execute_step(chunks, slots, prefill_done)
         self.stats.forward_seconds += time.perf_counter() - tick
-        tokens = self._sample(logits, [running[slot] for slot in rows]) if rows else []
-        finishes = {finish.slot: finish for finish in self.runner.after_sample(tokens)}
+        emitted, finishes = self._sample_or_verify(logits, seqs, drafts) if slots else ([], [])
+        finishes = {finish.slot: finish for finish in finishes}
         now = time.perf_counter()
         self.stats.steps += 1
         self.stats.step_log.append((now - step_started, prompt_tokens))
-        for slot, token in zip(rows, tokens):
-            seq = running[slot]
+        self.stats.logit_forwards += len(slots)
+        for seq, tokens, was_decoding, length, proposal in zip(seqs, emitted, decoding, before, drafts):
+            if was_decoding:
+                self.stats.decode_forwards += 1
+                self.stats.decode_tokens += len(tokens)
             if seq.first_token_at is None:
                 seq.first_token_at = now
-            before = len(seq.output_ids)
-            done = self._record(seq, token, finishes.get(slot))
-            added = tuple(seq.output_ids[before:])
+            added_from = len(seq.output_ids)
+            done = self._record_all(seq, tokens, finishes.get(seq.slot))
+            if not done:
+                done = self._jump_forward(seq, added_from)
+                # The cache keeps the accepted drafts only; the draft model's keeps what is shared.
+                all_ids = seq.prompt_ids + seq.output_ids
+                truncate_to_shared_prefix(seq.cache, (seq.prompt_ids + seq.output_ids)[:length] + proposal.tokens, all_ids)
+                if seq.draft_cache is not None:
+                    truncate_to_shared_prefix(seq.draft_cache, seq.draft_fed, all_ids)
+            added = tuple(seq.output_ids[added_from:])
             if done:
-                self._retire(slot)
+                self._retire(seq.slot)
             if added or done:
                 updates.append(StepUpdate(seq.index, added, self._result(seq) if done else None))
         return updates
@@ -277,55 +249,53 @@ class ReferenceEngine:
 
     # ----- scheduling ---------------------------------------------------------------------------
 
-    def _admit(self, index: int, request: dict, max_tokens: int, seed: int, position: int) -> _Sequence:
+    def _admit(self, index: int, request: dict, max_tokens: int, seed: int, position: int) -> SequenceState:
         if not isinstance(request, dict) or not isinstance(request.get("prompt"), str):
             raise InvalidGrammarError("each request needs a string 'prompt'", part="prompt")
         spec = self.validate(request)
         admitted_at = time.perf_counter()  # before the compile starts and the prompt is encoded
         if spec is not None and self.manager is None:
             raise InvalidGrammarError("this engine runs without guided decoding", part="request")
+        prompt_ids = self.tokenizer.encode(request["prompt"]) or list(self.tokenizer.eos_token_ids[:1])
+        seq = read_request(index, request, spec=spec, prompt_ids=prompt_ids, max_tokens=max_tokens, seed=seed,
+                           position=position, admitted_at=admitted_at)
         if spec is not None:
             self.manager.prefetch(spec)  # compiles while the request waits for a slot, too
-        prompt_ids = self.tokenizer.encode(request["prompt"]) or list(self.tokenizer.eos_token_ids[:1])
-        params = SamplingParams(**{k: request[k] for k in SAMPLING_FIELDS if k in request})
-        thinking = request.get("enable_thinking", (request.get("chat_template_kwargs") or {}).get("enable_thinking"))
-        return _Sequence(
-            admitted_at=admitted_at,
-            index=index,
-            prompt_ids=prompt_ids,
-            max_tokens=int(request.get("max_tokens", max_tokens)),
-            params=params,
-            rng=np.random.default_rng([int(request.get("seed", seed)), position]),
-            spec=spec,
-            enable_thinking=thinking,
-            ignore_eos=bool(request.get("ignore_eos", False)),
-        )
+        return seq
 
-    def _start(self, seq: _Sequence, slot: int) -> None:
+    def _start(self, seq: SequenceState, slot: int) -> None:
         seq.slot = slot
         seq.cache = self.model.new_cache()
+        if self.speculative is not None and self.speculative.drafter == "draft_model":
+            seq.draft_cache, seq.draft_fed = self.drafter.new_cache(), []
         self._running[slot] = seq
         if self.manager is not None:
-            self.manager.add_request(slot, seq.spec, request_id=seq.index, prompt_token_ids=seq.prompt_ids, enable_thinking=seq.enable_thinking)
+            self.manager.add_request(slot, seq.spec, request_id=seq.index, prompt_token_ids=seq.prompt_ids,
+                                     enable_thinking=seq.enable_thinking, reasoning_budget=seq.reasoning_budget,
+                                     jump_forward=seq.jump_forward)
 
-    def _plan(self, running: dict[int, _Sequence]) -> tuple[list[SeqChunk], list[int], list[int], int]:
-        """Decode tokens first (one per running request), then prompt chunks within the budget.
+    def _plan(self, running: dict[int, SequenceState]):
+        """Decode chunks first (each request's tokens not yet in its cache, plus its drafts), then
+        prompt chunks within the budget.
 
         A guided request whose grammar is not ready yet is prefilled up to its last prompt token
         and holds that one (the step that would sample its first token) until the manager says
         `is_ready`: its compile overlaps the prefill, and no step ever waits for a compile.
 
-        Returns the chunks, the slot of each logits row, the slots finishing their prompt, and
-        the number of prompt tokens scheduled.
+        Returns the chunks, the slot of each request with logits rows (decode requests first, in
+        chunk order), their draft `Proposal`s, the slots finishing their prompt, and the number of
+        prompt tokens scheduled.
         """
         chunks, rows, prefill_done = [], [], []
         budget = self.max_num_batched_tokens
         prompt_tokens = 0
-        for slot, seq in running.items():
-            if seq.prefilled == len(seq.prompt_ids):
-                chunks.append(SeqChunk(seq.cache, [seq.output_ids[-1]], True))
-                rows.append(slot)
-                budget -= 1
+        decoding = [seq for seq in running.values() if seq.decoding]
+        proposals = self._draft(decoding)
+        for seq, proposal in zip(decoding, proposals):
+            tokens = seq.pending_ids() + proposal.tokens
+            chunks.append(SeqChunk(seq.cache, tokens, True, num_logits=len(proposal.tokens) + 1))
+            rows.append(seq.slot)
+            budget -= len(tokens)
         for slot, seq in running.items():
             remaining = len(seq.prompt_ids) - seq.prefilled
             if remaining == 0 or budget <= 0:
@@ -341,20 +311,71 @@ class ReferenceEngine:
             prompt_tokens += take
             if final:
                 rows.append(slot)
+                proposals.append(Proposal([]))
                 prefill_done.append(slot)
-        return chunks, rows, prefill_done, prompt_tokens
+        return chunks, rows, proposals, prefill_done, prompt_tokens
 
-    def _sample(self, logits, seqs: list[_Sequence]) -> list[int]:
+    def _draft(self, seqs: list[SequenceState]) -> list[Proposal]:
+        """Each decoding request's drafts (none without speculative decoding)."""
+        if self.speculative is None or not seqs:
+            return [Proposal([]) for _ in seqs]
+        started = time.perf_counter()
+        ks = []
+        for seq in seqs:
+            # Drafts past what the request may still emit, or past its cache, would be wasted.
+            room = min(seq.max_tokens - len(seq.output_ids) - 1, seq.cache.remaining - len(seq.pending_ids()))
+            ks.append(max(0, min(self.speculative.num_draft_tokens, room)))
+        proposals = self.drafter.propose(seqs, ks, self.manager, self.speculative.masked_drafts)
+        self.stats.draft_tokens += sum(len(p.tokens) for p in proposals)
+        self.stats.draft_seconds += time.perf_counter() - started
+        return proposals
+
+    def _sample_or_verify(self, logits, seqs: list[SequenceState], drafts: list[Proposal]):
+        """Tokens each request emits this step, and the guided finishes."""
         tick = time.perf_counter()
-        tokens = sample_next_tokens(logits, [seq.params for seq in seqs], [seq.rng for seq in seqs])
+        self._ban_early_stops(logits, seqs, drafts)
+        if self.speculative is None:
+            tokens = sample_next_tokens(logits, [seq.params for seq in seqs], [seq.rng for seq in seqs])
+            self.stats.sample_seconds += time.perf_counter() - tick
+            return [[token] for token in tokens], self.runner.after_sample(tokens)
+        offsets, row = [], 0
+        for proposal in drafts:
+            offsets.append(row)
+            row += len(proposal.tokens) + 1
+        limits = self.manager.draft_limits() if self.manager is not None else [len(p.tokens) for p in drafts]
+        emitted = verify(logits, offsets, [p.tokens for p in drafts], [seq.params for seq in seqs], [seq.rng for seq in seqs],
+                         [p.dists for p in drafts], limits)
         self.stats.sample_seconds += time.perf_counter() - tick
-        return tokens
+        return emitted, self.runner.after_verify(emitted)
 
-    def _record(self, seq: _Sequence, token: int, finish) -> bool:
-        """Apply one sampled token to `seq`; True when the request is done."""
+    def _ban_early_stops(self, logits, seqs: list[SequenceState], drafts: list[Proposal]) -> None:
+        """No stop token before `min_tokens`, except where the mask allows nothing else (the
+        constraint wins); and none inside a guided request's reasoning section, so a guided
+        request never ends before its constraint ran (this engine's policy, not the manager's)."""
+        rows, row = [], 0
+        manager = self.manager
+        for seq, proposal in zip(seqs, drafts):
+            guided = manager is not None and manager.is_guided(seq.slot)
+            for j in range(len(proposal.tokens) + 1):
+                if guided and manager.is_reasoning_row(row + j):
+                    rows.append(row + j)
+                elif len(seq.output_ids) + j < seq.min_tokens and not (guided and manager.allows_only_stop(row + j)):
+                    rows.append(row + j)
+            row += len(proposal.tokens) + 1
+        ban_tokens(logits, rows, self.tokenizer.eos_token_ids)
+
+    def _record_all(self, seq: SequenceState, tokens: list[int], finish) -> bool:
+        """Apply the tokens `seq` emitted this step; True when the request is done."""
         if finish is not None and finish.reason == "error":
             seq.finish_reason, seq.error = "error", finish.error
             return True
+        for j, token in enumerate(tokens):
+            if self._record(seq, token, finish if j == len(tokens) - 1 else None):
+                return True
+        return False
+
+    def _record(self, seq: SequenceState, token: int, finish) -> bool:
+        """Apply one token to `seq`; True when the request is done."""
         if token in self.tokenizer.eos_token_ids and not seq.ignore_eos:
             seq.finish_reason = "stop"
             return True
@@ -368,7 +389,24 @@ class ReferenceEngine:
             return True
         return False
 
-    def _result(self, seq: _Sequence) -> GenerationResult:
+    def _jump_forward(self, seq: SequenceState, added_from: int) -> bool:
+        """Append what the grammar forces next; True if that reached `max_tokens`. Only after a
+        token was added this step, so a re-encoded boundary replaces only a token of this step."""
+        if self.manager is None or len(seq.output_ids) <= added_from:
+            return False
+        jump = self.manager.jump_forward(seq.slot, max_new_tokens=seq.max_tokens - len(seq.output_ids))
+        if jump is None:
+            return False
+        del seq.output_ids[len(seq.output_ids) - jump.retract:]
+        seq.output_ids.extend(jump.tokens)
+        self.stats.generated_tokens += len(jump.tokens) - jump.retract
+        self.stats.jump_tokens += len(jump.tokens) - jump.retract
+        if len(seq.output_ids) >= seq.max_tokens:
+            seq.finish_reason = "length"
+            return True
+        return False
+
+    def _result(self, seq: SequenceState) -> GenerationResult:
         text = self.tokenizer.decode(seq.output_ids)
         ttft = seq.first_token_at - seq.admitted_at if seq.first_token_at is not None else None
         return GenerationResult(seq.index, text, list(seq.output_ids), seq.finish_reason, seq.error, len(seq.prompt_ids), seq.spec, ttft)

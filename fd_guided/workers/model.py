@@ -179,11 +179,14 @@ class SeqChunk:
     """New tokens of one sequence for one `forward_batch` call.
 
     need_logits=False for a non-final prefill chunk: no LM-head work is done for it.
+    num_logits: how many of the chunk's last positions return a logits row (a speculative
+    verification chunk [last token, d1..dK] asks for K + 1; jump-forward chunks for 1).
     """
 
     cache: SequenceCache
     token_ids: list[int]
     need_logits: bool = True
+    num_logits: int = 1
 
 
 class _RMSNorm(paddle.nn.Layer):
@@ -272,8 +275,8 @@ class TinyDecoderLM(paddle.nn.Layer):
 
         All chunks' tokens are packed into one [total_tokens, hidden] batch; each token attends to its
         own sequence's cache and the earlier tokens of its chunk (causal). Returns float32 logits of
-        shape [number of chunks with need_logits, vocab_size]: one row per such chunk, in chunk order,
-        for the chunk's last token, with `token_prior` added.
+        shape [sum of num_logits over chunks with need_logits, vocab_size]: per such chunk, in chunk
+        order, rows for its last `num_logits` tokens (in token order), with `token_prior` added.
 
         Raises ValueError (before touching any cache) for an empty chunk list or chunk, a token id
         outside the vocabulary, a cache that appears twice or belongs to another config, or a chunk
@@ -345,7 +348,8 @@ class _StepPlan:
         self.positions = paddle.to_tensor(positions.astype(np.int64))
 
         last_row = {id(c): int(self.offsets[i + 1]) - 1 for i, c in enumerate(self.ordered)}
-        self.logit_rows = [last_row[id(c)] for c in chunks if c.need_logits]
+        self.logit_rows = [row for c in chunks if c.need_logits
+                           for row in range(last_row[id(c)] - c.num_logits + 1, last_row[id(c)] + 1)]
         for c in self.ordered:
             c.cache._reserve(c.cache.length + len(c.token_ids))
         self._workspace = workspace
@@ -399,6 +403,8 @@ def _validate_chunks(cfg: TinyLMConfig, chunks: list[SeqChunk]) -> None:
         n = len(chunk.token_ids)
         if n == 0:
             raise ValueError(f"chunk {i}: token_ids is empty")
+        if not 1 <= chunk.num_logits <= n:
+            raise ValueError(f"chunk {i}: num_logits={chunk.num_logits} must be in [1, {n}] (its token count)")
         if chunk.cache.length + n > cfg.max_seq_len:
             raise ValueError(
                 f"chunk {i}: {n} new tokens would grow the sequence from {chunk.cache.length} to "

@@ -42,6 +42,24 @@ class GuidedRunnerMixin:
         masked = self.guided.apply(logits)  # in place: None; a baseline manager may return a copy
         return logits if masked is None else masked
 
+    def execute_speculative_step(self, chunks: Sequence[Any], slots: Sequence[int | None], drafts: Sequence[Sequence[int]],
+                                 prefill_done: Sequence[int]):
+        """Run one verification forward with guided masking: request i (slot `slots[i]`) owns
+        ``len(drafts[i]) + 1`` consecutive logits rows (`GuidedDecodingManager.begin_speculative_step`)."""
+        if self.guided is None:
+            return self.device_forward(chunks)
+        self.guided.mark_prefill_done(prefill_done)
+        self.guided.begin_speculative_step(slots, drafts)
+        logits = self.device_forward(chunks)
+        self.guided.apply(logits)
+        return logits
+
+    def after_verify(self, accepted: Sequence[Sequence[int]]) -> list[GuidedFinish]:
+        """Advance matchers with each request's accepted drafts and sampled token."""
+        if self.guided is None:
+            return []
+        return self.guided.accept_speculative(accepted)
+
     def after_sample(self, token_ids: Sequence[int]) -> list[GuidedFinish]:
         """Advance matchers with the sampled tokens; returns slots the grammar finished."""
         if self.guided is None:

@@ -161,6 +161,16 @@ def _pick(values: np.ndarray, indices: np.ndarray, params: SamplingParams, rng) 
     """Choose among one row's candidates: sorted by descending logit, the first one finite."""
     if params.greedy:
         return int(indices[0])
+    ids, probs = candidate_distribution(values, indices, params)
+    return draw(ids, probs, rng)
+
+
+def candidate_distribution(values: np.ndarray, indices: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The distribution `params` samples one row from: (token ids, probabilities summing to 1),
+    over the row's candidates (`values` sorted descending, as `top_candidates` returns them).
+    Greedy rows are a point mass on the best token. Speculative verification compares these."""
+    if params.greedy:
+        return indices[:1], np.ones(1)
     finite = values[np.isfinite(values)]  # sorted, so the finite ones form a prefix
     scaled = (finite.astype(np.float64) - finite[0]) / params.temperature
     probs = np.exp(scaled)
@@ -169,6 +179,34 @@ def _pick(values: np.ndarray, indices: np.ndarray, params: SamplingParams, rng) 
         # Keep the smallest prefix whose mass reaches top_p (always at least the best token).
         keep = int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1
         probs = probs[:keep] / probs[:keep].sum()
+    return indices[: len(probs)], probs
+
+
+def draw(ids: np.ndarray, probs: np.ndarray, rng) -> int:
+    """One token from (ids, probs), using exactly one number of `rng`."""
     cumulative = np.cumsum(probs)
     choice = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
-    return int(indices[min(choice, len(cumulative) - 1)])
+    return int(ids[min(choice, len(cumulative) - 1)])
+
+
+def top_candidates(logits: paddle.Tensor, params: list[SamplingParams]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: enough candidates for the widest of `params` ([rows, k] values, descending, and
+    their ids), checked like `sample_next_tokens` checks them (ValueError naming a bad row)."""
+    rows, vocab = logits.shape
+    k = max(_candidate_count(p, vocab) for p in params)
+    values, indices = _top_candidates(logits, k)
+    _check_rows(values)
+    return values, indices
+
+
+def candidate_count(params: SamplingParams, vocab: int) -> int:
+    """How many of a row's top candidates `params` samples among."""
+    return _candidate_count(params, vocab)
+
+
+def ban_tokens(logits: paddle.Tensor, rows, token_ids) -> None:
+    """Set `token_ids` to -inf in `rows` of `logits`, in place (e.g. stop tokens before min_tokens)."""
+    ids = [int(t) for t in token_ids if 0 <= int(t) < logits.shape[1]]
+    for row in rows:
+        for token in ids:
+            logits[int(row), token] = float("-inf")

@@ -17,8 +17,11 @@ FastDeploy name                             change
 ``guided_decoding.get_guided_backend``,     served names (all but ``off``) go to fd_guided; modules that
 ``guided_decoding.schema_checker``          bound the originals by name at import are rebound
 ``sampler.GuidedDecoding``                  fd_guided's (`sampler.GuidedDecoding`)
+``sampler.SpeculativeSampler``              its no-op guided hooks become fd_guided's; verification
+                                            rows are masked before ``speculate_verify`` (`speculative.py`)
 ``FDConfig.postprocess`` / ``.check``       our backend names survive (FastDeploy rewrites ``auto`` to
-                                            ``xgrammar`` and refuses the rest); ``off`` rules kept
+                                            ``xgrammar`` and refuses the rest); XPU's ``off`` rule
+                                            kept; speculative decoding no longer turns it off
 ``StructuredOutputsConfig.__init__``        the CLI's ``guided_decoding_disable_any_whitespace`` (a string)
                                             reaches ``disable_any_whitespace``
 ``<Runner>._init_logits_processor``         the returned future is bound to its ``Request``
@@ -40,6 +43,7 @@ from .config import as_bool, backend_name_for, read, serves
 from .post_import import PostImportHook
 from .reports import ErrorReports
 from .sampler import GuidedDecoding
+from .speculative import install as install_speculative
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +137,9 @@ def _rebind_by_name() -> None:
 
 
 def _patch_sampler(module) -> None:
+    speculative_sampler = getattr(module, "SpeculativeSampler", None)
+    if isinstance(speculative_sampler, type):
+        install_speculative(speculative_sampler, MARK)  # its guided hooks are no-ops in FastDeploy
     if getattr(module.GuidedDecoding, MARK, False) or module.GuidedDecoding is GuidedDecoding:
         return
     setattr(GuidedDecoding, MARK, True)
@@ -155,14 +162,27 @@ def _keeping_our_backend_name(original):
 
         get_backend_class(backend_name_for(name))  # an unknown fd_guided:<name> fails at start-up
         # FastDeploy's code rewrites "auto" to "xgrammar" and refuses other names; let it run its
-        # other rules (speculative decoding and XPU turn guided decoding "off") on a name it knows.
-        structured.guided_decoding_backend = "xgrammar"
+        # other rules on a name it knows. XPU still turns guided decoding "off". Speculative
+        # decoding does not: fd_guided masks the verification rows (`speculative.py`), so its
+        # guided rules (postprocess: "off"; check: "do not support guided_decoding") see "off".
+        lifted = _speculative_lifted(self)
+        structured.guided_decoding_backend = "off" if lifted else "xgrammar"
         try:
             return original(self, *args, **kwargs)
         finally:
-            if structured.guided_decoding_backend != "off":
+            if lifted or structured.guided_decoding_backend != "off":
                 structured.guided_decoding_backend = name
     return method
+
+
+def _speculative_lifted(fd_config) -> bool:
+    """Speculative decoding with guided decoding on a platform fd_guided serves (not XPU)."""
+    method = read(getattr(fd_config, "speculative_config", None), "method")
+    if method is None:
+        return False
+    from fastdeploy.platforms import current_platform
+
+    return not current_platform.is_xpu()
 
 
 def _reading_the_whitespace_flag(original):

@@ -156,12 +156,15 @@ class GuidedDecoding:
                 self.reset_processor(idx)  # FastDeploy stopped the slot
         # A token outside its row's applied mask was put there by FastDeploy after sampling.
         finishes = self.manager.accept(tokens, masked_out="host")
+        self._planned_rows = None
+        return self._report(finishes)
+
+    def _report(self, finishes: list[GuidedFinish]) -> list[GuidedFinish]:
         for finish in finishes:
             if finish.slot not in self._stopped:  # a request refused at insertion was reported then
                 self._finish(finish.slot, self._active.get(finish.slot), finish, 500)
         for idx in [idx for idx in self._active if getattr(self.manager.finish_of(idx), "reason", None) == "forced"]:
             self._active.pop(idx)  # FastDeploy ended it with a forced stop token (length, stop sequence)
-        self._planned_rows = None
         return finishes
 
     post_process = update_output_tokens
@@ -195,7 +198,11 @@ class GuidedDecoding:
         think_end = self._think_end_id if self._parser_set else backend.think_end_id
         size = max_num_seqs_of(self.fd_config) if read(self.fd_config, "scheduler_config") else backend.max_num_seqs
         self.manager = GuidedDecodingManager(backend.guided_backend, size, metrics=backend.metrics,
-                                             think_end_id=think_end, compile_service=self._handoff)
+                                             think_end_id=think_end, compile_service=self._handoff, **self._manager_options())
+
+    def _manager_options(self) -> dict:
+        """Extra `GuidedDecodingManager` arguments (the speculative sampler's draft rows)."""
+        return {}
 
     def _activate_done(self, prefill_done_idxs: Sequence[int]) -> None:
         for idx in prefill_done_idxs:

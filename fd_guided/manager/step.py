@@ -1,0 +1,322 @@
+"""The step hooks of `GuidedDecodingManager`: one planner for plain and speculative steps.
+
+`begin_step` is `begin_speculative_step` with no drafts: every request is a `DraftTree` whose
+nodes get one logits row each (`fd_guided.manager.plan`). `apply` joins the background fill, turns
+ended chains into stop rows and masks with one kernel call; `accept`/`accept_speculative` push the
+emitted tokens into each slot's matcher. `StepHooks` is mixed into the manager; it uses the
+manager's slot state and internals (`_slots`, `_materialise`, `_advance`, `_fail`, ...).
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+from ..errors import SlotStateError
+from ..kernels import apply_token_bitmask_inplace
+from .plan import EMPTY, FORCED, FREE, GRAMMAR, INVALID, STOP, DraftTree, NodePlan, TreeFill, fill_trees, plan_nodes
+from .slot import GuidedFinish, SlotState, allows, token_row
+
+
+@dataclass
+class _Entry:
+    """One request's rows in the current step: `tree.num_nodes` rows from `first_row`."""
+
+    slot: int | None
+    first_row: int
+    tree: DraftTree
+    plans: list[NodePlan] | None = None  # None: its rows are not masked (unguided, prefilling)
+    fill: TreeFill | None = None
+    stopped: bool = False  # every row allows only stop tokens (finished or failed)
+    limit: int = 0
+
+
+class StepHooks:
+    """The per-step hooks (see `fd_guided.manager` for the flow)."""
+
+    # ----- the step -----------------------------------------------------------------------------
+
+    def begin_step(self, rows: Sequence[int | None]) -> None:
+        """Before the forward: map logits rows to slots and start filling ready rows in the background."""
+        if len(rows) > self.max_num_seqs:
+            raise ValueError(f"{len(rows)} logits rows exceed max_num_seqs={self.max_num_seqs}")
+        self._begin([_Entry(slot, row, EMPTY) for row, slot in enumerate(rows)], speculative=False)
+
+    def begin_speculative_step(self, slots: Sequence[int | None], drafts: Sequence[DraftTree | Sequence[int] | None]) -> None:
+        """Before a verification forward: request i has ``len(drafts[i]) + 1`` consecutive logits
+        rows (a chain) or one row per node of its `DraftTree`, requests in order. Row j of a chain
+        is masked with the grammar after drafts 0..j-1 (see `fd_guided.manager.plan`); all of a
+        request's rows are filled from its one matcher, which is back at its accepted state after.
+        After `apply`, `draft_limits()` says how many drafts each request may accept."""
+        if len(slots) != len(drafts):
+            raise ValueError(f"got {len(slots)} slots and {len(drafts)} draft lists")
+        if len(slots) > self.max_num_seqs:
+            raise ValueError(f"{len(slots)} requests exceed max_num_seqs={self.max_num_seqs}")
+        entries, row = [], 0
+        for slot, draft in zip(slots, drafts):
+            tree = DraftTree.of(draft)
+            if tree.num_nodes - 1 > self.max_draft_tokens:
+                raise ValueError(f"slot {slot}: {tree.num_nodes - 1} drafts exceed max_draft_tokens={self.max_draft_tokens}")
+            entries.append(_Entry(slot, row, tree))
+            row += tree.num_nodes
+        self._begin(entries, speculative=True)
+
+    def _begin(self, entries: list[_Entry], *, speculative: bool) -> None:
+        if self._drafting is not None:
+            raise SlotStateError("a drafting session is open: close it before the verification step")
+        self._join_fill()
+        self._entries, self._speculative, self._phase = entries, speculative, "begun"
+        self._rows = [e.slot for e in entries for _ in range(e.tree.num_nodes)]
+        self._stop_rows, self._forced_rows, self._deferred, self._reasoning_rows = [], {}, [], set()
+        jobs = []
+        for entry in entries:
+            state = self._slots.get(entry.slot) if entry.slot is not None else None
+            if state is None or not state.prefill_done:
+                entry.limit = len(entry.tree.tokens)
+                continue
+            if state.finish is None and state.grammar is None and not state.ticket.done():
+                self._deferred.append(entry)
+                continue
+            self._materialise(entry.slot, state)
+            job = self._prepare(entry, state)
+            if job is not None:
+                jobs.append(job)
+        if jobs:
+            self._fill_future = self._fill_pool.submit(self._timed_fill, jobs)
+
+    def _prepare(self, entry: _Entry, state: SlotState) -> TreeFill | None:
+        """Plan `entry`'s rows; returns the grammar rows to fill (None if there are none)."""
+        rows = range(entry.first_row, entry.first_row + entry.tree.num_nodes)
+        if state.finish is not None:
+            entry.stopped = True
+            self._stop_rows.extend(rows)
+            return None
+        entry.plans = plans = plan_nodes(entry.tree, state.reasoning if state.in_reasoning else None, self._stop_ids)
+        nodes = []
+        for node, plan in enumerate(plans):
+            row = entry.first_row + node
+            if plan.kind == GRAMMAR:
+                nodes.append((row, node, entry.tree.parents[node - 1] if node else -1, plan.path))
+            elif plan.kind == FORCED:
+                self._forced_rows[row] = plan.forced
+                self._reasoning_rows.add(row)
+            elif plan.kind == FREE:
+                self._reasoning_rows.add(row)
+            elif plan.kind in (STOP, INVALID):
+                self._stop_rows.append(row)
+        if len(entry.tree.tokens):
+            self.metrics.inc("draft_tokens_total", len(entry.tree.tokens))
+        if not nodes:
+            return None
+        entry.fill = TreeFill(state.grammar, nodes, entry.first_row)
+        return entry.fill
+
+    def apply(self, logits) -> None:
+        """Mask `logits` in place (rows as announced by the begin hook). Never waits for a
+        compile (see `GuidedConfig.first_token_wait_s`); joins the background fill."""
+        if len(self._rows) != int(logits.shape[0]):
+            raise SlotStateError(f"the begin hook announced {len(self._rows)} rows but the logits have {int(logits.shape[0])}")
+        late_jobs = self._resolve_deferred()
+        started = time.perf_counter()
+        self._join_fill()
+        self.timings.fill_join += time.perf_counter() - started
+        self.metrics.observe("fill_join_seconds", time.perf_counter() - started)
+        if late_jobs:
+            self._timed_fill(late_jobs)
+        masked: set[int] = set(self._forced_rows)
+        for entry in self._entries:
+            self._settle(entry, masked)
+        words = self._bitmask_words
+        for row in self._stop_rows:
+            words[row] = self._stop_row
+        for row, token in self._forced_rows.items():
+            words[row] = token_row([token], words.shape[1])
+        rows = sorted(masked | set(self._stop_rows))
+        started = time.perf_counter()
+        if rows:
+            # Every row guided: no row list (on CUDA that saves staging it and a scatter).
+            apply_token_bitmask_inplace(logits, self.bitmask, indices=None if len(rows) == len(self._rows) else rows,
+                                        impl=self.kernel_impl)
+        self._applied_rows = set(rows)
+        self._phase = "applied"
+        elapsed = time.perf_counter() - started
+        self.timings.apply += elapsed
+        self.metrics.observe("apply_seconds", elapsed)
+
+    def _settle(self, entry: _Entry, masked: set[int]) -> None:
+        """After the fill: fail a dead-end root, turn ended chains into stop rows, set the limit."""
+        if entry.plans is None:
+            return
+        fill = entry.fill
+        if fill is not None and fill.root_dead:
+            slot, state = entry.slot, self._slots[entry.slot]
+            self.metrics.inc("dead_end_rows_total")
+            self._fail(slot, state, f"the {state.spec.kind} grammar allows no token here (after {state.accepted} accepted "
+                       "tokens): no valid continuation exists")
+            entry.stopped, entry.plans = True, None
+            self._stop_rows.extend(range(entry.first_row, entry.first_row + entry.tree.num_nodes))
+            return
+        if fill is not None:
+            for node in fill.invalid:
+                entry.plans[node] = NodePlan(INVALID)
+            for node in fill.stops:
+                entry.plans[node] = NodePlan(STOP)
+            for row, node, _, _ in fill.nodes:
+                if node in fill.invalid or node in fill.stops:
+                    self._stop_rows.append(row)
+                else:
+                    masked.add(row)
+        invalid = sum(plan.kind == INVALID for plan in entry.plans)
+        if invalid:
+            self.metrics.inc("draft_tokens_invalid_total", invalid)
+        entry.limit = 0
+        for node in range(1, entry.tree.num_nodes):  # leading valid drafts of the chain through node order
+            if entry.plans[node].kind == INVALID or entry.tree.parents[node - 1] != node - 1:
+                break
+            entry.limit = node
+
+    def draft_limits(self) -> list[int]:
+        """After `apply`: per request of the step, how many leading drafts (of a chain) the host
+        may accept. Past that the grammar rejects a draft (its row is the last real mask; the rows
+        after it allow only stop tokens): an exact verifier never accepts it, since its masked
+        probability is 0; a host whose verifier is not exact must cut there. 0 for a finished or
+        failed request; every draft for an unguided one."""
+        if self._phase != "applied":
+            raise SlotStateError("draft_limits() is known only after apply()")
+        return [entry.limit for entry in self._entries]
+
+    def allows_only_stop(self, row: int) -> bool:
+        """After `apply`: True when logits row `row` allows no token but stop tokens (the request is
+        finished or failed, or its grammar is complete). The `min_tokens` rule: a host that bans
+        stop tokens until `min_tokens` must not ban them in such a row (the constraint wins, the
+        request ends shorter), or the row would have no legal token at all."""
+        if self._phase != "applied":
+            raise SlotStateError("allows_only_stop() is known only after apply()")
+        return row in self._applied_rows and not (self._bitmask_words[row] & self._not_stop).any()
+
+    def is_reasoning_row(self, row: int) -> bool:
+        """After `apply`: True when logits row `row` belongs to a guided request still inside its
+        reasoning section (unmasked, or forced to the think-end marker). A host that will not let
+        a guided request end before its constraint ran bans stop tokens there (the reference
+        engine does); the manager itself leaves reasoning rows unmasked."""
+        if self._phase != "applied":
+            raise SlotStateError("is_reasoning_row() is known only after apply()")
+        return row in self._reasoning_rows
+
+    def accept(self, token_ids: Sequence[int], *, masked_out: Literal["reject", "host"] = "reject") -> list[GuidedFinish]:
+        """Advance each decoding slot by its row's sampled token; return slots finished this step.
+
+        A token the grammar rejects finishes that slot with reason ``error`` (the rejection
+        policy); it is never fed through unconstrained or dropped silently.
+
+        `masked_out` says what a token outside its row's applied mask means. ``reject`` (the
+        default): a grammar violation, as above. ``host``: the host replaced the sampled token
+        after masking (FastDeploy forces EOS at the length limit and ``</think>`` at the thinking
+        limit): it is not fed to the matcher and not a rejection (counted in
+        ``host_forced_tokens_total``); a forced stop token ends the slot's guidance quietly (its
+        later rows allow only stop tokens; `finish_of` says ``forced``). Tokens of rows that were
+        not masked (reasoning, prefill) are processed as usual, so a forced think-end still starts
+        the constraint.
+        """
+        if self._speculative:
+            raise SlotStateError("this step was begun with begin_speculative_step: use accept_speculative()")
+        if len(token_ids) != len(self._rows):
+            raise SlotStateError(f"got {len(token_ids)} sampled tokens for {len(self._rows)} rows")
+        return self._accept([[int(t)] for t in token_ids], masked_out)
+
+    def accept_speculative(self, accepted: Sequence[Sequence[int]], *, masked_out: Literal["reject", "host"] = "reject") -> list[GuidedFinish]:
+        """After verification: per request of the step, the tokens it emits: its accepted drafts
+        (a path from the root of its tree) and then the one token sampled at the last of them;
+        [] for a request that emits nothing (a prefill chunk). All are pushed into its matcher at
+        once (`Grammar.accept_tokens`); `masked_out` as in `accept`, row by row along the path.
+
+        Raises:
+            SlotStateError: not after `begin_speculative_step`, or a count mismatch.
+            ValueError: a token before the last is not a draft child of the path so far (nothing
+                is advanced then).
+        """
+        if not self._speculative:
+            raise SlotStateError("this step was begun with begin_step: use accept()")
+        if len(accepted) != len(self._entries):
+            raise SlotStateError(f"got accepted tokens for {len(accepted)} requests, the step has {len(self._entries)}")
+        return self._accept([[int(t) for t in tokens] for tokens in accepted], masked_out)
+
+    def _accept(self, accepted: list[list[int]], masked_out: str) -> list[GuidedFinish]:
+        started = time.perf_counter()
+        paths = [self._path(entry, tokens) for entry, tokens in zip(self._entries, accepted)]
+        words = self._bitmask_words
+        for entry, tokens, path in zip(self._entries, accepted, paths):
+            slot = entry.slot
+            state = self._slots.get(slot) if slot is not None else None
+            if not tokens or state is None or not state.prefill_done or state.finish is not None or state.grammar is None:
+                continue
+            forced_at = None
+            if masked_out == "host":
+                rows = [entry.first_row + node for node in path]
+                forced_at = next((j for j, row in enumerate(rows) if row in self._applied_rows and not allows(words[row], tokens[j])), None)
+            self._advance(slot, state, tokens if forced_at is None else tokens[:forced_at])
+            if forced_at is not None and state.finish is None:
+                self._host_forced(slot, state, tokens[forced_at])
+        self._phase = "idle"
+        finished = self._collect_finishes()
+        elapsed = time.perf_counter() - started
+        self.timings.accept += elapsed
+        self.timings.steps += 1
+        self.metrics.observe("accept_seconds", elapsed)
+        return finished
+
+    def _path(self, entry: _Entry, tokens: list[int]) -> list[int]:
+        """The node each of `tokens` is sampled at: the root, then the draft children they follow."""
+        path, node = [], 0
+        for j, token in enumerate(tokens):
+            path.append(node)
+            if j + 1 < len(tokens):
+                child = entry.tree.child(node, token)
+                if child is None:
+                    raise ValueError(f"slot {entry.slot}: accepted token {j} ({token}) is not a draft of the path "
+                                     "(only the last accepted token may be sampled off the drafts)")
+                node = child
+        return path
+
+    def _host_forced(self, slot: int, state: SlotState, token: int) -> None:
+        stop = token in self._stop_ids
+        self.metrics.inc_labelled("host_forced_tokens_total", "kind", "stop" if stop else "other")
+        if stop:
+            state.finish = GuidedFinish(slot, "forced")
+            state.finish_reported = True
+
+    def _resolve_deferred(self) -> list[TreeFill]:
+        """Entries whose compile was pending at the begin hook: ready now -> filled late; still
+        pending after `first_token_wait_s` -> the request fails alone (its rows allow only stop tokens)."""
+        if self._deferred and self.config.first_token_wait_s > 0:
+            started = time.perf_counter()
+            wait_futures([self._slots[e.slot].ticket for e in self._deferred], timeout=self.config.first_token_wait_s)
+            self.timings.compile_wait += time.perf_counter() - started
+        jobs = []
+        for entry in self._deferred:
+            state = self._slots[entry.slot]
+            if not state.ticket.done():
+                self.metrics.inc("unready_samples_total")
+                self._fail(entry.slot, state, "its grammar was still compiling when its first token was sampled "
+                           "(the host must wait until is_ready(slot))")
+            else:
+                self._materialise(entry.slot, state)
+            job = self._prepare(entry, state)
+            if job is not None:
+                jobs.append(job)
+        self._deferred = []
+        return jobs
+
+    def _timed_fill(self, jobs: list[TreeFill]) -> None:
+        started = time.perf_counter()
+        fill_trees(self.backend, self.bitmask, self._bitmask_words, jobs)
+        elapsed = time.perf_counter() - started
+        self.timings.fill += elapsed
+        self.metrics.observe("fill_seconds", elapsed)
+
+    def _join_fill(self) -> None:
+        future, self._fill_future = self._fill_future, None
+        if future is not None:
+            future.result()
+
