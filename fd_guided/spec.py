@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .config import GuidedConfig
-from .documents import MAX_NESTING, as_dict, check_document, check_text, load_json  # noqa: F401 - MAX_NESTING re-exported
+from .documents import as_dict, check_document, check_text, load_json
 from .errors import InvalidGrammarError
 from .limits import AdmissionLimits, check_choices, check_grammar, check_regex, check_schema, check_size
-from .schema.meta import check_json_schema, resolve_local_ref, schema_objects  # noqa: F401 - re-exported
+from .schema.meta import check_json_schema
 
 logger = logging.getLogger(__name__)
 

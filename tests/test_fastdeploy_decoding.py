@@ -7,12 +7,10 @@ Outputs are checked with jsonschema (formats included), ``re.fullmatch`` and gra
 """
 import json
 import os
-import tempfile
 
 import pytest
 
 import fastdeploy_engine as fe
-import fastdeploy_host as host
 from corpus import GRAMMARS, REGEXES, SCHEMAS, STRUCTURAL_TAGS
 from fd_guided import parse_guided_request
 from fd_guided.tokenizer import load_tokenizer
@@ -24,13 +22,7 @@ pytestmark = pytest.mark.fastdeploy
 
 @pytest.fixture(scope="module")
 def fd(tmp_path_factory):
-    """FastDeploy extracted, compiled ops stood in, fd_guided enabled the one documented way."""
-    os.environ["FD_PLUGINS"] = "fd_guided"
-    os.environ["FD_GUIDED_ERROR_DIR"] = str(tmp_path_factory.mktemp("guided-errors"))
-    host.fastdeploy_source()
-    host.install_op_stand_ins()
-    model_dir = fe.make_model_dir(str(tmp_path_factory.mktemp("model")))
-    return model_dir
+    return fe.enabled_host(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

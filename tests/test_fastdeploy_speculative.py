@@ -13,7 +13,6 @@ row's sampled token ends the chain), and the bookkeeping of FastDeploy's specula
 Drafts come from prompt lookup over each request's own tokens (what FastDeploy's ``ngram_match``
 does), unaware of the grammar: the mask must catch what they get wrong.
 """
-import os
 
 import numpy as np
 import pytest
@@ -35,11 +34,7 @@ K = 3
 
 @pytest.fixture(scope="module")
 def fd(tmp_path_factory):
-    os.environ["FD_PLUGINS"] = "fd_guided"
-    os.environ["FD_GUIDED_ERROR_DIR"] = str(tmp_path_factory.mktemp("guided-errors"))
-    host.fastdeploy_source()
-    host.install_op_stand_ins()
-    return fe.make_model_dir(str(tmp_path_factory.mktemp("model")))
+    return fe.enabled_host(tmp_path_factory)
 
 
 def test_speculative_decoding_no_longer_turns_guided_decoding_off(fd):

@@ -23,11 +23,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    os.environ["FD_PLUGINS"] = "fd_guided"
-    os.environ["FD_GUIDED_ERROR_DIR"] = str(tmp_path_factory.mktemp("guided-errors"))
-    host.fastdeploy_source()
-    host.install_op_stand_ins()
-    return fe.make_model_dir(str(tmp_path_factory.mktemp("model")))
+    return fe.enabled_host(tmp_path_factory)
 
 
 def run_fresh(script: str, **env) -> dict:

@@ -10,7 +10,6 @@ from fd_guided import GuidedConfig, parse_guided_request
 from fd_guided.backends.xgrammar import XGrammarBackend
 from fd_guided.manager import GuidedDecodingManager
 from fd_guided.spec import GrammarSpec
-from fd_guided.registry import create_backend
 from fd_guided.tokenizer import load_tokenizer
 from guided_helpers import add_ready
 

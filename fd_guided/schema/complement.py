@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from .leaves import ANY, BARE_KINDS, NONE, U, Context, Leaf, bare, intersect, unique_values, value_kind
+from .leaves import ANY, BARE_KINDS, NONE, U, Context, Leaf, intersect, unique_values, value_kind
 from .refusal import Refusal
 
 MAX_EXCLUDED_NUMBERS = 16

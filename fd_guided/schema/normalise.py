@@ -26,7 +26,7 @@ from .drafts import Document, base_uri
 from .formats import FORMAT_PATTERNS, UNSUPPORTED_FORMATS
 from .instance import accepts
 from .leaves import (ANY, BARE_KINDS, NONE, U, Context, Leaf, bounds_empty, check_array, check_object,
-                     intersect, make_integer, union, unique_values)
+                     intersect, make_integer, unique_values)
 from .refusal import Refusal, Unsatisfiable
 
 MAX_DEPTH = 150

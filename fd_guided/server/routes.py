@@ -92,15 +92,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 
     gen = Generation(state, "chat", [prompt] * body.n, fields, seed=_seed(body.seed), max_tokens=max_tokens,
                      stop=body.stop, tool_plan=plan, precheck=precheck)
-    await gen.admit()
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    if body.stream:
-        return StreamingResponse(chat_events(gen, state.settings.model_name, include_usage), media_type="text/event-stream")
-    try:
-        async for _ in gen.events():
-            pass
-    finally:
-        gen.close()
+    streamed = await _admit(gen, body, chat_events, state.settings.model_name)
+    if streamed is not None:
+        return streamed
     choices = [ChatChoice(index=c.index, finish_reason=c.finish_reason, error=_choice_error(c.error),
                           message=ResponseMessage(content=c.content, tool_calls=c.tool_calls or None))
                for c in gen.choices]
@@ -121,18 +115,27 @@ async def completions(body: CompletionRequest, request: Request):
     choice_prompts = [prompt for prompt in prompts for _ in range(body.n)]
     gen = Generation(state, "completions", choice_prompts, {**body.guided_fields(), **body.sampling()},
                      seed=_seed(body.seed), max_tokens=max_tokens, stop=body.stop, precheck=precheck, choices_per_prompt=body.n)
+    streamed = await _admit(gen, body, completion_events, state.settings.model_name)
+    if streamed is not None:
+        return streamed
+    choices = [CompletionChoice(index=c.index, text=c.content or "", finish_reason=c.finish_reason, error=_choice_error(c.error))
+               for c in gen.choices]
+    return Completion(id=new_id("cmpl"), model=state.settings.model_name, choices=choices, usage=gen.usage())
+
+
+async def _admit(gen: Generation, body, stream_events, model_name: str) -> StreamingResponse | None:
+    """Admit (a constraint error raises here, before any header), then either hand back the SSE
+    response or run the choices to their end for a plain response (returns None)."""
     await gen.admit()
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
-        return StreamingResponse(completion_events(gen, state.settings.model_name, include_usage), media_type="text/event-stream")
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(stream_events(gen, model_name, include_usage), media_type="text/event-stream")
     try:
         async for _ in gen.events():
             pass
     finally:
         gen.close()
-    choices = [CompletionChoice(index=c.index, text=c.content or "", finish_reason=c.finish_reason, error=_choice_error(c.error))
-               for c in gen.choices]
-    return Completion(id=new_id("cmpl"), model=state.settings.model_name, choices=choices, usage=gen.usage())
+    return None
 
 
 def _check_model(state: "ServerState", model: str | None) -> None:
