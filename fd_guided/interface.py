@@ -111,6 +111,11 @@ class GuidedBackend(abc.ABC):
     """
 
     name: ClassVar[str]
+    # How much a compile of this engine costs relative to others for the same constraint size.
+    # The compile pool runs cheaper jobs first (shortest expected job first), so a cold request
+    # that llguidance serves in milliseconds never queues behind xgrammar jobs that only warm the
+    # cache for later requests.
+    compile_cost_weight: ClassVar[int] = 1
 
     def __init__(
         self,

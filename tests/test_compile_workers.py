@@ -221,6 +221,21 @@ def test_auto_starts_on_the_first_engine_ready_and_caches_xgrammar_for_next_time
         service.close()
 
 
+def test_a_burst_of_cold_auto_requests_is_served_by_the_cheap_engine_before_the_cache_fills(tokenizer):
+    # One worker, twelve cold schemas at once: every llguidance job (milliseconds) is queued
+    # before any xgrammar job (which only fills the cache), so the tickets do not wait for
+    # xgrammar compiles of other requests. FIFO interleaving served them by xgrammar, one
+    # xgrammar compile later each.
+    service = service_for(tokenizer, "auto", compile_workers=1, auto_fallback_grace_s=0.0, compile_timeout_s=120)
+    try:
+        specs = [spec_of(choices(2_000, f"burst{i}-")) for i in range(12)]
+        tickets = [service.submit(spec) for spec in specs]
+        served = [ticket.result(timeout=120).backend_name for ticket in tickets]
+        assert served.count("llguidance") >= len(specs) - 1, served
+    finally:
+        service.close()
+
+
 @pytest.mark.parametrize("fields", [
     {"guided_json": {"$ref": "#"}},
     {"guided_json": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}},

@@ -2,8 +2,10 @@
 
 One *zygote* process per tokenizer (shared by every pool of this process that uses it) imports
 the engines and builds the tokenizer tables once; workers are forked from it on demand, ready in
-milliseconds. The pool's one loop thread owns every worker: it dispatches jobs (smallest
-constraint first, so a quick compile is not queued behind a bomb), polls each busy worker's memory,
+milliseconds. The pool's one loop thread owns every worker: it dispatches jobs (shortest expected
+first: constraint size times the engine's `compile_cost_weight`, so a quick compile is not queued
+behind a bomb, nor an llguidance job that serves a cold `auto` request behind xgrammar jobs that
+only fill the cache), polls each busy worker's memory,
 lowers the CPU priority of a job that runs past `demote_after_s` (it then stops counting against
 `max_workers`, so fresh compiles get a worker and most of the CPU; at most twice `max_workers`
 jobs run demoted), and kills a job that runs past
@@ -179,13 +181,15 @@ class CompileProcessPool:
     """
 
     def __init__(self, zygote_key: str, recipe: tuple[str, dict], config: Any, *, max_workers: int, timeout_s: float,
-                 memory_limit_bytes: int, demote_after_s: float, spare_workers: int = 1, on_event=None):
+                 memory_limit_bytes: int, demote_after_s: float, spare_workers: int = 1, on_event=None,
+                 cost_weights: dict[str, int] | None = None):
         self._zygote_key, self._recipe, self._config = zygote_key, recipe, config
         self.max_workers = max_workers
         self.timeout_s = timeout_s
         self.memory_limit_bytes = memory_limit_bytes
         self.demote_after_s = demote_after_s
         self.spare_workers = spare_workers
+        self.cost_weights = dict(cost_weights or {})
         self._on_event = on_event or (lambda name: None)
         self._pending: list[tuple[int, int, _Job]] = []
         self._incoming: list[_Job] = []
@@ -263,9 +267,14 @@ class CompileProcessPool:
             jobs, self._incoming = self._incoming, []
         for job in jobs:
             if job.future.set_running_or_notify_cancel():
-                # Smallest constraint first (by order of magnitude, FIFO within one): a short
-                # regex is not queued behind four 100k-entry choice lists.
-                heapq.heappush(self._pending, (len(job.spec.source).bit_length(), job.id, job))
+                heapq.heappush(self._pending, self._queue_entry(job))
+
+    def _queue_entry(self, job: _Job) -> tuple[int, int, _Job]:
+        """Shortest expected job first, by order of magnitude (FIFO within one): a short regex is
+        not queued behind four 100k-entry choice lists, and a cheap engine's job (the one that
+        serves a cold `auto` request) not behind an expensive engine's job for the cache."""
+        cost = len(job.spec.source) * self.cost_weights.get(job.engine, 1)
+        return (cost.bit_length(), job.id, job)
 
     def _foreground(self) -> list[_Worker]:
         return [w for w in self._workers.values() if not w.demoted]
@@ -295,7 +304,7 @@ class CompileProcessPool:
                 worker.conn.send((job.id, job.engine, job.spec))
             except OSError:
                 self._drop(worker)
-                heapq.heappush(self._pending, (len(job.spec.source).bit_length(), job.id, job))
+                heapq.heappush(self._pending, self._queue_entry(job))
                 continue
             worker.job, job.started = job, time.monotonic()
             worker.baseline_rss = _rss(worker.pid)

@@ -139,6 +139,7 @@ class CompileService:
         pool = CompileProcessPool(
             _zygote_key(recipe), recipe, self.config, max_workers=workers, timeout_s=self.config.compile_timeout_s,
             memory_limit_bytes=self.config.compile_memory_limit_bytes, demote_after_s=self.config.compile_demote_after_s,
+            cost_weights={name: self.backend.engine(name).compile_cost_weight for name in self.backend.engine_names},
             on_event=lambda name: self.metrics.inc_labelled("compile_worker_events_total", "event", name))
         return "process", pool
 
