@@ -55,6 +55,9 @@ class GuidedConfig:
     `auto_first_ready`: ``auto`` compiles an uncached request with every engine at once; it runs on
     xgrammar if xgrammar is done within `auto_fallback_grace_s` of the start, else on the first
     engine ready (llguidance usually, in milliseconds) while xgrammar compiles for the cache.
+    Such cache-only compiles (no request waits for them) are bounded: at most
+    `max_background_compiles` wait at once, the oldest queued one is dropped beyond that, so a
+    stream of distinct cold schemas cannot grow a backlog (or memory) without bound.
     `limits` bound what may reach a native compiler at all (`fd_guided.limits`).
 
     A step never waits for a compile: hosts sample a guided request only once
@@ -84,6 +87,7 @@ class GuidedConfig:
     compile_nice: int = 10
     auto_first_ready: bool = True
     auto_fallback_grace_s: float = 0.1
+    max_background_compiles: int = 32
     first_token_wait_s: float = 0.0
     limits: AdmissionLimits = dataclasses.field(default_factory=AdmissionLimits)
     fill_threads: int = dataclasses.field(default_factory=_default_threads)
@@ -97,7 +101,7 @@ class GuidedConfig:
             raise ValueError(f"rejection_policy must be one of {REJECTION_POLICIES}, got {self.rejection_policy!r}")
         if self.cache_limit_bytes <= 0:
             raise ValueError("cache_limit_bytes must be positive: an unbounded compile cache is a memory DoS")
-        for name in ("compile_threads", "compile_workers", "fill_threads"):
+        for name in ("compile_threads", "compile_workers", "fill_threads", "max_background_compiles"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.compile_timeout_s <= 0:

@@ -42,6 +42,11 @@ class DuplicateBackendError(GuidedDecodingError, ValueError):
     """Two backends were registered under one name."""
 
 
+class CompileSkipped(GuidedDecodingError):
+    """A cache-only compile (no request waited for it) was dropped from a full backlog. Not a
+    request error: nothing is remembered, and a later request compiles the constraint again."""
+
+
 class CompileBudgetError(InvalidGrammarError):
     """Compiling the constraint ran past a budget (time, memory) or crashed its compile worker.
 

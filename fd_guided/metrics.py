@@ -38,6 +38,7 @@ class GuidedMetrics:
         "inflight_joins_total": "Compiles that joined an identical compile already in flight.",
         "compile_errors_total": "Compiles that failed (invalid grammar).",
         "compile_timeouts_total": "Compiles stopped at their time budget (the worker was killed).",
+        "background_compiles_dropped_total": "Cache-only compiles (their request was served by another engine) dropped from a full backlog.",
         "compile_budget_failures_total": "Requests failed because their compile ran past its time or memory budget or crashed.",
         "unready_samples_total": "Guided rows sampled before their grammar was ready (the request failed; hosts wait for is_ready).",
         "dead_end_rows_total": "Rows the grammar left without any allowed token (the request failed, the row allowed stop tokens).",

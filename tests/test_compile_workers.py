@@ -236,6 +236,39 @@ def test_a_burst_of_cold_auto_requests_is_served_by_the_cheap_engine_before_the_
         service.close()
 
 
+def test_cache_only_compiles_are_a_bounded_backlog(tokenizer):
+    # Every ticket is served by llguidance; the xgrammar jobs only fill the cache and, with
+    # cheaper jobs first, would queue without bound under a stream of distinct schemas (the
+    # soak grew RSS by 84 KB per schema). Beyond max_background_compiles the oldest are dropped;
+    # nothing is remembered as an error, and the constraint still compiles on request.
+    service = service_for(tokenizer, "auto", compile_workers=1, auto_fallback_grace_s=0.0, max_background_compiles=4,
+                          compile_timeout_s=120)
+    try:
+        specs = [spec_of(choices(2_000, f"stream{i}-")) for i in range(24)]
+        for start in range(0, len(specs), 4):
+            tickets = [service.submit(spec) for spec in specs[start:start + 4]]
+            assert all(t.result(timeout=120) is not None for t in tickets)
+        with service._lock:
+            assert len(service._background) <= 4
+        assert service.metrics.value("background_compiles_dropped_total") >= 8
+        deadline = time.monotonic() + 60
+        while service.metrics.value("compiles_in_flight") > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert service.metrics.value("compiles_in_flight") == 0
+        assert service.metrics.value("compile_errors_total") == 0
+        with service._lock:
+            assert not service._runs and not service._skipped and not service._jobs
+        dropped = next(spec for spec in specs if service.cache.get(("xgrammar", spec)) is None)
+        assert service.errors.get(("xgrammar", dropped)) is None
+        assert service.compile_now(dropped).backend_name == "llguidance"  # cached; xgrammar compiles again
+        deadline = time.monotonic() + 60
+        while service.cache.get(("xgrammar", dropped)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert service.compile_now(dropped).backend_name == "xgrammar"
+    finally:
+        service.close()
+
+
 @pytest.mark.parametrize("fields", [
     {"guided_json": {"$ref": "#"}},
     {"guided_json": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}},

@@ -194,6 +194,7 @@ class CompileProcessPool:
         self._pending: list[tuple[int, int, _Job]] = []
         self._incoming: list[_Job] = []
         self._incoming_lock = threading.Lock()
+        self._cancelled: list[tuple[Future, BaseException]] = []
         self._workers: dict[int, _Worker] = {}
         self._ids = itertools.count()
         self._closed = False
@@ -214,6 +215,13 @@ class CompileProcessPool:
             self._incoming.append(_Job(next(self._ids), engine, spec, future))
         self._wake()
         return future
+
+    def cancel_pending(self, run: Future, error: BaseException) -> None:
+        """Drop the job of `run` if no worker has taken it yet (it fails with `error`); a job
+        already running finishes. Asynchronous: the loop thread owns the queue."""
+        with self._incoming_lock:
+            self._cancelled.append((run, error))
+        self._wake()
 
     def worker_pids(self) -> list[int]:
         return list(self._workers)
@@ -265,9 +273,24 @@ class CompileProcessPool:
     def _take_incoming(self) -> None:
         with self._incoming_lock:
             jobs, self._incoming = self._incoming, []
+            cancelled, self._cancelled = self._cancelled, []
         for job in jobs:
             if job.future.set_running_or_notify_cancel():
                 heapq.heappush(self._pending, self._queue_entry(job))
+        if cancelled:
+            self._drop_pending(dict(cancelled))
+
+    def _drop_pending(self, errors: dict[Future, BaseException]) -> None:
+        kept = []
+        for entry in self._pending:
+            error = errors.get(entry[2].future)
+            if error is None:
+                kept.append(entry)
+            else:
+                entry[2].future.set_exception(error)
+        if len(kept) != len(self._pending):
+            heapq.heapify(kept)
+            self._pending = kept
 
     def _queue_entry(self, job: _Job) -> tuple[int, int, _Job]:
         """Shortest expected job first, by order of magnitude (FIFO within one): a short regex is

@@ -27,10 +27,12 @@ import pickle
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Protocol
 
 from ..errors import (
+    CompileSkipped,
     CompileBudgetError,
     GrammarCompileTimeout,
     GuidedDecodingError,
@@ -123,6 +125,11 @@ class CompileService:
         self._lock = threading.Lock()
         self._jobs: dict[tuple[str, GrammarSpec], Future] = {}
         self._tickets: dict[GrammarSpec, _Ticket] = {}
+        # Cache-only jobs (their ticket settled on another engine), oldest first, and the runner's
+        # futures of started jobs, so the oldest can be dropped from a full backlog.
+        self._background: OrderedDict[tuple[str, GrammarSpec], None] = OrderedDict()
+        self._runs: dict[tuple[str, GrammarSpec], Future] = {}
+        self._skipped: set[tuple[str, GrammarSpec]] = set()
         self._loaders = DeepStackExecutor(_LOADER_THREADS, name="fd-guided-load")
         self._loaders.submit(backend.warm_up)
         self._loaded_since_trim = 0
@@ -169,6 +176,7 @@ class CompileService:
             # A later engine has it cached: serve that now, and compile the preferred one for next time.
             self.metrics.inc("cache_hits_total")
             self._job(engines[0], spec)
+            self._to_background([(engines[0], spec)])
             return resolved(next(hit for hit in hits if hit is not None))
         self.metrics.inc("cache_misses_total")
         self._advance(ticket)
@@ -188,8 +196,10 @@ class CompileService:
                     ticket.jobs[engine] = self._job(engine, ticket.spec)
                     started.append(ticket.jobs[engine])
             outcome = self._decide(ticket)
+            leftovers = []
             if outcome is not None:
                 ticket.settled = True
+                leftovers = [(engine, ticket.spec) for engine, job in ticket.jobs.items() if not job.done()]
                 # Each job's done-callbacks hold this ticket: drop the ticket's hold on the jobs so
                 # the pair is not a reference cycle (left to the cyclic GC, settled tickets kept
                 # their compiled grammars alive and RSS swung by ~3x the cache bound).
@@ -201,6 +211,7 @@ class CompileService:
         with self._lock:
             if self._tickets.get(ticket.spec) is ticket:
                 del self._tickets[ticket.spec]
+        self._to_background(leftovers)
         kind, value = outcome
         if not ticket.future.done():
             if kind == "ok":
@@ -248,6 +259,25 @@ class CompileService:
             ticket.timer.start()
         return False
 
+    def _to_background(self, keys: list[tuple[str, GrammarSpec]]) -> None:
+        """These jobs only fill the cache now. Beyond `max_background_compiles` of them the oldest
+        are dropped: a stream of distinct cold schemas (each served by llguidance) would otherwise
+        queue xgrammar jobs without bound, since cheaper jobs always go first."""
+        dropped = []
+        with self._lock:
+            for key in keys:
+                if key in self._jobs:
+                    self._background[key] = None
+            while len(self._background) > self.config.max_background_compiles:
+                key, _ = self._background.popitem(last=False)
+                dropped.append((key, self._runs.get(key)))
+                if dropped[-1][1] is None:
+                    self._skipped.add(key)  # not handed to the runner yet: _start_job skips it
+        for (engine, _), run in dropped:
+            self.metrics.inc("background_compiles_dropped_total")
+            if run is not None:
+                self._runner.cancel_pending(run, CompileSkipped(f"a cache-only {engine} compile was dropped from a full backlog"))
+
     # ----- jobs (one engine, one spec) ---------------------------------------------------------------
 
     def _job(self, engine: str, spec: GrammarSpec) -> Future:
@@ -269,6 +299,12 @@ class CompileService:
 
     def _start_job(self, engine: str, spec: GrammarSpec, future: Future) -> None:
         started = time.perf_counter()
+        with self._lock:
+            skipped = (engine, spec) in self._skipped
+            self._skipped.discard((engine, spec))
+        if skipped:
+            self._finish_job(engine, spec, future, None, CompileSkipped(f"a cache-only {engine} compile was dropped from a full backlog"))
+            return
         try:
             compiled = self._from_shared_cache(engine, spec)
         except Exception:  # noqa: BLE001 - an L2 problem means compiling here
@@ -277,6 +313,8 @@ class CompileService:
             self._finish_job(engine, spec, future, compiled, None)
             return
         run = self._runner.submit(engine, spec)
+        with self._lock:
+            self._runs[(engine, spec)] = run
         run.add_done_callback(lambda done: self._loaders.submit(self._after_run, engine, spec, done, future, started))
 
     def _after_run(self, engine: str, spec: GrammarSpec, run: Future, future: Future, started: float) -> None:
@@ -311,6 +349,9 @@ class CompileService:
                 self.metrics.inc("compile_timeouts_total")
         with self._lock:
             self._jobs.pop(key, None)
+            self._runs.pop(key, None)
+            self._background.pop(key, None)
+            self._skipped.discard(key)
         self.metrics.add_gauge("compiles_in_flight", -1)
         if future.done():
             return

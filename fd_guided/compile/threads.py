@@ -97,6 +97,7 @@ class ThreadCompileRunner:
     def __init__(self, backend: GuidedBackend, workers: int, timeout_s: float):
         self.backend, self.timeout_s = backend, timeout_s
         self._executor = DeepStackExecutor(workers, name="fd-guided-compile")
+        self._queued: dict[Future, Future] = {}  # outer -> inner, until the inner one is done
 
     def submit(self, engine: str, spec: GrammarSpec) -> Future:
         outer: Future = Future()
@@ -109,9 +110,18 @@ class ThreadCompileRunner:
             f"the {engine} compile ran past its {self.timeout_s:g} s budget (it cannot be stopped in thread isolation)")))
         timer.daemon = True
         inner = self._executor.submit(work)
-        inner.add_done_callback(lambda done: (timer.cancel(), copy_outcome(done, outer)))
+        self._queued[outer] = inner
+        inner.add_done_callback(lambda done: (timer.cancel(), self._queued.pop(outer, None), copy_outcome(done, outer)))
         timer.start()
         return outer
+
+    def cancel_pending(self, run: Future, error: BaseException) -> bool:
+        """Drop `run` if it has not started; it fails with `error`. False when it runs already."""
+        inner = self._queued.get(run)
+        if inner is None or not inner.cancel():
+            return False
+        settle(run, None, error)
+        return True
 
     def close(self) -> None:
         self._executor.shutdown()  # no wait: a compile in this process cannot be stopped
