@@ -85,6 +85,10 @@ class SharedGrammarCache(Protocol):
     def put(self, spec: GrammarSpec, backend: GuidedBackend, data: bytes) -> None: ...
 
 
+def _skipped_error(engine: str) -> CompileSkipped:
+    return CompileSkipped(f"a cache-only {engine} compile was dropped from a full backlog")
+
+
 class _Ticket:
     """One request-level compile: its engines in preference order and their jobs."""
 
@@ -276,7 +280,7 @@ class CompileService:
         for (engine, _), run in dropped:
             self.metrics.inc("background_compiles_dropped_total")
             if run is not None:
-                self._runner.cancel_pending(run, CompileSkipped(f"a cache-only {engine} compile was dropped from a full backlog"))
+                self._runner.cancel_pending(run, _skipped_error(engine))
 
     # ----- jobs (one engine, one spec) ---------------------------------------------------------------
 
@@ -303,7 +307,7 @@ class CompileService:
             skipped = (engine, spec) in self._skipped
             self._skipped.discard((engine, spec))
         if skipped:
-            self._finish_job(engine, spec, future, None, CompileSkipped(f"a cache-only {engine} compile was dropped from a full backlog"))
+            self._finish_job(engine, spec, future, None, _skipped_error(engine))
             return
         try:
             compiled = self._from_shared_cache(engine, spec)

@@ -23,15 +23,20 @@ def _event(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _choice(index: int, body: dict, finish_reason: str | None, error: str | None) -> dict:
+    """One streamed choice in OpenAI's shape; `body` is the delta (chat) or the text (completions)."""
+    choice = {"index": index, **body, "logprobs": None, "finish_reason": finish_reason}
+    if error is not None:
+        choice["error"] = {"message": error}
+    return choice
+
+
 async def chat_events(gen: Generation, model: str, include_usage: bool) -> AsyncIterator[bytes]:
     chunk_id, created = new_id("chatcmpl"), int(time.time())
 
     def chunk(choice_index: int, delta: dict, finish_reason: str | None = None, error: str | None = None) -> bytes:
-        choice = {"index": choice_index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        if error is not None:
-            choice["error"] = {"message": error}
         return _event({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [choice]})
+                       "choices": [_choice(choice_index, {"delta": delta}, finish_reason, error)]})
 
     try:
         for choice in gen.choices:
@@ -72,10 +77,8 @@ async def completion_events(gen: Generation, model: str, include_usage: bool) ->
     chunk_id, created = new_id("cmpl"), int(time.time())
 
     def chunk(choice_index: int, text: str, finish_reason: str | None = None, error: str | None = None) -> bytes:
-        choice = {"index": choice_index, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        if error is not None:
-            choice["error"] = {"message": error}
-        return _event({"id": chunk_id, "object": "text_completion", "created": created, "model": model, "choices": [choice]})
+        return _event({"id": chunk_id, "object": "text_completion", "created": created, "model": model,
+                       "choices": [_choice(choice_index, {"text": text}, finish_reason, error)]})
 
     try:
         async for choice, delta in gen.events():
