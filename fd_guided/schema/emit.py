@@ -36,29 +36,48 @@ class Emitter:
         self._names: dict[tuple, str] = {}
         self._pending: list[tuple[tuple, bool, str]] = []
         self._nodes = 0
+        self._empty: set[tuple] = set()  # definitions that emitted nothing (see `document`)
         # The emitted schema admits only a subset of the valid values: a weak alternative the engine
         # cannot express was left out, or a bounded string admits no escapes (xgrammar).
         self.narrowed = False
 
     def document(self) -> dict:
-        root = self.normaliser.root()
-        if root.is_none and root.exact:
-            raise Unsatisfiable("no value is valid")
-        body = self.union(root, "$")
-        if body is False:
-            raise Refusal("not/if/oneOf whose remaining alternatives this engine cannot express")
-        defs = {}
-        while self._pending:
-            key, closed, name = self._pending.pop(0)
-            target = self.normaliser.expand(Leaf("ref", {"target": key, "closed": closed}))
-            emitted = self.union(target, self.normaliser.targets[key][2])
-            defs[name] = emitted if emitted is not False else {"not": {}}
+        """The emitted schema. A definition can come out empty only after emission (every leaf it
+        had was a weak leaf the engine cannot take), and no engine may be handed an empty
+        definition: xgrammar reads ``{"not": {}}`` as *any value*. So emission repeats, each round
+        treating references to the definitions found empty so far as absent (as for a target the
+        normaliser proved empty), until no new empty one appears: at most one round per definition."""
+        empty: set[tuple] = set()
+        while True:
+            body, defs, newly_empty = self._emit_once(empty)
+            if not newly_empty:
+                break
+            empty |= newly_empty
         out = dict(body)
         if defs:
             out["$defs"] = defs
         if self.engine == "llguidance":
             out["$schema"] = DRAFT_2020_12
         return out
+
+    def _emit_once(self, empty: set[tuple]) -> tuple[dict, dict, set[tuple]]:
+        self._names, self._pending, self._nodes, self._empty = {}, [], 0, empty
+        self.narrowed = bool(empty)  # an empty definition is a dropped weak alternative
+        root = self.normaliser.root()
+        if root.is_none and root.exact:
+            raise Unsatisfiable("no value is valid")
+        body = self.union(root, "$")
+        if body is False:
+            raise Refusal("not/if/oneOf whose remaining alternatives this engine cannot express")
+        defs, newly_empty = {}, set()
+        while self._pending:
+            key, closed, name = self._pending.pop(0)
+            target = self.normaliser.expand(Leaf("ref", {"target": key, "closed": closed}))
+            emitted = self.union(target, self.normaliser.targets[key][2])
+            if emitted is False:
+                newly_empty.add((key, closed))
+            defs[name] = emitted
+        return body, defs, newly_empty
 
     def _count(self) -> None:
         self._nodes += 1
@@ -104,7 +123,7 @@ class Emitter:
 
     def _ref(self, leaf: Leaf) -> dict | None:
         key, closed = leaf.kw["target"], leaf.kw["closed"]
-        if self.normaliser.expand(leaf).is_none:
+        if (key, closed) in self._empty or self.normaliser.expand(leaf).is_none:
             return None
         name = self._names.get((key, closed))
         if name is None:

@@ -48,6 +48,15 @@ CASES = [
     ("unevaluatedProperties", {"allOf": [{"properties": {"a": {"type": "integer"}}}], "unevaluatedProperties": False},
      ['{"a":1}'], ['{"a":1,"b":2}', '{"b":2}']),
     ("decimal multipleOf in a range", {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.25}, ["0.75", "1"], ["0.3", "1.25"]),
+    # A definition whose only leaf is a weak one the engine cannot take emits nothing: it must be
+    # dropped, never handed over as {"not": {}}, which xgrammar reads as any value (SchemaStore Avro).
+    ("oneOf of $refs, one a string with not $ref enum",
+     {"$schema": "http://json-schema.org/draft-06/schema#",
+      "definitions": {"primitive": {"type": "string", "enum": ["int", "long"]},
+                      "custom": {"not": {"$ref": "#/definitions/primitive"}, "type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                      "union": {"type": "array", "items": {"$ref": "#"}, "minItems": 1}},
+      "oneOf": [{"$ref": "#/definitions/primitive"}, {"$ref": "#/definitions/custom"}, {"$ref": "#/definitions/union"}]},
+     ['"int"', '["long"]'], ['"{::"', '"in t"', "{}", '[{"a":1}]']),
     ("property named like a keyword", {"type": "object", "properties": {"enum": {"type": "integer"}, "format": {"type": "string"}},
                                        "required": ["enum"]}, ['{"enum":1}'], ['{"enum":"x"}', "{}"]),
 ]
