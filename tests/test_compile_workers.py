@@ -166,6 +166,40 @@ def test_interpreter_exit_does_not_wait_for_a_compile_and_leaves_no_worker():
     assert not any(alive(pid) for pid in result["pids"])
 
 
+def test_interpreter_exit_waits_for_a_running_compile_in_thread_isolation(tmp_path):
+    # A compile past its budget runs on in thread isolation. If the interpreter finalized while it
+    # ran, its return (retaking the GIL) killed the thread inside xgrammar's C++ frames: std::terminate,
+    # "terminate called without an active exception", an abort at exit. Exit now waits for it.
+    marker = tmp_path / "returned"
+    result = run_isolated(f"""
+        import json, time
+        from fd_guided import GuidedConfig, parse_guided_request, load_tokenizer
+        from fd_guided.compile import CompileService
+        from fd_guided.errors import GrammarCompileTimeout
+        from fd_guided.limits import AdmissionLimits
+        from fd_guided.registry import create_backend
+        config = GuidedConfig(backend="xgrammar", limits=AdmissionLimits(max_choices=10**6), compile_isolation="thread",
+                              compile_timeout_s=0.3)
+        service = CompileService(create_backend("xgrammar", load_tokenizer("deepseek"), vocab_size=129280, config=config))
+        engine = service._runner.backend.engine("xgrammar")
+        original = engine.compile_checked
+        def compile_and_mark(spec):
+            compiled = original(spec)
+            open({str(marker)!r}, "w").write("returned")
+            return compiled
+        engine.compile_checked = compile_and_mark
+        service.compile_now(parse_guided_request({{"guided_regex": "[a-z]+"}}, config))
+        import os; os.remove({str(marker)!r})
+        try:
+            service.compile_now(parse_guided_request({{"guided_choice": [f"w{{i}}q{{i*31}}" for i in range(20000)]}}, config))
+        except GrammarCompileTimeout:
+            pass
+        print(json.dumps({{"running_at_exit": not os.path.exists({str(marker)!r})}}), flush=True)
+    """, timeout_s=180)
+    assert result["running_at_exit"]  # the case is real: the compile was still running when exit began
+    assert marker.read_text() == "returned"  # and exit waited for it (rc 0 checked by run_isolated)
+
+
 def test_a_compiler_crash_costs_only_its_request():
     # 3,000 chained Lark rules overflow llguidance's native stack (a segfault). With the admission
     # bound lifted the grammar reaches the compiler: its worker dies, the request gets a typed

@@ -9,9 +9,12 @@ admitted constraints far inside both.
 """
 from __future__ import annotations
 
+import atexit
+import logging
 import queue
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -24,6 +27,10 @@ if TYPE_CHECKING:
 
 WORKER_STACK_BYTES = 8 << 20
 PARENT_STACK_BYTES = 64 << 20
+# At interpreter exit, how long to wait for a job still inside native code (see `_join_at_exit`).
+EXIT_WAIT_S = 60.0
+
+logger = logging.getLogger(__name__)
 
 _stack_size_lock = threading.Lock()
 
@@ -43,13 +50,17 @@ def start_thread(target: Callable[[], None], *, name: str, stack_bytes: int, dae
 class DeepStackExecutor:
     """A small fixed pool of daemon threads with deep stacks; `submit` returns a Future.
 
-    Daemon threads: a native call that never returns cannot hold the interpreter's exit.
+    Daemon threads: a native call that never returns cannot hold the interpreter's exit for more
+    than `EXIT_WAIT_S`; one that returns within it is waited for (`_join_at_exit`).
     """
 
     def __init__(self, threads: int, *, name: str, stack_bytes: int = PARENT_STACK_BYTES):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        self._busy = 0  # jobs running now
+        self._idle = threading.Condition()
         self._threads = [start_thread(self._run, name=f"{name}-{i}", stack_bytes=stack_bytes) for i in range(threads)]
+        _executors.add(self)
 
     def submit(self, function: Callable[..., Any], *args: Any) -> Future:
         future: Future = Future()
@@ -67,10 +78,21 @@ class DeepStackExecutor:
             future, function, args = item
             if not future.set_running_or_notify_cancel():
                 continue
+            with self._idle:
+                self._busy += 1
             try:
                 future.set_result(function(*args))
             except BaseException as error:  # noqa: BLE001 - delivered to the waiter
                 future.set_exception(error)
+            finally:
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no job runs; False if one still does after `timeout_s`."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._busy == 0, timeout=timeout_s)
 
     def shutdown(self, wait_s: float = 0.0) -> None:
         """Stop taking work; queued work is dropped with a cancelled Future. Waits up to `wait_s`
@@ -89,6 +111,27 @@ class DeepStackExecutor:
         deadline = time.monotonic() + wait_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+
+
+_executors: "weakref.WeakSet[DeepStackExecutor]" = weakref.WeakSet()
+
+
+@atexit.register
+def _join_at_exit() -> None:
+    """Wait for jobs still running on executor threads before the interpreter finalizes.
+
+    A daemon thread inside a native call when finalization starts is killed with pthread_exit as
+    the call returns and retakes the GIL; the unwind through xgrammar's C++ frames (tvm_ffi's call
+    context) ends in std::terminate: the process aborts at exit (seen with a compile that ran past
+    its budget in thread isolation). Registered at import, before the compile service's own exit
+    hook, so it runs after that hook has shut every executor down: only running jobs remain.
+    """
+    deadline = time.monotonic() + EXIT_WAIT_S
+    busy = [executor for executor in list(_executors) if executor._busy]
+    if busy:
+        logger.info("fd_guided: waiting up to %.0f s for in-process native jobs to return before exit", EXIT_WAIT_S)
+    if not all(executor.wait_idle(max(0.0, deadline - time.monotonic())) for executor in busy):
+        logger.warning("fd_guided: an in-process native job still runs at exit; the interpreter may abort")
 
 
 class ThreadCompileRunner:
