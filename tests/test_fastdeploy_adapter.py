@@ -504,3 +504,14 @@ def test_guided_decoding_refuses_a_second_backend(tokenizer):
     decoding.close()
     first.close()
     second.close()
+
+
+def test_mtp_draft_rows_follow_fastdeploys_speculative_layout():
+    import numpy as np
+
+    from fd_guided.integrations.fastdeploy.mtp import draft_rows
+
+    lens, encoder = np.array([3, 0, 1, 2]), np.array([0, 0, 7, 0])  # slot 2 prefills: one row
+    assert draft_rows(lens, encoder, 6) == {0: 2, 2: 3, 3: 5}        # a request's draft: its last row
+    assert draft_rows(np.array([1, 0, 1]), np.zeros(3), 2) == {0: 0, 2: 1}  # later substeps: one row each
+    assert draft_rows(lens, encoder, 4) is None                        # no known layout: left unmasked

@@ -139,8 +139,7 @@ class SpeculativeLoop:
                     lens[i], encoder[i] = len(state.to_prefill), len(state.to_prefill)
                     continue
                 tokens = list(state.request.prompt_token_ids) + list(state.request.output_token_ids)
-                candidates = self.drafter.candidates(tokens, K)
-                chain = candidates[0] if candidates else []
+                chain = self.propose(state, tokens)
                 drafts[i, 0], drafts[i, 1:1 + len(chain)] = tokens[-1], chain
                 chunks[i] = SeqChunk(state.cache, tokens[state.cache.length:] + chain, True, num_logits=len(chain) + 1)
                 lens[i] = len(chain) + 1
@@ -155,6 +154,7 @@ class SpeculativeLoop:
             self.invalid_drafts += sum(int((cut[i, 1:lens[i]] == -1).sum()) for i in chunks if not encoder[i])
             self.runner.sampler.post_process(s["accept_tokens"])  # what execute_model calls
             accepted, counts = s["accept_tokens"].numpy(), s["accept_num"].numpy().reshape(-1)
+            self.after_verification({i: (1 if encoder[i] else int(counts[i])) for i in order}, logits.shape[1])
             tasks = []
             for rid, state in list(live.items()):
                 i = state.slot
@@ -169,6 +169,114 @@ class SpeculativeLoop:
                     del live[rid]
             host._assign(s["stop_flags"], np.zeros(s["stop_flags"].shape))
         raise AssertionError(f"still running: {list(live)}")
+
+    def propose(self, state, tokens) -> list[int]:
+        """Prompt lookup over the request's own tokens (FastDeploy's ngram_match), grammar-blind."""
+        candidates = self.drafter.candidates(tokens, K)
+        return candidates[0] if candidates else []
+
+    def after_verification(self, rows_per_slot: dict[int, int], vocab: int) -> None:
+        """Where FastDeploy's runner calls ``proposer.run``: nothing to do for prompt lookup."""
+
+
+class MTPLoop(SpeculativeLoop):
+    """Drafts from FastDeploy's real ``MTPSampler`` (built from the worker's config, as
+    ``MTPProposer`` does), K substeps after each verification. The MTP head stands in as random
+    logits: its argmax is grammar-blind, so every unmasked draft would be a guess. Substep 0 has
+    FastDeploy's speculative layout (a decoding request's rows are its accepted tokens, the draft
+    comes from the last), later substeps one row per request."""
+
+    def __init__(self, runner, model, tokenizer, fd_config):
+        from fastdeploy.model_executor.layers.sample.sampler import MTPSampler
+
+        super().__init__(runner, model, tokenizer)
+        with host.platform_reports_cuda():
+            self.mtp = MTPSampler(fd_config)
+        self.rng = np.random.default_rng(7)
+        self.drafts: dict[int, list[int]] = {}
+
+    def propose(self, state, tokens) -> list[int]:
+        return self.drafts.pop(state.slot, [])
+
+    def after_verification(self, rows_per_slot: dict[int, int], vocab: int) -> None:
+        import paddle
+
+        slots = sorted(rows_per_slot)
+        size = self.runner.share_inputs["seq_lens_this_time"].shape[0]
+        chains = {i: [] for i in slots}
+        for substep in range(K):
+            lens, encoder = np.zeros((size, 1), np.int32), np.zeros((size, 1), np.int32)
+            for i in slots:
+                lens[i] = rows_per_slot[i] if substep == 0 else 1
+            ends = np.cumsum([int(lens[i]) for i in slots]) - 1
+            inputs = {"seq_lens_this_time": paddle.to_tensor(lens), "seq_lens_encoder": paddle.to_tensor(encoder),
+                      "substep": substep, "output_padding_offset": None, "output_cum_offsets": None,
+                      "batch_token_num": paddle.to_tensor(lens.reshape(-1)), "cu_batch_token_offset": None}
+            logits = paddle.to_tensor(self.rng.normal(size=(int(ends[-1]) + 1, vocab)).astype(np.float32))
+            with host.platform_reports_cuda():
+                next_tokens, _ = self.mtp.forward_cuda(logits, fe.sampling_metadata(self.runner), 2048, inputs)
+            taken = next_tokens.numpy().reshape(-1)
+            for i, end in zip(slots, ends):
+                chains[i].append(int(taken[end]))
+            # draft_model_update: a request whose draft is an end token stops drafting.
+            slots = [i for i in slots if chains[i][-1] not in self.tokenizer.eos_token_ids]
+            if not slots:
+                break
+        self.drafts = chains
+
+
+def guided_requests(cfg, loop, tokenizer):
+    from test_fastdeploy_decoding import admitted
+
+    fields = [{"guided_json": SCHEMAS["person"]}, {"guided_json": SCHEMAS["array_of_objects"]},
+              {"guided_regex": REGEXES["hex_color"]}, {"guided_choice": ["alpha", "beta"]}]
+    return fields, [admitted(cfg, loop.engine.request(f"r{i}", tokenizer.encode(f"Give item {i}:"), max_tokens=96, **f))
+                    for i, f in enumerate(fields)]
+
+
+def assert_valid_outputs(states, fields, tokenizer, at_least: int) -> None:
+    finished = 0
+    for state, field in zip(states.values(), fields):
+        text = tokenizer.decode([t for t in state.request.output_token_ids if t not in tokenizer.eos_token_ids])
+        assert state.finished in ("stop", "length"), state
+        if state.finished == "stop":
+            finished += 1
+            verdict = validate_output(parse_guided_request(field), text)
+            assert verdict.valid, (field, text, verdict.reason)
+    assert finished >= at_least
+
+
+def mtp_run(fd, masked: bool):
+    from fd_guided.integrations.fastdeploy import mtp
+
+    tokenizer = load_tokenizer("deepseek")
+    cfg = fe.engine_config(fd, guided_decoding_backend="auto", max_num_seqs=4,
+                           speculative_config={"method": "ngram", "num_speculative_tokens": K})
+    fd_config = fe.start_worker(cfg)
+    fd_config.speculative_config.num_model_steps = K  # the MTP loop's substeps (an ngram config has 1)
+    runner = fe.build_runner(fd_config)
+    if not masked:
+        mtp._by_config.pop(id(fd_config))  # the MTP sampler finds no guided decoding: drafts unmasked
+    loop = MTPLoop(runner, tiny_model(), tokenizer, fd_config)
+    fields, requests = guided_requests(cfg, loop, tokenizer)
+    states = loop.run(requests)
+    assert_valid_outputs(states, fields, tokenizer, at_least=3)
+    return loop, runner.sampler.guided_decoding.manager
+
+
+def test_mtp_drafts_are_sampled_under_the_grammar(fd):
+    loop, manager = mtp_run(fd, masked=True)
+    assert manager.metrics.value("draft_tokens_total") > 0
+    # Every MTP draft the grammar could judge obeyed it: none was cut before verification, and
+    # the matchers were rolled back after each drafting round (the outputs above are valid).
+    assert loop.invalid_drafts == 0 and manager.metrics.value("draft_tokens_invalid_total") == 0
+    assert manager._drafting is None
+
+
+def test_unmasked_mtp_drafts_break_the_grammar(fd):
+    """The control: the same loop without the MTP hook proposes drafts the verification must cut."""
+    loop, manager = mtp_run(fd, masked=False)
+    assert loop.invalid_drafts > 0 and manager.metrics.value("draft_tokens_invalid_total") > 0
 
 
 def test_verification_rows_are_masked_and_every_output_is_valid(fd):

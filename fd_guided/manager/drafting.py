@@ -69,6 +69,10 @@ class DraftingSession:
         or the chain reached a stop token, and for rows that are not guided)."""
         return self._active[index]
 
+    def retire(self, index: int) -> None:
+        """Row `index` drafts no more (its request left the draft batch): later steps skip it."""
+        self._active[index] = False
+
     def apply(self, logits) -> None:
         """Mask draft logits in place: row i with slot i's grammar after its drafts so far."""
         manager = self._manager

@@ -16,6 +16,8 @@ admission      engine process: ``schema_checker`` -> `SchemaChecker` (errors -> 
 backend        worker: ``get_guided_backend`` -> `FDGuidedBackend`, processor futures
 tokenizer      the served model's tokenizer (HF fast, ERNIE sentencepiece) as a bundle
 sampler        worker: ``Sampler.guided_decoding`` -> `GuidedDecoding` over the manager
+speculative    worker: ``SpeculativeSampler``: verification rows masked, accepted tokens pushed
+mtp            worker: ``MTPSampler``: each MTP substep's drafts sampled under the grammar
 reports        worker -> engine error reports (a failed request ends with its message)
 hooks          `register`: patching FastDeploy at the narrowest points, any import order
 post_import    the post-import hook `hooks` arms for modules imported later

@@ -19,6 +19,8 @@ FastDeploy name                             change
 ``sampler.GuidedDecoding``                  fd_guided's (`sampler.GuidedDecoding`)
 ``sampler.SpeculativeSampler``              its no-op guided hooks become fd_guided's; verification
                                             rows are masked before ``speculate_verify`` (`speculative.py`)
+``sampler.MTPSampler``                      each MTP substep's draft rows are masked with the grammar
+                                            after the drafts so far (`mtp.py`)
 ``FDConfig.postprocess`` / ``.check``       our backend names survive (FastDeploy rewrites ``auto`` to
                                             ``xgrammar`` and refuses the rest); XPU's ``off`` rule
                                             kept; speculative decoding no longer turns it off
@@ -43,6 +45,7 @@ from .config import as_bool, backend_name_for, read, serves
 from .post_import import PostImportHook
 from .reports import ErrorReports
 from .sampler import GuidedDecoding
+from .mtp import install as install_mtp
 from .speculative import install as install_speculative
 
 logger = logging.getLogger(__name__)
@@ -140,6 +143,9 @@ def _patch_sampler(module) -> None:
     speculative_sampler = getattr(module, "SpeculativeSampler", None)
     if isinstance(speculative_sampler, type):
         install_speculative(speculative_sampler, MARK)  # its guided hooks are no-ops in FastDeploy
+    mtp_sampler = getattr(module, "MTPSampler", None)
+    if isinstance(mtp_sampler, type):
+        install_mtp(mtp_sampler, MARK)  # MTP drafts sampled under each request's grammar
     if getattr(module.GuidedDecoding, MARK, False) or module.GuidedDecoding is GuidedDecoding:
         return
     setattr(GuidedDecoding, MARK, True)

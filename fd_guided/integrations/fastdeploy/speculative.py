@@ -25,7 +25,8 @@ no-ops. The runner's calls then go::
 
 Every guided request keeps one matcher; rows of finished or failed requests allow only stop tokens;
 nothing waits for a compile beyond ``first_token_wait_s``, as in the non-speculative sampler.
-The MTP proposer's own sampling is not masked (drafts are verified under the mask all the same).
+The MTP proposer's own draft sampling is masked too (`mtp.py`); a draft session it left open
+is closed here before the verification rows are planned and before a slot is reset.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ import numpy as np
 
 from ...errors import SlotStateError
 from ...manager import GuidedFinish
+from . import mtp
 from .config import read
 from .sampler import GuidedDecoding
 
@@ -46,6 +48,7 @@ class SpeculativeGuidedDecoding(GuidedDecoding):
     def __init__(self, fd_config: Any = None, backend=None):
         self._spec_slots: list[int] = []
         self._share_inputs = None
+        self.draft_masking: mtp.DraftMasking | None = None  # set by the MTP sampler's first step
         super().__init__(fd_config, backend)
 
     def _manager_options(self) -> dict:
@@ -59,10 +62,19 @@ class SpeculativeGuidedDecoding(GuidedDecoding):
 
     update_vocab_mask = pre_process
 
+    def reset_processor(self, idx: int) -> None:
+        self._close_drafting()
+        super().reset_processor(idx)
+
+    def _close_drafting(self) -> None:
+        if self.draft_masking is not None:
+            self.draft_masking.close()
+
     def mask_verification_rows(self, logits, share_inputs) -> None:
         """Mask FastDeploy's verification logits in place (see the module docstring)."""
         if self.manager is None:
             return
+        self._close_drafting()
         lens = _host(share_inputs["seq_lens_this_time"]).reshape(-1)
         encoder = _host(share_inputs["seq_lens_encoder"]).reshape(-1)
         draft_tokens = share_inputs["draft_tokens"]
@@ -119,6 +131,7 @@ def install(sampler_cls, mark: str) -> None:
     def __init__(self, fd_config, *args, **kwargs):
         original_init(self, fd_config, *args, **kwargs)
         self.guided_decoding = SpeculativeGuidedDecoding(fd_config)
+        mtp.link(fd_config, self.guided_decoding)  # the MTP sampler built from this config drafts under it
 
     @functools.wraps(original_forward)
     def forward_cuda(self, logits, sampling_metadata, max_model_len, share_inputs, *args, **kwargs):
