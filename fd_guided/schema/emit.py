@@ -58,6 +58,7 @@ class Emitter:
             out["$defs"] = defs
         if self.engine == "llguidance":
             out["$schema"] = DRAFT_2020_12
+        check_emitted(out, self.engine)
         return out
 
     def _emit_once(self, empty: set[tuple]) -> tuple[dict, dict, set[tuple]]:
@@ -348,6 +349,44 @@ def _combine(leaves: list[dict]) -> dict:
             seen.add(text)
             unique.append(leaf)
     return unique[0] if len(unique) == 1 else {"anyOf": unique}
+
+
+# Every keyword the emitter writes, per engine: what each engine enforces exactly (capabilities).
+EMITTED_KEYWORDS = frozenset({
+    "type", "enum", "anyOf", "$ref", "properties", "required", "additionalProperties", "patternProperties", "items",
+    "prefixItems", "minItems", "maxItems", "pattern", "minLength", "maxLength", "minProperties", "maxProperties",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+ENGINE_EXTRA_KEYWORDS = {"xgrammar": frozenset(), "llguidance": frozenset({"allOf"})}
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs")
+_SCHEMA_LISTS = ("anyOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("items", "additionalProperties")
+
+
+def check_emitted(document: dict, engine: str) -> None:
+    """The last line of defence: every node handed to `engine` uses only `EMITTED_KEYWORDS` (and the
+    engine's extras). An engine silently ignores a keyword it does not know (xgrammar reads
+    ``{"not": {}}`` as any value), so a node outside the set is refused as an internal error,
+    never passed on. Iterative: emitted documents may be large."""
+    allowed = EMITTED_KEYWORDS | ENGINE_EXTRA_KEYWORDS[engine]
+    stack: list[Any] = [{k: v for k, v in document.items() if k not in ("$defs", "$schema")}]
+    stack.extend(document.get("$defs", {}).values())
+    while stack:
+        node = stack.pop()
+        if isinstance(node, bool):
+            continue
+        if not isinstance(node, dict):
+            raise Refusal(f"an internal normaliser error (a schema node of type {type(node).__name__})")
+        unknown = set(node) - allowed
+        if unknown:
+            raise Refusal(f"an internal normaliser error (it emitted {sorted(unknown)} for {engine})")
+        for key in _SCHEMA_MAPS:
+            if key in node:
+                stack.extend(node[key].values())
+        for key in _SCHEMA_LISTS:
+            stack.extend(node.get(key, ()))
+        for key in _SCHEMA_VALUES:
+            if key in node:
+                stack.append(node[key])
 
 
 def _disjoint_patterns(patterns: list[str]) -> bool:

@@ -164,3 +164,17 @@ def test_unknown_formats_are_refused_unless_annotated():
     assert value_of({"type": "string", "format": "color"}, unknown_formats="annotate") == {"type": "string", "$schema": value_of({"type": "string"})["$schema"]}
     with pytest.raises(InvalidGrammarError, match="format 'regex'"):  # jsonschema checks it: never dropped
         value_of({"type": "string", "format": "regex"}, unknown_formats="annotate")
+
+
+def test_the_emitter_never_hands_an_engine_a_keyword_outside_its_set():
+    """`check_emitted` refuses (never passes on) a node an engine would silently ignore."""
+    from fd_guided.schema.emit import check_emitted
+    from fd_guided.schema.refusal import Refusal
+
+    check_emitted({"$ref": "#/$defs/n0", "$defs": {"n0": {"type": "array", "items": False}}}, "xgrammar")
+    for bad in ({"anyOf": [{"type": "integer"}, {"not": {}}]},
+                {"$ref": "#/$defs/n0", "$defs": {"n0": {"type": "object", "properties": {"a": {"if": {}}}}}},
+                {"type": "string", "allOf": [{"pattern": "a"}]}):
+        with pytest.raises(Refusal, match="internal normaliser error"):
+            check_emitted(bad, "xgrammar")
+    check_emitted({"type": "string", "allOf": [{"pattern": "a"}, {"pattern": "b"}]}, "llguidance")
