@@ -57,7 +57,10 @@ class GuidedConfig:
     engine ready (llguidance usually, in milliseconds) while xgrammar compiles for the cache.
     Such cache-only compiles (no request waits for them) are bounded: at most
     `max_background_compiles` wait at once, the oldest queued one is dropped beyond that, so a
-    stream of distinct cold schemas cannot grow a backlog (or memory) without bound.
+    stream of distinct cold schemas cannot grow a backlog (or memory) without bound. With
+    `background_idle_class` (default) they queue after every compile a request waits for, and they
+    and the loading of their results run in the idle CPU class (Linux ``SCHED_IDLE``; niceness 19
+    elsewhere): only on CPU nothing else wants, so they never delay the serving loop's wake-up.
     `limits` bound what may reach a native compiler at all (`fd_guided.limits`).
 
     A step never waits for a compile: hosts sample a guided request only once
@@ -88,6 +91,7 @@ class GuidedConfig:
     auto_first_ready: bool = True
     auto_fallback_grace_s: float = 0.1
     max_background_compiles: int = 32
+    background_idle_class: bool = True
     first_token_wait_s: float = 0.0
     limits: AdmissionLimits = dataclasses.field(default_factory=AdmissionLimits)
     fill_threads: int = dataclasses.field(default_factory=_default_threads)

@@ -259,6 +259,38 @@ def test_auto_starts_on_the_first_engine_ready_and_caches_xgrammar_for_next_time
         service.close()
 
 
+def scheduling_of(service, engine: str, timeout_s: float = 10.0):
+    """(policy, niceness) of the worker running `engine`'s job, once one runs it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid, worker in list(service._runner._workers.items()):
+            if worker.job is not None and worker.job.engine == engine:
+                try:
+                    return os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid)
+                except OSError:
+                    pass
+        time.sleep(0.02)
+    raise AssertionError(f"no {engine} job ran within {timeout_s} s")
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="the idle CPU class is Linux's")
+@pytest.mark.parametrize("idle_class", [True, False])
+def test_a_cache_only_compile_runs_in_the_idle_cpu_class(tokenizer, idle_class):
+    # auto serves this from llguidance at once; xgrammar's job (seconds) then only fills the cache:
+    # nobody waits for it, so it must not compete with the serving process for a core.
+    service = service_for(tokenizer, "auto", auto_fallback_grace_s=0.05, compile_timeout_s=120,
+                          background_idle_class=idle_class)
+    try:
+        assert service.compile_now(spec_of(choices(10_000, "idle"))).backend_name == "llguidance"
+        policy, nice = scheduling_of(service, "xgrammar")
+        if idle_class:
+            assert policy == os.SCHED_IDLE
+        else:
+            assert policy == os.SCHED_OTHER and nice == 19
+    finally:
+        service.close()
+
+
 def test_a_burst_of_cold_auto_requests_is_served_by_the_cheap_engine_before_the_cache_fills(tokenizer):
     # One worker, twelve cold schemas at once: every llguidance job (milliseconds) is queued
     # before any xgrammar job (which only fills the cache), so the tickets do not wait for

@@ -135,6 +135,9 @@ class CompileService:
         self._runs: dict[tuple[str, GrammarSpec], Future] = {}
         self._skipped: set[tuple[str, GrammarSpec]] = set()
         self._loaders = DeepStackExecutor(_LOADER_THREADS, name="fd-guided-load")
+        # Loads of cache-only results (an xgrammar grammar for a 129k vocabulary is ~50 MB and a
+        # second to load) run on a thread in the idle CPU class: nobody waits for them.
+        self._cache_loaders = DeepStackExecutor(1, name="fd-guided-cache-load", idle_class=self.config.background_idle_class)
         self._loaders.submit(backend.warm_up)
         self._loaded_since_trim = 0
         self._closed = False
@@ -281,6 +284,14 @@ class CompileService:
             self.metrics.inc("background_compiles_dropped_total")
             if run is not None:
                 self._runner.cancel_pending(run, _skipped_error(engine))
+        self._lower(self._runs.get(key) for key in keys if key in self._background)
+
+    def _lower(self, runs) -> None:
+        """Runs no request waits for: the runner schedules them after the others (idle CPU class)."""
+        to_background = getattr(self._runner, "to_background", None)
+        for run in runs:
+            if run is not None and to_background is not None:
+                to_background(run)
 
     # ----- jobs (one engine, one spec) ---------------------------------------------------------------
 
@@ -319,7 +330,15 @@ class CompileService:
         run = self._runner.submit(engine, spec)
         with self._lock:
             self._runs[(engine, spec)] = run
-        run.add_done_callback(lambda done: self._loaders.submit(self._after_run, engine, spec, done, future, started))
+            background = (engine, spec) in self._background
+        if background:
+            self._lower([run])  # it became cache-only before it reached the runner
+        run.add_done_callback(lambda done: self._loader_for(engine, spec).submit(self._after_run, engine, spec, done, future, started))
+
+    def _loader_for(self, engine: str, spec: GrammarSpec) -> DeepStackExecutor:
+        with self._lock:
+            background = (engine, spec) in self._background
+        return self._cache_loaders if background else self._loaders
 
     def _after_run(self, engine: str, spec: GrammarSpec, run: Future, future: Future, started: float) -> None:
         try:
@@ -415,6 +434,7 @@ class CompileService:
             self._tickets.clear()
         self._runner.close()
         self._loaders.shutdown(wait_s=_LOADER_CLOSE_WAIT_S)
+        self._cache_loaders.shutdown(wait_s=_LOADER_CLOSE_WAIT_S)
         closed = GuidedDecodingError("the compile service was closed before this compile finished")
         for ticket in tickets:
             if not ticket.future.done():

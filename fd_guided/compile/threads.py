@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import queue
 import threading
 import time
@@ -54,7 +55,8 @@ class DeepStackExecutor:
     than `EXIT_WAIT_S`; one that returns within it is waited for (`_join_at_exit`).
     """
 
-    def __init__(self, threads: int, *, name: str, stack_bytes: int = PARENT_STACK_BYTES):
+    def __init__(self, threads: int, *, name: str, stack_bytes: int = PARENT_STACK_BYTES, idle_class: bool = False):
+        self._idle_class = idle_class  # the threads run only on CPU nothing else wants (`lower_this_thread`)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._busy = 0  # jobs running now
@@ -71,6 +73,8 @@ class DeepStackExecutor:
         return future
 
     def _run(self) -> None:
+        if self._idle_class:
+            lower_this_thread()
         while True:
             item = self._queue.get()
             if item is None:
@@ -111,6 +115,21 @@ class DeepStackExecutor:
         deadline = time.monotonic() + wait_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def lower_this_thread() -> bool:
+    """Put the calling thread (Linux schedules threads, not processes) in the idle CPU class, else
+    at niceness 19. For work no request waits for, so it never delays the serving loop's wake-up."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return True
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        return True
+    except (AttributeError, OSError):
+        return False
 
 
 _executors: "weakref.WeakSet[DeepStackExecutor]" = weakref.WeakSet()
