@@ -9,6 +9,7 @@ tests/schema/test_engine_keywords.py.
 """
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -25,6 +26,7 @@ MAX_MIN_ITEMS = 1024
 MAX_COUNT = 2**31 - 1
 MAX_EMITTED_NODES = 200_000
 MAX_PATTERN_PROPERTIES = 64
+MAX_SPELLED_NUMBERS = 16  # enum numbers xgrammar is given as one-value ranges (`Emitter._xgrammar_enum`)
 _XGRAMMAR_PLAIN_CHAR = '[^"\\\\\\x00-\\x1f]'  # a character a JSON string holds without an escape
 _XGRAMMAR_BAD_KEY_CHARS = frozenset('"\\') | frozenset(map(chr, range(0x20)))
 
@@ -111,7 +113,7 @@ class Emitter:
         if kind == "ref":
             return self._ref(leaf)
         if kind == "enum":
-            return self._enum(leaf.kw["values"], leaf.origin)
+            return self._enum(leaf.kw["values"], leaf.origin, every_spelling=True)
         if kind in ("null", "boolean"):
             return {"type": kind}
         if kind in ("integer", "number"):
@@ -132,13 +134,31 @@ class Emitter:
             self._pending.append((key, closed, name))
         return {"$ref": f"#/$defs/{name}"}
 
-    def _enum(self, values: tuple, origin: str) -> dict:
+    def _enum(self, values: tuple, origin: str, *, every_spelling: bool = False) -> dict:
         if self.engine == "llguidance" and any(has_big_integer(v) for v in values):
             raise Refusal("enum/const integers beyond 2^53 (llguidance compares them as floating point)", f"{origin}.enum")
+        if self.engine == "xgrammar" and every_spelling:
+            return self._xgrammar_enum(values)
         out = list(values)
         # 1 and 1.0 are the same JSON Schema value: offer both spellings.
         out += [float(v) for v in values if isinstance(v, int) and not isinstance(v, bool) and abs(v) < LLGUIDANCE_EXACT_LIMIT]
         return {"enum": out}
+
+    @staticmethod
+    def _xgrammar_enum(values: tuple) -> dict:
+        """xgrammar writes every enum number in one spelling (``0.0`` as ``0``), yet ``1.0`` equals
+        ``1`` in JSON Schema. An integral number up to 2^53 becomes a range of one value, which
+        xgrammar matches exactly in any decimal spelling without an exponent (``1``, ``1.0``,
+        ``1.00``; measured, neighbours and 2^53 +- 1 included: tests/schema/test_engine_keywords.py),
+        and an array holding one a tuple of such items. At most `MAX_SPELLED_NUMBERS` numbers are
+        spelled out; past that the enum stays as it is (one spelling each: a subset)."""
+        spelled = [v for v in values if _spellable(v)]
+        if not spelled or sum(_spelled_numbers(v) for v in spelled) > MAX_SPELLED_NUMBERS:
+            return {"enum": list(values)}
+        rest = [v for v in values if not _spellable(v)]
+        unique = {json.dumps(v, sort_keys=True): v for v in spelled}.values()
+        options = ([{"enum": rest}] if rest else []) + [_value_schema(v) for v in unique]
+        return options[0] if len(options) == 1 else {"anyOf": options}
 
     # ----- numbers --------------------------------------------------------------------------------
 
@@ -349,6 +369,32 @@ def _combine(leaves: list[dict]) -> dict:
             seen.add(text)
             unique.append(leaf)
     return unique[0] if len(unique) == 1 else {"anyOf": unique}
+
+
+def _spellable(value) -> bool:
+    """An enum value holding an integral number xgrammar would write in one spelling only."""
+    if isinstance(value, list):
+        return any(_spellable(item) for item in value)
+    return _integral(value) and abs(value) <= LLGUIDANCE_EXACT_LIMIT
+
+
+def _spelled_numbers(value) -> int:
+    return sum(_spelled_numbers(item) for item in value) if isinstance(value, list) else int(_spellable(value))
+
+
+def _value_schema(value) -> dict:
+    """A schema that admits exactly `value`, its integral numbers in every decimal spelling."""
+    if isinstance(value, list):
+        items = [_value_schema(item) if _spellable(item) else {"enum": [item]} for item in value]
+        return {"type": "array", "prefixItems": items, "items": False, "minItems": len(items), "maxItems": len(items)}
+    return {"type": "number", "minimum": int(value), "maximum": int(value)}
+
+
+def _integral(value) -> bool:
+    """A JSON number with an integral value (``2`` or ``2.0``), not a boolean."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or isinstance(value, float) and math.isfinite(value) and value.is_integer()
 
 
 # Every keyword the emitter writes, per engine: what each engine enforces exactly (capabilities).

@@ -127,3 +127,18 @@ def test_the_schema_true_is_any_json_value(name):
     # Default layout: xgrammar's any-value grammar keeps ", " and ": " even under compact separators.
     spec = parse_guided_request({"guided_json": True}, GuidedConfig(backend=name))
     assert all(accepts(name, spec, text) for text in ('{"a":[1,null]}', '"s"', "3", "[]"))
+
+
+def test_xgrammar_takes_integral_enum_numbers_in_every_decimal_spelling():
+    """1.0 equals 1 in JSON Schema; xgrammar writes enum numbers in one spelling, so they are
+    given as one-value ranges (exact: the neighbours, 2^53 + 1 and longer fractions stay out)."""
+    spec = spec_for("xgrammar", {"enum": [0, 1, -2, 9007199254740992, 2.5, "a"]})
+    for text in ("0", "0.0", "1.00", "-2.0", "9007199254740992.0", "2.5", '"a"'):
+        assert accepts("xgrammar", spec, text), text
+    for text in ("-1", "1.01", "1.0000001", "2", "9007199254740993", "9007199254740991", "2.0", '"b"'):
+        assert not accepts("xgrammar", spec, text), text
+    nested = spec_for("xgrammar", {"enum": [[0, "x"], [[1]]]})
+    for text in ('[0,"x"]', '[0.0,"x"]', "[[1.0]]", "[[1]]"):
+        assert accepts("xgrammar", nested, text), text
+    for text in ('[0,"y"]', '[0,"x",0]', "[0]", "[[1],[1]]", "[[2]]", "[]"):
+        assert not accepts("xgrammar", nested, text), text
