@@ -281,7 +281,6 @@ def test_unmasked_mtp_drafts_break_the_grammar(fd):
 
 def test_verification_rows_are_masked_and_every_output_is_valid(fd):
     from fd_guided.integrations.fastdeploy.speculative import SpeculativeGuidedDecoding
-    from test_fastdeploy_decoding import admitted
 
     tokenizer = load_tokenizer("deepseek")
     cfg = fe.engine_config(fd, guided_decoding_backend="auto", max_num_seqs=4,
@@ -290,22 +289,11 @@ def test_verification_rows_are_masked_and_every_output_is_valid(fd):
     runner = fe.build_runner(fd_config)
     assert isinstance(runner.sampler.guided_decoding, SpeculativeGuidedDecoding)
     loop = SpeculativeLoop(runner, tiny_model(), tokenizer)
-    fields = [{"guided_json": SCHEMAS["person"]}, {"guided_json": SCHEMAS["array_of_objects"]},
-              {"guided_regex": REGEXES["hex_color"]}, {"guided_choice": ["alpha", "beta"]}]
-    requests = [admitted(cfg, loop.engine.request(f"r{i}", tokenizer.encode(f"Give item {i}:"), max_tokens=96, **f))
-                for i, f in enumerate(fields)]
+    fields, requests = guided_requests(cfg, loop, tokenizer)
     states = loop.run(requests)
     manager = runner.sampler.guided_decoding.manager
     assert manager.metrics.value("draft_tokens_total") > 0
-    finished = 0
-    for state, field in zip(states.values(), fields):
-        text = tokenizer.decode([t for t in state.request.output_token_ids if t not in tokenizer.eos_token_ids])
-        assert state.finished in ("stop", "length"), state
-        if state.finished == "stop":
-            finished += 1
-            verdict = validate_output(parse_guided_request(field), text)
-            assert verdict.valid, (field, text, verdict.reason)
-    assert finished >= 3
+    assert_valid_outputs(states, fields, tokenizer, at_least=3)
     assert manager.metrics.value("rejected_tokens_total") == 0
     # Grammar-invalid drafts were proposed, and cut in draft_tokens before FastDeploy's verifier saw them.
     assert manager.metrics.value("draft_tokens_invalid_total") > 0 and loop.invalid_drafts > 0

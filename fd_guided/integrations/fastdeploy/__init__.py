@@ -21,6 +21,7 @@ mtp            worker: ``MTPSampler``: each MTP substep's drafts sampled under t
 reports        worker -> engine error reports (a failed request ends with its message)
 hooks          `register`: patching FastDeploy at the narrowest points, any import order
 post_import    the post-import hook `hooks` arms for modules imported later
+patching       installing marked methods on a FastDeploy class, once
 =============  ==============================================================================
 """
 from .admission import (

@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .config import read
+from .patching import install_methods
 
 logger = logging.getLogger(__name__)
 
@@ -188,10 +189,7 @@ def install(sampler_cls, mark: str) -> None:
             masking.guarded(masking.advance, result[0] if isinstance(result, tuple) else result)
         return result
 
-    for name, method in (("__init__", __init__), ("forward_cuda", forward_cuda)):
-        setattr(method, mark, True)
-        setattr(sampler_cls, name, method)
-    setattr(sampler_cls, mark, True)
+    install_methods(sampler_cls, mark, {"__init__": __init__, "forward_cuda": forward_cuda})
 
 
 def _masking_of(sampler) -> DraftMasking | None:

@@ -39,6 +39,7 @@ from ...errors import SlotStateError
 from ...manager import GuidedFinish
 from . import mtp
 from .config import read
+from .patching import install_methods
 from .sampler import GuidedDecoding
 
 
@@ -150,11 +151,9 @@ def install(sampler_cls, mark: str) -> None:
     def post_process(self, next_tokens=None, skip_idx_list=()):
         self.guided_decoding.accept_verified(next_tokens)
 
-    for name, method in (("__init__", __init__), ("forward_cuda", forward_cuda), ("apply_logits_processor", apply_logits_processor),
-                         ("pre_process", pre_process), ("set_reasoning_parser", set_reasoning_parser), ("post_process", post_process)):
-        setattr(method, mark, True)
-        setattr(sampler_cls, name, method)
-    setattr(sampler_cls, mark, True)
+    install_methods(sampler_cls, mark, {
+        "__init__": __init__, "forward_cuda": forward_cuda, "apply_logits_processor": apply_logits_processor,
+        "pre_process": pre_process, "set_reasoning_parser": set_reasoning_parser, "post_process": post_process})
 
 
 def _host(tensor) -> np.ndarray:
