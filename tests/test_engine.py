@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from fd_guided import GuidedConfig
 from fd_guided.validate import validate_output
 from fd_guided.workers import ReferenceEngine, XPUModelRunner
 
@@ -112,6 +113,23 @@ def test_xpu_like_runner_with_the_paddle_kernel_matches_the_cpu_runner():
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
     cpu.close()
     xpu.close()
+
+
+def test_an_inline_fill_masks_exactly_as_the_overlapped_one():
+    # `fd-guided serve` fills inline (its model runs on the CPU); the masks must not change.
+    requests = [{"prompt": "p", "guided_json": SCHEMAS["tool_call"]}, {"prompt": "q", "guided_regex": REGEXES["email"]},
+                {"prompt": "r", "guided_choice": CHOICES["sentiment"]}, {"prompt": "s"}]
+    # One engine pinned: under auto, which engine serves a cold request is timing.
+    config = GuidedConfig(backend="llguidance")
+    overlapped = ReferenceEngine.default(preset="tiny", max_num_seqs=4, guided_config=config)
+    inline = ReferenceEngine.default(preset="tiny", max_num_seqs=4, guided_config=config, overlap_fill=False)
+    a = overlapped.generate(requests, max_tokens=MAX_TOKENS, seed=3)
+    b = inline.generate(requests, max_tokens=MAX_TOKENS, seed=3)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert inline.manager.timings.fill > 0
+    check_results(requests, b, min_finished_fraction=0.5)
+    overlapped.close()
+    inline.close()
 
 
 def test_reasoning_request_is_constrained_after_think_end():

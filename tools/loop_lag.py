@@ -11,6 +11,8 @@ run then). Policies, run in turn in this process, each on fresh schemas:
 
   idle   `GuidedConfig.background_idle_class=True` (default): cache-only compiles queue last and
          run, with the loading of their results, in the idle CPU class
+  inline as idle, and masks filled inline in the step (`overlap_fill=False`) instead of on a
+         thread beside the forward
   nice   `background_idle_class=False`: niceness 19 instead (the behaviour before it existed)
   none   unguided requests (the same prompts): the floor of this host
 
@@ -30,7 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from load import complex_schema  # noqa: E402
 
-POLICIES = ("idle", "nice", "none")
+POLICIES = ("idle", "inline", "nice", "none")
 
 
 def percentiles(values: list[float]) -> dict:
@@ -45,7 +47,7 @@ def run_policy(policy: str, args, offset: int) -> dict:
 
     config = GuidedConfig(backend="auto", background_idle_class=policy != "nice")
     engine = ReferenceEngine.default(preset=args.preset, max_num_seqs=args.requests + 1, guided_config=config,
-                                     guided=policy != "none")
+                                     guided=policy != "none", overlap_fill=policy != "inline")
     prompt = "Fill in the record."
     engine.generate([{"prompt": prompt, "guided_json": complex_schema(offset - 1)} if policy != "none" else {"prompt": prompt}],
                     max_tokens=4)  # warm: workers forked, first compile done

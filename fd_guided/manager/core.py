@@ -39,7 +39,7 @@ class GuidedDecodingManager(StepHooks):
 
     def __init__(self, backend: GuidedBackend, max_num_seqs: int, *, metrics: GuidedMetrics | None = None,
                  think_end_id: int | None = None, think_end: MarkerLike = None, compile_service: CompileService | None = None,
-                 kernel_impl: str = "auto", max_draft_tokens: int = 0):
+                 kernel_impl: str = "auto", max_draft_tokens: int = 0, overlap_fill: bool = True):
         if max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if max_draft_tokens < 0:
@@ -51,6 +51,10 @@ class GuidedDecodingManager(StepHooks):
         self.metrics = metrics or (compile_service.metrics if compile_service else GuidedMetrics())
         self.reasoning_marker = ReasoningMarker.of(think_end if think_end is not None else think_end_id)
         self.kernel_impl = kernel_impl
+        # Fill masks on a background thread during the forward (the default: the forward runs on
+        # a device), or inline in the begin hook (a model on the CPU shares the cores with the
+        # fill; measured for the serving loop's lag in docs/benchmarks.md: no clear difference).
+        self.overlap_fill = overlap_fill
         self._owns_compiler = compile_service is None
         self.compiler = compile_service or CompileService(backend, metrics=self.metrics)
         self.bitmask = backend.allocate_bitmask(max_num_seqs * (max_draft_tokens + 1))

@@ -82,8 +82,10 @@ class StepHooks:
             job = self._prepare(entry, state)
             if job is not None:
                 jobs.append(job)
-        if jobs:
+        if jobs and self.overlap_fill:
             self._fill_future = self._fill_pool.submit(self._timed_fill, jobs)
+        elif jobs:
+            self._timed_fill(jobs)
 
     def _prepare(self, entry: _Entry, state: SlotState) -> TreeFill | None:
         """Plan `entry`'s rows; returns the grammar rows to fill (None if there are none)."""

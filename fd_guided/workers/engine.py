@@ -77,6 +77,7 @@ class ReferenceEngine:
         metrics: GuidedMetrics | None = None,
         speculative: SpeculativeConfig | None = None,
         think_end: str | None = None,
+        overlap_fill: bool = True,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -91,7 +92,8 @@ class ReferenceEngine:
             backend = create_backend(self.guided_config.backend, tokenizer, vocab_size=model.cfg.vocab_size, config=self.guided_config)
             marker = marker_from_text(tokenizer, think_end) if think_end else tokenizer.think_end_id
             self.manager = GuidedDecodingManager(backend, max_num_seqs, metrics=metrics, think_end=marker,
-                                                 max_draft_tokens=speculative.num_draft_tokens if speculative else 0)
+                                                 max_draft_tokens=speculative.num_draft_tokens if speculative else 0,
+                                                 overlap_fill=overlap_fill)
         self.runner.attach_guided(self.manager)
         self.stats = RunStats()
         self._waiting: deque[SequenceState] = deque()
