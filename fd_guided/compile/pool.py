@@ -42,34 +42,13 @@ from ..errors import (
     InvalidGrammarError,
     error_class,
 )
+from .threads import lower_priority
 
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.02
-# A demoted worker cannot be raised back to normal priority without privileges: it exits after its job.
-_DEMOTED_NICE = 19
 _MAX_JOBS_PER_WORKER = 256
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _demote(pid: int, *, idle_class: bool) -> bool:
-    """Lower process `pid`'s CPU priority: niceness 19, or with `idle_class` the SCHED_IDLE class
-    where the platform has it (the CPU only when nothing else wants it). Idle class is for jobs no
-    request waits for (cache-only compiles): measured on 2 cores with 64 cold `auto` compiles, with
-    workers at niceness 10 or 19 a waking event loop waited ~4 ms (p90) for a core; idle-class
-    tasks are preempted at once by any normal one. A job a request waits for keeps niceness 19
-    (idle class could starve it under a saturated CPU until its time budget kills it)."""
-    if idle_class and hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
-        try:
-            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
-            return True
-        except OSError:
-            pass
-    try:
-        os.setpriority(os.PRIO_PROCESS, pid, _DEMOTED_NICE)
-        return True
-    except OSError:
-        return False
 
 
 def _rss(pid: int) -> int:
@@ -404,15 +383,17 @@ class CompileProcessPool:
         return _rss(worker.pid) - worker.baseline_rss > self.memory_limit_bytes // 4
 
     def _demote_worker(self, worker: _Worker) -> None:
-        """Lower the worker's CPU priority (`_demote`: the idle class for a job no request waits
-        for, else niceness 19) and, while fewer than twice `max_workers` are, stop counting it
-        against `max_workers`. A lowered worker exits after its job."""
+        """Lower the worker's CPU priority (`lower_priority`: the idle class for a job no request
+        waits for, else niceness 19: idle class could starve a job a request waits for under a
+        saturated CPU until its time budget kills it) and, while fewer than twice `max_workers`
+        are, stop counting it against `max_workers`. A lowered worker cannot be raised back without
+        privileges: it exits after its job."""
         idle_class = worker.job is not None and worker.job.background and getattr(self._config, "background_idle_class", True)
         if idle_class and not worker.idle_class:
-            worker.idle_class = _demote(worker.pid, idle_class=True)
+            worker.idle_class = lower_priority(worker.pid, idle_class=True)
             worker.lowered = worker.lowered or worker.idle_class
         elif not worker.lowered:
-            worker.lowered = _demote(worker.pid, idle_class=False)
+            worker.lowered = lower_priority(worker.pid, idle_class=False)
         if worker.lowered and not worker.demoted and sum(w.demoted for w in self._workers.values()) < 2 * self.max_workers:
             worker.demoted = True
             self._on_event("demoted")

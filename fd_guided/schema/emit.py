@@ -140,7 +140,9 @@ class Emitter:
         if self.engine == "xgrammar" and every_spelling:
             return self._xgrammar_enum(values)
         out = list(values)
-        # 1 and 1.0 are the same JSON Schema value: offer both spellings.
+        # 1 and 1.0 are the same JSON Schema value, so both are listed; but both engines (llguidance
+        # 1.9.1, xgrammar 0.2.8, measured) write an enum number in one spelling, so this alone does not
+        # admit `1.0` for `1`: xgrammar's leaf enums get every spelling from `_xgrammar_enum`.
         out += [float(v) for v in values if isinstance(v, int) and not isinstance(v, bool) and abs(v) < LLGUIDANCE_EXACT_LIMIT]
         return {"enum": out}
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from .config import read
 from .patching import install_methods
+from .sampler import host_array
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class DraftMasking:
         substep = self._substep = int(_get(share_inputs, "substep", 0))
         if substep == 0:
             self.close()
-        layout = draft_rows(_host(_get(share_inputs, "seq_lens_this_time")), _host(_get(share_inputs, "seq_lens_encoder")),
+        layout = draft_rows(host_array(_get(share_inputs, "seq_lens_this_time")), host_array(_get(share_inputs, "seq_lens_encoder")),
                             int(logits.shape[0]))
         if layout is None:
             self._unmasked("the logits rows match no known layout")
@@ -93,8 +94,7 @@ class DraftMasking:
             if substep != 0 or not any(manager.is_guided(slot) for slot in layout):
                 return
             self.session = manager.begin_drafting(list(layout))
-        present = {slot: row for slot, row in layout.items()}
-        self._rows = [present.get(slot, -1) for slot in self.session.slots]
+        self._rows = [layout.get(slot, -1) for slot in self.session.slots]
         for index, row in enumerate(self._rows):
             if row < 0:
                 self.session.retire(index)  # gone from the batch (stopped): no later drafts
@@ -104,7 +104,7 @@ class DraftMasking:
         """Push the drafts FastDeploy took; close the session after the last substep."""
         if self.session is None or not self._rows:
             return
-        tokens = _host(next_tokens).reshape(-1)
+        tokens = host_array(next_tokens).reshape(-1)
         self.session.advance([int(tokens[row]) if row >= 0 else -1 for row in self._rows])
         if self._substep >= self.num_model_steps - 1:
             self.close()
@@ -210,8 +210,3 @@ def _get(inputs, key: str, default=None):
     except (KeyError, TypeError, IndexError):
         return default
 
-
-def _host(tensor) -> np.ndarray:
-    if tensor is None:
-        return np.zeros(0, dtype=np.int64)
-    return tensor.numpy() if hasattr(tensor, "numpy") else np.asarray(tensor)

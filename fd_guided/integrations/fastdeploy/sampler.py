@@ -231,7 +231,12 @@ def _request_id(future: ProcessorFuture | None) -> str | None:
     return future.request.request_id if future is not None and future.request is not None else None
 
 
+def host_array(tensor) -> np.ndarray:
+    """A host (numpy) copy of a FastDeploy tensor (Paddle: ``.numpy()``) or an array-like; empty for None."""
+    if tensor is None:
+        return np.zeros(0, dtype=np.int64)
+    return tensor.numpy() if hasattr(tensor, "numpy") else np.asarray(tensor)
+
+
 def _token_list(sampled_token_ids) -> list[int]:
-    if hasattr(sampled_token_ids, "numpy"):
-        sampled_token_ids = sampled_token_ids.numpy()
-    return [int(t) for t in np.asarray(sampled_token_ids).reshape(-1)]
+    return [int(t) for t in host_array(sampled_token_ids).reshape(-1)]

@@ -40,7 +40,7 @@ from ...manager import GuidedFinish
 from . import mtp
 from .config import read
 from .patching import install_methods
-from .sampler import GuidedDecoding
+from .sampler import GuidedDecoding, host_array
 
 
 class SpeculativeGuidedDecoding(GuidedDecoding):
@@ -76,10 +76,10 @@ class SpeculativeGuidedDecoding(GuidedDecoding):
         if self.manager is None:
             return
         self._close_drafting()
-        lens = _host(share_inputs["seq_lens_this_time"]).reshape(-1)
-        encoder = _host(share_inputs["seq_lens_encoder"]).reshape(-1)
+        lens = host_array(share_inputs["seq_lens_this_time"]).reshape(-1)
+        encoder = host_array(share_inputs["seq_lens_encoder"]).reshape(-1)
         draft_tokens = share_inputs["draft_tokens"]
-        drafts_host = _host(draft_tokens)
+        drafts_host = host_array(draft_tokens)
         slots, drafts = [], []
         for idx, count in enumerate(lens.tolist()):
             if count <= 0:
@@ -105,8 +105,8 @@ class SpeculativeGuidedDecoding(GuidedDecoding):
         """After FastDeploy's verification and post-processing: push each request's accepted tokens."""
         if self.manager is None or self._planned_rows is None or self._share_inputs is None:
             return []
-        tokens = _host(accept_tokens if accept_tokens is not None else self._share_inputs["accept_tokens"])
-        counts = _host(self._share_inputs["accept_num"]).reshape(-1)
+        tokens = host_array(accept_tokens if accept_tokens is not None else self._share_inputs["accept_tokens"])
+        counts = host_array(self._share_inputs["accept_num"]).reshape(-1)
         accepted = []
         for idx in self._spec_slots:
             row = [int(t) for t in tokens[idx, :max(0, int(counts[idx]))]]
@@ -154,10 +154,6 @@ def install(sampler_cls, mark: str) -> None:
     install_methods(sampler_cls, mark, {
         "__init__": __init__, "forward_cuda": forward_cuda, "apply_logits_processor": apply_logits_processor,
         "pre_process": pre_process, "set_reasoning_parser": set_reasoning_parser, "post_process": post_process})
-
-
-def _host(tensor) -> np.ndarray:
-    return tensor.numpy() if hasattr(tensor, "numpy") else np.asarray(tensor)
 
 
 def _write_back(tensor, array: np.ndarray) -> None:
