@@ -86,12 +86,15 @@ def zygote(conn: Connection) -> None:
         if message is None or message[0] != "fork":
             return
         fd = reduction.recv_handle(conn)
+        priority_set_read, priority_set_write = os.pipe()
         pid = os.fork()
         if pid == 0:
             conn.close()
+            os.close(priority_set_read)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             # Compiles are background work next to a serving process (`GuidedConfig.compile_nice`).
             os.setpriority(os.PRIO_PROCESS, 0, int(getattr(message[1], "compile_nice", 0)))
+            os.close(priority_set_write)
             code = 0
             try:
                 serve(backend.with_config(message[1]), Connection(fd), serving_pid)
@@ -100,6 +103,12 @@ def zygote(conn: Connection) -> None:
             finally:
                 os._exit(code)
         os.close(fd)
+        # The pool may lower the worker's priority as soon as it knows the pid; the worker setting
+        # its own afterwards would undo that where setting is privileged (root): report it only
+        # once the worker has set it (its end of the pipe closed, or it died).
+        os.close(priority_set_write)
+        os.read(priority_set_read, 1)
+        os.close(priority_set_read)
         conn.send(("forked", pid))
 
 
