@@ -18,6 +18,7 @@ from ..errors import InvalidGrammarError, combine_engine_errors
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle
+from ..unique_guard import unguarded
 from .xgrammar import XGrammarBackend, XGrammarMatcher
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,8 @@ def _xgrammar_narrows(spec: GrammarSpec) -> bool:
         return False
     from ..schema import narrows
 
-    return narrows(PREFERRED, spec.schema, spec.json_format) and not narrows(FALLBACK, spec.schema, spec.json_format)
+    return (narrows(PREFERRED, spec.schema, spec.json_format, unique_guard=True)
+            and not narrows(FALLBACK, spec.schema, spec.json_format, unique_guard=True))
 
 
 def _reason(error: InvalidGrammarError) -> str:
@@ -192,7 +194,7 @@ class AutoBackend(GuidedBackend):
     def fill_bitmasks(self, grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> None:
         groups: dict[str, tuple[list[Grammar], list[int]]] = {}
         for grammar, row in zip(grammars, rows):
-            name = PREFERRED if isinstance(grammar, XGrammarMatcher) else FALLBACK
+            name = PREFERRED if isinstance(unguarded(grammar), XGrammarMatcher) else FALLBACK
             group = groups.setdefault(name, ([], []))
             group[0].append(grammar)
             group[1].append(row)

@@ -33,6 +33,7 @@ from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle
 from ..schema import for_engine, regex_for_engine
+from ..unique_guard import restrict_rows, with_unique_guard
 from .llguidance_schema import Refusal, json_options
 from .llguidance_tags import format_to_lark
 
@@ -202,10 +203,11 @@ class LLGuidanceBackend(GuidedBackend):
             "tokenizer": self.tokenizer.portable(), "vocab_size": self.vocab_size, "config": self.config,
             "stop_token_ids": self.stop_token_ids}
 
-    def new_grammar(self, compiled: CompiledGrammar) -> LLGuidanceMatcher:
+    def new_grammar(self, compiled: CompiledGrammar) -> Grammar:
         if not isinstance(compiled, LLGuidanceCompiled):
             raise TypeError(f"llguidance cannot run a grammar compiled by {type(compiled).__name__}")
-        return LLGuidanceMatcher(compiled.template.deep_copy(), self._stop_set, self.vocab_size)
+        matcher = LLGuidanceMatcher(compiled.template.deep_copy(), self._stop_set, self.vocab_size)
+        return with_unique_guard(matcher, compiled.spec, self.tokenizer.token_bytes)
 
     def fill_bitmasks(self, grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> None:
         if len(grammars) < self.config.parallel_fill_min_rows or not _is_contiguous(bitmask):
@@ -221,6 +223,7 @@ class LLGuidanceBackend(GuidedBackend):
         for grammar, row in zip(grammars, rows):
             if grammar.matcher.is_error():
                 ctypes.memset(pointer + int(row) * row_bytes, 0, row_bytes)  # see LLGuidanceMatcher.fill_bitmask
+        restrict_rows(grammars, bitmask, rows)
 
     def serialize(self, compiled: CompiledGrammar) -> bytes | None:
         if not isinstance(compiled, LLGuidanceCompiled):
@@ -288,15 +291,16 @@ def grammar_text(spec: GrammarSpec) -> str:
         raise InvalidGrammarError(f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
 
 
-def llguidance_schema(schema: Any, json_format, part: str) -> dict:
-    """`schema` normalised for llguidance (`fd_guided.schema.for_engine`); InvalidGrammarError if it cannot be."""
+def llguidance_schema(schema: Any, json_format, part: str, *, unique_guard: bool = False) -> dict:
+    """`schema` normalised for llguidance (`fd_guided.schema.for_engine`, `unique_guard` included);
+    InvalidGrammarError if it cannot be."""
     if json_format.any_order:
         raise InvalidGrammarError("llguidance keeps properties in schema order", part=part, feature="guided_any_order")
-    return for_engine("llguidance", schema, json_format, part=part)
+    return for_engine("llguidance", schema, json_format, part=part, unique_guard=unique_guard)
 
 
 def _json_schema_grammar(spec: GrammarSpec) -> str:
-    schema = llguidance_schema(spec.schema, spec.json_format, "json schema")
+    schema = llguidance_schema(spec.schema, spec.json_format, "json schema", unique_guard=True)
     # As text: llguidance's own JSON reader takes numbers that its dict converter refuses.
     return LLMatcher.grammar_from_json_schema(json.dumps(schema, ensure_ascii=False), overrides=json_options(spec.json_format))
 
@@ -355,7 +359,7 @@ _GRAMMAR_BUILDERS = {
 
 
 def _check_json_schema(spec: GrammarSpec) -> None:
-    llguidance_schema(spec.schema, spec.json_format, "json schema")
+    llguidance_schema(spec.schema, spec.json_format, "json schema", unique_guard=True)
 
 
 def _check_regex(spec: GrammarSpec) -> None:

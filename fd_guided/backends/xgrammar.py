@@ -17,6 +17,7 @@ from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..schema import for_engine, regex_for_engine
+from ..unique_guard import restrict_rows, with_unique_guard
 from ..schema.walk import subschemas
 from ..schema.meta import schema_objects
 from ..spec import FIELD_OF_KIND, GrammarSpec, JsonFormat
@@ -110,7 +111,7 @@ class XGrammarBackend(GuidedBackend):
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
         if spec.kind == "json_schema":
-            check_schema_patterns(xgrammar_schema(spec.schema, spec.json_format, "json schema"))
+            check_schema_patterns(xgrammar_schema(spec.schema, spec.json_format, "json schema", unique_guard=True))
         try:
             native = _compile(self.compiler, spec)
         except (RuntimeError, ValueError, TypeError) as error:
@@ -134,10 +135,10 @@ class XGrammarBackend(GuidedBackend):
         return XGrammarBackend(self.tokenizer, vocab_size=self.vocab_size, config=config, stop_token_ids=self.stop_token_ids,
                                tokenizer_info=self.tokenizer_info)
 
-    def new_grammar(self, compiled: CompiledGrammar) -> XGrammarMatcher:
+    def new_grammar(self, compiled: CompiledGrammar) -> Grammar:
         if not isinstance(compiled, XGrammarCompiled):
             raise TypeError(f"xgrammar cannot run a grammar compiled by {type(compiled).__name__}")
-        return XGrammarMatcher(compiled)
+        return with_unique_guard(XGrammarMatcher(compiled), compiled.spec, self.tokenizer.token_bytes)
 
     def fill_bitmasks(self, grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> None:
         if len(grammars) < self.config.parallel_fill_min_rows:
@@ -147,6 +148,7 @@ class XGrammarBackend(GuidedBackend):
         # One BatchGrammarMatcher owns a thread pool; serialise its use across callers.
         with self._batch_lock:
             self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, list(rows))
+        restrict_rows(grammars, bitmask, rows)
 
     def serialize(self, compiled: CompiledGrammar) -> bytes | None:
         if not isinstance(compiled, XGrammarCompiled):
@@ -197,12 +199,13 @@ _ANY_OBJECT_SCHEMA = '{"type":"object"}'
 def _enforced_schema(spec: GrammarSpec) -> str:
     """The request's schema as xgrammar must see it (`fd_guided.schema.for_engine`); raises
     InvalidGrammarError naming what xgrammar cannot enforce."""
-    return json.dumps(xgrammar_schema(spec.schema, spec.json_format, "json schema"))
+    return json.dumps(xgrammar_schema(spec.schema, spec.json_format, "json schema", unique_guard=True))
 
 
-def xgrammar_schema(schema: Any, json_format: JsonFormat, part: str) -> dict:
-    """`schema` normalised for xgrammar; any-order needs exact property counts (see below)."""
-    normalised = for_engine("xgrammar", schema, json_format, part=part)
+def xgrammar_schema(schema: Any, json_format: JsonFormat, part: str, *, unique_guard: bool = False) -> dict:
+    """`schema` normalised for xgrammar (`unique_guard`: see `fd_guided.schema.for_engine`); any-order
+    needs exact property counts (see below)."""
+    normalised = for_engine("xgrammar", schema, json_format, part=part, unique_guard=unique_guard)
     if json_format.any_order and "minProperties" in json.dumps(normalised):
         # With any_order xgrammar admits a repeated key ({"a":1,"a":2}), which parses as one.
         raise InvalidGrammarError("xgrammar cannot count properties in any order (a key may repeat)", part=part,

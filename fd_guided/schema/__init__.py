@@ -38,9 +38,11 @@ ENGINES = ("xgrammar", "llguidance")
 UNKNOWN_FORMAT_POLICIES = ("refuse", "annotate")
 
 
-def for_engine(engine: str, schema: Any, json_format=None, *, part: str = "json schema") -> dict:
-    """The schema to hand `engine` for `schema` under the request's `json_format` (module docstring)."""
-    return json.loads(_run(engine, schema, json_format, part)[0])
+def for_engine(engine: str, schema: Any, json_format=None, *, part: str = "json schema", unique_guard: bool = False) -> dict:
+    """The schema to hand `engine` for `schema` under the request's `json_format` (module docstring).
+    `unique_guard`: the output is this one JSON value and `fd_guided.unique_guard` will run around
+    the engine's matcher, so ``uniqueItems`` over open item domains is accepted (left to it)."""
+    return json.loads(_run(engine, schema, json_format, part, unique_guard)[0])
 
 
 def regex_for_engine(engine: str, pattern: str, *, part: str = "guided_regex") -> str:
@@ -58,34 +60,34 @@ def regex_for_engine(engine: str, pattern: str, *, part: str = "guided_regex") -
         raise UnsatisfiableGrammarError(error.reason, part=part) from None
 
 
-def narrows(engine: str, schema: Any, json_format=None) -> bool:
+def narrows(engine: str, schema: Any, json_format=None, *, unique_guard: bool = False) -> bool:
     """True when `engine`'s schema admits only a sound *subset* of the valid values: it left out
     alternatives it cannot express (parts of a ``not``/``if``/``oneOf`` rewrite), or (xgrammar) a
     length-bounded string admits no JSON escapes. Another engine may enforce the whole (``auto``
     prefers it then). Raises as `for_engine` does."""
-    return _run(engine, schema, json_format, "json schema")[1]
+    return _run(engine, schema, json_format, "json schema", unique_guard)[1]
 
 
-def _run(engine: str, schema: Any, json_format, part: str) -> tuple[str, bool]:
+def _run(engine: str, schema: Any, json_format, part: str, unique_guard: bool = False) -> tuple[str, bool]:
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
     strict = True if json_format is None else bool(json_format.strict)
     unknown = "refuse" if json_format is None else getattr(json_format, "unknown_formats", "refuse")
     text = json.dumps(schema, sort_keys=False, ensure_ascii=False, separators=(",", ":"))
-    return _cached(engine, text, strict, unknown, part)
+    return _cached(engine, text, strict, unknown, part, unique_guard)
 
 
 @functools.lru_cache(maxsize=8)
-def _normaliser(text: str, strict: bool, unknown: str) -> Normaliser:
+def _normaliser(text: str, strict: bool, unknown: str, unique_guard: bool) -> Normaliser:
     """One normaliser per schema and layout, shared by both engines' emitters (auto asks both)."""
-    return Normaliser(json.loads(text), strict=strict, unknown_formats=unknown)
+    return Normaliser(json.loads(text), strict=strict, unknown_formats=unknown, unique_guard=unique_guard)
 
 
 @functools.lru_cache(maxsize=64)
-def _cached(engine: str, text: str, strict: bool, unknown: str, part: str) -> tuple[str, bool]:
+def _cached(engine: str, text: str, strict: bool, unknown: str, part: str, unique_guard: bool) -> tuple[str, bool]:
     # Cached as text: callers get a fresh dict each time, and a refusal is recomputed.
     try:
-        normaliser = _normaliser(text, strict, unknown)
+        normaliser = _normaliser(text, strict, unknown, unique_guard)
         with normaliser.lock:  # its memo and recursion guards are not for two threads at once
             emitter = Emitter(normaliser, engine)
             document = emitter.document()

@@ -31,7 +31,9 @@ _BOTH_NORMALISED = {
     "contains": "minItems/maxItems when it is true or equals the items; written per position on arrays of at most 4 items; refused otherwise",
     "minContains": "see contains",
     "maxContains": "see contains",
-    "uniqueItems": "dropped for at most one item; the distinct arrays enumerated over a finite item domain (at most 256); refused otherwise",
+    "uniqueItems": ("dropped for at most one item; the distinct arrays enumerated over a finite item domain (at most 256); "
+                    "over open item domains (strings without maxLength/pattern/format, numbers without bounds) in a json_schema "
+                    "request: enforced while decoding by the uniqueness guard (fd_guided.unique_guard); refused otherwise"),
     "$dynamicRef": "a plain $ref when the document has a single matching $dynamicAnchor; refused otherwise",
     "$recursiveRef": "a plain $ref when the document has no $recursiveAnchor; refused otherwise",
     "format": "an exact (or documented-subset) pattern per format; unknown formats refused unless unknown_formats='annotate'",

@@ -368,3 +368,10 @@ def value_kind(value: Any) -> str:
     if isinstance(value, str):
         return "string"
     return "array" if isinstance(value, list) else "object"
+
+
+def item_at(kw: dict, index: int) -> "U":
+    """The schema of item `index` of an array leaf's keywords: its prefix item, else its items."""
+    if index < len(kw["prefix"]):
+        return kw["prefix"][index]
+    return ANY if kw["items"] is None else kw["items"]

@@ -42,12 +42,14 @@ OBJECT_KEYS = ("properties", "patternProperties", "additionalProperties", "requi
 
 
 class Normaliser(Context):
-    """Normalises one document for one request layout (`strict`, `unknown_formats`)."""
+    """Normalises one document for one request layout (`strict`, `unknown_formats`, and
+    `unique_guard`: ``uniqueItems`` over open item domains is left to `fd_guided.unique_guard`)."""
 
-    def __init__(self, schema: Any, *, strict: bool = True, unknown_formats: str = "refuse"):
+    def __init__(self, schema: Any, *, strict: bool = True, unknown_formats: str = "refuse", unique_guard: bool = False):
         self.doc = Document(schema)
         self.strict = strict
         self.unknown_formats = unknown_formats
+        self.unique_guard = unique_guard
         self.targets: dict[tuple, tuple] = {}
         self._memo: dict[tuple, U] = {}
         self._closed: dict[tuple, U] = {}

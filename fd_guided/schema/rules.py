@@ -20,7 +20,7 @@ Finishing (`finish_leaf`, at value positions, on the final leaf):
     from the items forbids (or ignores) it, equal to the items bounds the length, and on arrays of
     at most `MAX_CONTAINS_LENGTH` items it is written out per position; otherwise refused;
   - ``uniqueItems``: at most one item: dropped; items from a finite domain (enums, booleans, null):
-    the distinct arrays are enumerated (at most `MAX_UNIQUE_ARRAYS`); otherwise refused.
+    enumerated, or (open domains) left to the runtime guard; otherwise refused (`unique_items`).
 """
 from __future__ import annotations
 
@@ -28,15 +28,15 @@ import itertools
 import re
 
 from .complement import complement
-from .leaves import (ANY, BARE_KINDS, NONE, U, Leaf, bare, check_array, check_object, intersect, json_key,
+from .leaves import (ANY, BARE_KINDS, NONE, U, Leaf, bare, check_array, check_object, intersect, item_at,
                      schema_for, union)
 from .refusal import Refusal
+from .unique_items import finish_unique
 
 MAX_ANY_OF_COMBINED = 4
 MAX_ONE_OF_DISJOINT = 64
 MAX_ONE_OF_EXPANDED = 6
 MAX_CONTAINS_LENGTH = 4
-MAX_UNIQUE_ARRAYS = 256
 _NON_OBJECT = tuple(k for k in BARE_KINDS if k != "object")
 
 
@@ -192,13 +192,14 @@ def _unevaluated_array(leaf: Leaf, rest: U, ctx, location: str) -> Leaf | None:
 
 
 def finish_leaf(leaf: Leaf, ctx) -> list[Leaf]:
+
     if leaf.kind == "object":
         finished = _finish_object(leaf, ctx)
         return [] if finished is None else [finished]
     if leaf.kind == "array":
         out = []
         for expanded in _finish_contains(leaf, ctx):
-            out.extend(_finish_unique(expanded, ctx))
+            out.extend(finish_unique(expanded, ctx))
         return out
     return [leaf]
 
@@ -283,7 +284,7 @@ def _one_contains(leaf: Leaf, child: U, low: int, high: int | None, ctx) -> list
     negated = complement(child, ctx, location) if high is not None else ANY
     out: list[Leaf] = []
     for length in range(kw["min"], length_cap + 1):
-        positions = [intersect(_at(kw, i), ANY, ctx) for i in range(length)]
+        positions = [intersect(item_at(kw, i), ANY, ctx) for i in range(length)]
         counts = range(low, length + 1) if high is not None else [low]
         for count in counts:
             if high is not None and count > high:
@@ -298,71 +299,3 @@ def _one_contains(leaf: Leaf, child: U, low: int, high: int | None, ctx) -> list
                 if len(out) > 64:
                     raise Refusal("contains with too many ways to place the matching items", location)
     return out
-
-
-def _at(kw: dict, index: int) -> U:
-    if index < len(kw["prefix"]):
-        return kw["prefix"][index]
-    return ANY if kw["items"] is None else kw["items"]
-
-
-def _finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
-    kw = leaf.kw
-    if not kw["unique"]:
-        return [leaf]
-    plain = Leaf("array", {**kw, "unique": False}, leaf.origin, leaf.weak)
-    if kw["max"] is not None and kw["max"] <= 1:
-        return [plain]
-    location = f"{leaf.origin}.uniqueItems"
-    rest = _domain(ANY if kw["items"] is None else kw["items"])
-    if rest is None:
-        limit = kw["max"] if kw["max"] is not None else len(kw["prefix"]) if kw["items"] is not None and kw["items"].is_none else None
-        if limit is None:
-            raise Refusal("uniqueItems over items that are not from a small finite set", location)
-    else:
-        limit = len(kw["prefix"]) + len(rest)
-        if kw["max"] is not None:
-            limit = min(limit, kw["max"])
-    domains = []
-    for index in range(limit):
-        domain = _domain(_at(kw, index))
-        if domain is None:
-            raise Refusal("uniqueItems over items that are not from a small finite set", location)
-        domains.append(domain)
-    arrays: list[list] = []
-    _enumerate(domains, kw["min"], [], set(), arrays, location)
-    return [Leaf("enum", {"values": tuple(arrays)}, leaf.origin, leaf.weak)] if arrays else []
-
-
-def _domain(u: U) -> list | None:
-    if u.is_any:
-        return None
-    values = []
-    for leaf in u.leaves:
-        if leaf.kind == "enum":
-            values.extend(leaf.kw["values"])
-        elif leaf.kind == "null":
-            values.append(None)
-        elif leaf.kind == "boolean":
-            values.extend([True, False])
-        else:
-            return None
-    return values
-
-
-def _enumerate(domains, minimum, current, seen, out, location) -> None:
-    if len(current) >= minimum:
-        out.append(list(current))
-        if len(out) > MAX_UNIQUE_ARRAYS:
-            raise Refusal(f"uniqueItems with more than {MAX_UNIQUE_ARRAYS} possible arrays", location)
-    if len(current) == len(domains):
-        return
-    for value in domains[len(current)]:
-        key = json_key(value)
-        if key in seen:
-            continue
-        seen.add(key)
-        current.append(value)
-        _enumerate(domains, minimum, current, seen, out, location)
-        current.pop()
-        seen.discard(key)

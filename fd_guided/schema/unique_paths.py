@@ -1,0 +1,135 @@
+"""Where in an instance ``uniqueItems`` may apply: the schema side of the runtime uniqueness guard.
+
+`fd_guided.unique_guard` enforces ``uniqueItems`` that no grammar can (items of an open domain,
+e.g. any string) while the output is generated. It needs to know, for each array the output
+opens, whether a ``uniqueItems: true`` may apply to it. `UniquePaths` answers that by walking the
+schema along the instance path the output took, one step per container:
+
+  - a node set stands for "the subschemas that may apply here": the in-place applicators of each
+    node (``allOf``, ``anyOf``, ``oneOf``, ``then``, ``else``, ``dependentSchemas``, ``$ref``) are
+    all followed, whichever branch the value ends up matching;
+  - a step into property `name` follows ``properties[name]``, every ``patternProperties`` value
+    (whether or not its pattern matches: no regex runs on output text), ``additionalProperties``
+    when `name` is not declared, and ``unevaluatedProperties``; a step into item `i` follows
+    ``prefixItems[i]`` or ``items``, ``contains`` and ``unevaluatedItems`` (older drafts' forms are
+    read in 2020-12 terms by `drafts.Document.keywords`).
+
+Soundness: this is an over-approximation of the schemas JSON Schema evaluates at a location
+(``if`` and ``not`` are left out on purpose: a ``uniqueItems`` under them is not required of the
+value, and the normaliser refuses what it cannot rewrite there), so every array that must be
+unique is guarded; an array guarded without need (a ``uniqueItems`` in a branch the value did not
+take) only loses duplicate values it could have had. Bounded: a node set holds at most
+`MAX_NODES` schemas; past that every array below is guarded.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .drafts import Document, base_uri
+from .refusal import Refusal
+
+MAX_NODES = 4096
+IN_PLACE = ("allOf", "anyOf", "oneOf")
+
+
+class NodeSet(tuple):
+    """The schemas that may apply at one instance location, as (node, resolver) pairs.
+    `unbounded` marks a set that grew past `MAX_NODES`: everything below it counts as guarded."""
+
+    unbounded = False
+
+
+_UNBOUNDED = NodeSet()
+_UNBOUNDED.unbounded = True  # type: ignore[misc]
+
+
+class UniquePaths:
+    """Answers "may ``uniqueItems`` apply to this array?" for one schema (module docstring)."""
+
+    def __init__(self, schema: Any):
+        self.doc = Document(schema)
+        self._root = self._closure([(schema, self.doc.root_resolver)])
+
+    def root(self) -> NodeSet:
+        return self._root
+
+    def child(self, nodes: NodeSet, step: "str | int") -> NodeSet:
+        """The node set of the value at `step` (a property name or an item index) below `nodes`."""
+        if nodes.unbounded:
+            return nodes
+        children: list[tuple] = []
+        for node, resolver in nodes:
+            kw = self._keywords(node)
+            if isinstance(step, str):
+                _property_children(kw, step, resolver, children)
+            else:
+                _item_children(kw, step, resolver, children)
+        return self._closure(children)
+
+    def unique(self, nodes: NodeSet) -> bool:
+        """True when a ``uniqueItems: true`` may apply to an array at `nodes`."""
+        return nodes.unbounded or any(self._keywords(node).get("uniqueItems") is True for node, _ in nodes)
+
+    def _keywords(self, node: Any) -> dict:
+        if not isinstance(node, dict):
+            return {}
+        try:
+            return self.doc.keywords(node, "$")
+        except Refusal:
+            return {"uniqueItems": True}  # cannot read it: guard (only ever costs duplicates)
+
+    def _closure(self, start: list[tuple]) -> NodeSet:
+        """`start` and every schema its in-place applicators reach."""
+        seen: set[tuple] = set()
+        out: list[tuple] = []
+        todo = list(start)
+        while todo:
+            node, resolver = todo.pop()
+            if not isinstance(node, dict):
+                continue  # a boolean schema applies nothing below
+            resolver = self.doc.enter(node, resolver)
+            key = (id(node), base_uri(resolver))
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append((node, resolver))
+            if len(out) > MAX_NODES:
+                return _UNBOUNDED
+            kw = self._keywords(node)
+            for name in IN_PLACE:
+                if isinstance(kw.get(name), list):
+                    todo.extend((branch, resolver) for branch in kw[name])
+            for name in ("then", "else"):
+                if name in kw:
+                    todo.append((kw[name], resolver))
+            if isinstance(kw.get("dependentSchemas"), dict):
+                todo.extend((branch, resolver) for branch in kw["dependentSchemas"].values())
+            if isinstance(kw.get("$ref"), str):
+                try:
+                    todo.append(self.doc.lookup(kw["$ref"], resolver, "$"))
+                except Refusal:
+                    return _UNBOUNDED  # the normaliser refused it already; guard everything
+        return NodeSet(out)
+
+
+def _property_children(kw: dict, name: str, resolver, out: list) -> None:
+    properties = kw.get("properties") if isinstance(kw.get("properties"), dict) else {}
+    if name in properties:
+        out.append((properties[name], resolver))
+    elif "additionalProperties" in kw:
+        out.append((kw["additionalProperties"], resolver))
+    if isinstance(kw.get("patternProperties"), dict):
+        out.extend((child, resolver) for child in kw["patternProperties"].values())
+    if "unevaluatedProperties" in kw:
+        out.append((kw["unevaluatedProperties"], resolver))
+
+
+def _item_children(kw: dict, index: int, resolver, out: list) -> None:
+    prefix = kw.get("prefixItems") if isinstance(kw.get("prefixItems"), list) else []
+    if index < len(prefix):
+        out.append((prefix[index], resolver))
+    elif "items" in kw:
+        out.append((kw["items"], resolver))
+    for name in ("contains", "unevaluatedItems"):
+        if name in kw:
+            out.append((kw[name], resolver))

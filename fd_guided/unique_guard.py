@@ -1,0 +1,185 @@
+"""``uniqueItems`` over open item domains, enforced while the output is generated.
+
+No grammar can say "these strings are all different", so neither engine enforces ``uniqueItems``
+past small finite domains (which the normaliser enumerates). For a JSON-schema request whose
+unique arrays hold *open* items (strings without length, pattern or format bounds; numbers
+without bounds or steps: `fd_guided.schema.unique_items`), the normaliser hands the engine the array
+without ``uniqueItems`` and this guard adds it back around the engine's matcher:
+
+  - `json_tracker.JsonTracker` follows the accepted bytes through the JSON structure: the instance path of
+    every open container, and, inside each array `UniquePaths` says may need to be unique, the
+    values of its finished items (by `jsonschema`'s equality: ``1`` equals ``1.0``, ``true`` is
+    not ``1``, objects ignore key order; and by exact decimal value, so a long integer and its
+    float spelling count as equal too);
+  - `UniqueItemsGrammar.fill_bitmask` clears, after the engine filled the row, every allowed
+    token that would finish an item equal to an earlier item of its array. Only tokens that can
+    finish an item in the current state are tried (those holding a quote, a number's end, a
+    literal's last letter or a closing bracket: `TokenClasses`), each on a copy of the state;
+  - `accept_token` refuses such a token too (the state stays as it was), so the guard holds for
+    callers that accept without masking (speculative drafts, jump-forward).
+
+Liveness: with open items some other item always remains (a string can go on, a number can take
+more digits), so the mask never becomes empty through this guard where the normaliser accepted
+the schema. An array guarded without need (`UniquePaths` over-approximates) could dead-end on a
+closed item domain; the manager then fails that request with "allows no token", never emits an
+invalid output.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import numpy as np
+
+from .interface import Grammar
+from .json_tracker import CLASS_BYTES, AFTER_QUOTE, QUOTE, JsonTracker
+from .schema.unique_paths import UniquePaths
+
+
+def needs_guard(spec) -> bool:
+    """True for a JSON-schema request that mentions ``uniqueItems`` (cheap; `UniquePaths` decides per array)."""
+    return spec.kind == "json_schema" and "uniqueItems" in json.dumps(spec.schema)
+
+
+class TokenClasses:
+    """Per tokenizer: which tokens hold a byte of each class (built once, shared read-only)."""
+
+    def __init__(self, token_bytes: Sequence[bytes | None]):
+        texts = [text or b"" for text in token_bytes]
+        lengths = np.fromiter((len(text) for text in texts), dtype=np.int64, count=len(texts))
+        flat = np.frombuffer(b"".join(texts), dtype=np.uint8)
+        byte_flags = np.zeros(256, dtype=np.uint8)
+        for flag, members in CLASS_BYTES.items():
+            byte_flags[list(members)] |= flag
+        flags = np.zeros(len(texts), dtype=np.uint8)
+        nonempty = lengths > 0
+        if flat.size:
+            starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))[nonempty]
+            flags[nonempty] = np.bitwise_or.reduceat(byte_flags[flat], starts)
+        for token in np.nonzero(flags & QUOTE)[0].tolist():
+            text = texts[token]
+            if any(b in text[text.index(b'"'):] for b in b",]}"):
+                flags[token] |= AFTER_QUOTE
+        self.flags = flags
+        self._ids: dict[int, np.ndarray] = {}
+
+    def ids(self, classes: int) -> np.ndarray:
+        if classes not in self._ids:
+            self._ids[classes] = np.nonzero(self.flags & classes)[0].astype(np.int64)
+        return self._ids[classes]
+
+
+_classes_by_tokenizer: dict[int, tuple[Any, TokenClasses]] = {}
+
+
+def token_classes(token_bytes: Sequence[bytes | None]) -> TokenClasses:
+    entry = _classes_by_tokenizer.get(id(token_bytes))
+    if entry is None or entry[0] is not token_bytes:
+        if len(_classes_by_tokenizer) >= 8:  # a server has one tokenizer; tests build a few
+            _classes_by_tokenizer.pop(next(iter(_classes_by_tokenizer)))
+        entry = (token_bytes, TokenClasses(token_bytes))
+        _classes_by_tokenizer[id(token_bytes)] = entry
+    return entry[1]
+
+
+class UniqueItemsGrammar(Grammar):
+    """An engine matcher with ``uniqueItems`` enforced around it (module docstring).
+
+    `matcher` is the engine's native matcher, so batched fills run natively; they then call
+    `restrict_rows` for the rows of guarded grammars.
+    """
+
+    __slots__ = ("inner", "tracker", "token_bytes", "classes")
+
+    def __init__(self, inner: Grammar, paths: UniquePaths, token_bytes: Sequence[bytes | None]):
+        self.inner = inner
+        self.tracker = JsonTracker(paths)
+        self.token_bytes = token_bytes
+        self.classes = token_classes(token_bytes)
+
+    @property
+    def matcher(self):
+        return self.inner.matcher
+
+    def _bytes(self, token_id: int) -> bytes:
+        return self.token_bytes[token_id] or b"" if 0 <= token_id < len(self.token_bytes) else b""
+
+    def accept_token(self, token_id: int) -> bool:
+        if not self.inner.accept_token(token_id):
+            return False
+        if not self.tracker.push(self._bytes(int(token_id))):
+            self.inner.rollback(1)
+            return False
+        return True
+
+    def fill_bitmask(self, bitmask, row: int) -> None:
+        self.inner.fill_bitmask(bitmask, row)
+        self.restrict(bitmask, row)
+
+    def restrict(self, bitmask, row: int) -> None:
+        """Clear the bits of allowed tokens that would finish a duplicate item."""
+        tracker = self.tracker
+        if not tracker.guarded():
+            return
+        words = _row_words(bitmask, row)
+        ids = self.classes.ids(tracker.finishing_classes())
+        ids = ids[ids < words.size * 32]
+        allowed = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
+        flags = self.classes.flags
+        for token in allowed.tolist():
+            if tracker.finishes_duplicate(self.token_bytes[token], bool(flags[token] & AFTER_QUOTE)):
+                words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)
+
+    def is_terminated(self) -> bool:
+        return self.inner.is_terminated()
+
+    def rollback(self, num_tokens: int) -> None:
+        self.inner.rollback(num_tokens)
+        self.tracker.rollback(num_tokens)
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.tracker.reset()
+
+    def forced_bytes(self) -> bytes:
+        # Forced bytes could finish a duplicate; inside guarded arrays nothing is forced.
+        return b"" if self.tracker.guarded() else self.inner.forced_bytes()
+
+
+def _row_words(bitmask, row: int) -> np.ndarray:
+    view = bitmask[row]
+    if hasattr(view, "numpy"):
+        view = view.numpy()
+    return view.view(np.uint32)
+
+
+def with_unique_guard(matcher: Grammar, spec, token_bytes: Sequence[bytes | None]) -> Grammar:
+    """`matcher` guarded for ``uniqueItems`` when `spec` needs it (`needs_guard`), else itself."""
+    if not needs_guard(spec):
+        return matcher
+    return UniqueItemsGrammar(matcher, _paths_for(spec), token_bytes)
+
+
+_paths_cache: dict[str, UniquePaths] = {}
+
+
+def _paths_for(spec) -> UniquePaths:
+    key = json.dumps(spec.schema, sort_keys=True)
+    paths = _paths_cache.get(key)
+    if paths is None:
+        if len(_paths_cache) >= 64:
+            _paths_cache.pop(next(iter(_paths_cache)))
+        paths = _paths_cache[key] = UniquePaths(spec.schema)
+    return paths
+
+
+def unguarded(grammar: Grammar) -> Grammar:
+    """The engine's own matcher under a guard (the grammar itself when unguarded)."""
+    return grammar.inner if isinstance(grammar, UniqueItemsGrammar) else grammar
+
+
+def restrict_rows(grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> None:
+    """After a batched native fill: apply the guards of the guarded grammars among `grammars`."""
+    for grammar, row in zip(grammars, rows):
+        if isinstance(grammar, UniqueItemsGrammar):
+            grammar.restrict(bitmask, row)

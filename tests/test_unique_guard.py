@@ -1,0 +1,206 @@
+"""``uniqueItems`` over open item domains: the runtime guard around real engine matchers.
+
+The adversarial driver below always picks the token that would repeat an earlier item where the
+mask allows it: every duplicate the guard misses becomes an invalid output, judged by
+`jsonschema` with format checking.
+"""
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+
+from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
+from fd_guided.registry import get_backend_class
+from fd_guided.schema.unique_paths import UniquePaths
+from fd_guided.tokenizer import load_tokenizer
+from fd_guided.json_tracker import JsonTracker, item_keys
+from fd_guided.unique_guard import UniqueItemsGrammar
+
+pytestmark = pytest.mark.cpu
+BACKENDS = ("xgrammar", "llguidance", "auto")
+STRINGS = {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 6}
+NUMBERS = {"type": "array", "items": {"type": "number"}, "uniqueItems": True, "minItems": 6}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("deepseek")
+
+
+@pytest.fixture(scope="module")
+def backends(tokenizer):
+    made = {name: get_backend_class(name)(tokenizer, vocab_size=tokenizer.padded_vocab_size, config=GuidedConfig(backend=name))
+            for name in BACKENDS}
+    yield made
+    for backend in made.values():
+        backend.close()
+
+
+def tracker_for(schema) -> JsonTracker:
+    return JsonTracker(UniquePaths(schema))
+
+
+def pushes(tracker: JsonTracker, *chunks: str) -> list[bool]:
+    return [tracker.push(chunk.encode()) for chunk in chunks]
+
+
+# ----- equality, as jsonschema judges it --------------------------------------------------------
+
+
+@pytest.mark.parametrize("a, b, equal", [
+    ("1", "1.0", True), ("1", "1e0", True), ("0", "-0", True), ("true", "1", False), ("false", "0", False),
+    ('"a"', '"\\u0061"', True), ('{"a":1,"b":[2]}', '{"b":[2.0], "a":1}', True), ("[1,2]", "[2,1]", False),
+    ("null", "false", False), ("1" + "0" * 30, "1e30", True), ("0.1", "0.10000000000000001", True),
+])
+def test_item_keys_follow_json_schema_equality(a, b, equal):
+    ka, kb = item_keys(a.encode()), item_keys(b.encode())
+    assert (ka[0] == kb[0] or ka[1] == kb[1]) is equal
+
+
+def test_the_tracker_finds_duplicates_only_in_unique_arrays():
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                                               "free": {"type": "array", "items": {"type": "string"}}}}
+    tracker = tracker_for(schema)
+    assert pushes(tracker, '{"free": ["x", "x"], ', '"tags": ["a', '", "b"', ', "a') == [True] * 4
+    assert not tracker.push(b'"')  # would finish "a" a second time: refused, state unchanged
+    assert pushes(tracker, 'b"', ', "\\u0062', '"') == [True, True, False]  # "ab" is new; "b" spelled with an escape is not
+
+
+def test_numbers_are_checked_when_they_end_and_a_refused_token_changes_nothing():
+    tracker = tracker_for(NUMBERS)
+    assert pushes(tracker, "[1", ", 2", ", 1.0") == [True] * 3
+    assert pushes(tracker, ",", "]", " ") == [False] * 3  # each would end 1.0, equal to 1
+    assert pushes(tracker, "5", "]") == [True, True]
+
+
+def test_items_of_any_type_compare_by_value():
+    tracker = tracker_for({"type": "array", "uniqueItems": True})
+    assert pushes(tracker, "[true", ", 1", ', {"a": 1, "b": [1]}', ", null") == [True] * 4
+    assert pushes(tracker, ', {"b": [1.0], "a": 1}', ", null", ",true", ", 1.0]") == [False] * 4
+    assert pushes(tracker, ", [null]", "]") == [True, True]
+
+
+def test_rollback_and_reset_restore_the_items_seen():
+    tracker = tracker_for(STRINGS)
+    assert pushes(tracker, '["a"', ', "b"') == [True, True]
+    tracker.rollback(1)
+    assert pushes(tracker, ', "b"', ', "a') == [True, True] and not tracker.push(b'"')
+    tracker.reset()
+    assert pushes(tracker, '["b"', ', "a"') == [True, True]
+
+
+def test_unique_paths_follow_refs_combinators_and_older_drafts():
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#",
+              "definitions": {"set": {"type": "array", "uniqueItems": True}},
+              "type": "object",
+              "properties": {"a": {"anyOf": [{"$ref": "#/definitions/set"}, {"type": "null"}]},
+                             "b": {"type": "array", "items": [{"type": "string"}, {"$ref": "#/definitions/set"}]}},
+              "additionalProperties": {"allOf": [{"$ref": "#/definitions/set"}]}}
+    paths = UniquePaths(schema)
+    root = paths.root()
+    assert not paths.unique(root)
+    assert paths.unique(paths.child(root, "a")) and paths.unique(paths.child(root, "other"))
+    tuple_nodes = paths.child(root, "b")
+    assert not paths.unique(tuple_nodes)
+    assert not paths.unique(paths.child(tuple_nodes, 0)) and paths.unique(paths.child(tuple_nodes, 1))
+    assert not paths.unique(paths.child(tuple_nodes, 2))  # past the tuple: additionalItems absent
+
+
+# ----- admission: open domains only, whole-output JSON only --------------------------------------
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("items", [{"type": "string"}, {"type": "number"}, {"type": ["string", "number"]}, {"type": "string", "minLength": 2}])
+def test_open_item_domains_are_admitted(name, items):
+    parse_guided_request({"guided_json": {"type": "array", "items": items, "uniqueItems": True}}, GuidedConfig(backend=name))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "uniqueItems": True},  # any value: true cannot go on into another value
+    {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},  # 0 cannot go on
+    {"type": "array", "items": {"type": "string", "maxLength": 3}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "string", "pattern": "^[ab]$"}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "number", "maximum": 3}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "object"}, "uniqueItems": True},
+])
+def test_item_domains_that_can_dead_end_stay_refused(name, schema):
+    with pytest.raises(InvalidGrammarError, match="uniqueItems") as refused:
+        parse_guided_request({"guided_json": schema}, GuidedConfig(backend=name))
+    assert "uniqueItems" in refused.value.feature
+
+
+@pytest.mark.parametrize("name", ("xgrammar", "llguidance"))
+def test_structural_tags_do_not_get_the_guard(name):
+    tag = {"format": {"type": "json_schema", "json_schema": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+    with pytest.raises(InvalidGrammarError, match="uniqueItems"):
+        parse_guided_request({"structural_tag": tag}, GuidedConfig(backend=name))
+
+
+# ----- masks on a real tokenizer ------------------------------------------------------------------
+
+
+def allowed_ids(bitmask, row=0) -> np.ndarray:
+    words = bitmask[row].numpy().view(np.uint32)
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+    return np.nonzero(bits)[0]
+
+
+def adversarial_output(backend, tokenizer, schema, preferences: list[bytes], max_steps=200) -> str:
+    """Decode under the mask, always taking the first allowed token of `preferences` (made to
+    repeat items), else the first allowed stop token, else the lowest allowed id; after 80 steps
+    closing brackets come first."""
+    grammar = backend.new_grammar(backend.compile(parse_guided_request({"guided_json": schema})))
+    assert isinstance(grammar, UniqueItemsGrammar)
+    ids = [tokenizer.token_bytes.index(text) for text in preferences]
+    closing = [tokenizer.token_bytes.index(text) for text in (b'"', b"]", b"}")] + ids
+    bitmask = torch.zeros((1, (backend.vocab_size + 31) // 32), dtype=torch.int32)
+    out = bytearray()
+    for step in range(max_steps):
+        grammar.fill_bitmask(bitmask, 0)
+        allowed = set(allowed_ids(bitmask).tolist())
+        assert allowed, f"dead end after {bytes(out)!r}"
+        stops = [t for t in backend.stop_token_ids if t in allowed]
+        token = next((t for t in (ids if step < 80 else closing) if t in allowed), stops[0] if stops else min(allowed))
+        assert grammar.accept_token(token)
+        if grammar.is_terminated():
+            return out.decode()
+        out += tokenizer.token_bytes[token]
+    raise AssertionError(f"no end within {max_steps} tokens: {bytes(out)!r}")
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("schema, preferences", [
+    (STRINGS, [b'"', b"a", b",", b"["]),
+    (NUMBERS, [b",", b"1", b"0", b"["]),
+    ({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 4}},
+      "required": ["t"]}, [b'"', b"t", b"a", b":", b",", b"[", b"{"]),
+])
+def test_an_adversarial_decoder_cannot_repeat_an_item(backends, tokenizer, name, schema, preferences):
+    text = adversarial_output(backends[name], tokenizer, schema, preferences)
+    value = json.loads(text)
+    jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(value)
+    items = value if isinstance(value, list) else value["t"]
+    assert len(items) >= 4
+
+
+@pytest.mark.parametrize("name", ("xgrammar", "llguidance"))
+def test_batched_fills_apply_the_guard(backends, tokenizer, name):
+    backend = backends[name]
+    spec = parse_guided_request({"guided_json": STRINGS})
+    compiled = backend.compile(spec)
+    rows = max(backend.config.parallel_fill_min_rows, 2)
+    grammars = [backend.new_grammar(compiled) for _ in range(rows)]
+    quote, a = tokenizer.token_bytes.index(b'"'), tokenizer.token_bytes.index(b"a")
+    for grammar in grammars:
+        for text in (b"[", b'"', b"a", b'"', b",", b'"', b"a"):
+            assert grammar.accept_token(tokenizer.token_bytes.index(text))
+    batched = torch.zeros((rows, (backend.vocab_size + 31) // 32), dtype=torch.int32)
+    backend.fill_bitmasks(grammars, batched, list(range(rows)))
+    single = torch.zeros_like(batched)
+    grammars[0].fill_bitmask(single, 0)
+    assert torch.equal(batched[0], single[0])
+    allowed = set(allowed_ids(batched, rows - 1).tolist())
+    assert quote not in allowed and a in allowed
