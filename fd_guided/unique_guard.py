@@ -26,7 +26,9 @@ invalid output.
 """
 from __future__ import annotations
 
+import functools
 import json
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -37,8 +39,9 @@ from .schema.unique_paths import UniquePaths
 
 
 def needs_guard(spec) -> bool:
-    """True for a JSON-schema request that mentions ``uniqueItems`` (cheap; `UniquePaths` decides per array)."""
-    return spec.kind == "json_schema" and "uniqueItems" in json.dumps(spec.schema)
+    """True for a JSON-schema request whose text mentions ``uniqueItems`` (cheap: `UniquePaths`
+    decides per array; `spec.source` is the canonical compact schema text)."""
+    return spec.kind == "json_schema" and "uniqueItems" in spec.source
 
 
 class TokenClasses:
@@ -70,16 +73,19 @@ class TokenClasses:
 
 
 _classes_by_tokenizer: dict[int, tuple[Any, TokenClasses]] = {}
+_classes_lock = threading.Lock()
 
 
 def token_classes(token_bytes: Sequence[bytes | None]) -> TokenClasses:
-    entry = _classes_by_tokenizer.get(id(token_bytes))
-    if entry is None or entry[0] is not token_bytes:
-        if len(_classes_by_tokenizer) >= 8:  # a server has one tokenizer; tests build a few
-            _classes_by_tokenizer.pop(next(iter(_classes_by_tokenizer)))
-        entry = (token_bytes, TokenClasses(token_bytes))
-        _classes_by_tokenizer[id(token_bytes)] = entry
-    return entry[1]
+    """The shared `TokenClasses` of a token table (built on its first guarded request, ~20 ms)."""
+    with _classes_lock:
+        entry = _classes_by_tokenizer.get(id(token_bytes))
+        if entry is None or entry[0] is not token_bytes:
+            if len(_classes_by_tokenizer) >= 8:  # a server has one tokenizer; tests build a few
+                _classes_by_tokenizer.pop(next(iter(_classes_by_tokenizer)))
+            entry = (token_bytes, TokenClasses(token_bytes))
+            _classes_by_tokenizer[id(token_bytes)] = entry
+        return entry[1]
 
 
 class UniqueItemsGrammar(Grammar):
@@ -157,20 +163,13 @@ def with_unique_guard(matcher: Grammar, spec, token_bytes: Sequence[bytes | None
     """`matcher` guarded for ``uniqueItems`` when `spec` needs it (`needs_guard`), else itself."""
     if not needs_guard(spec):
         return matcher
-    return UniqueItemsGrammar(matcher, _paths_for(spec), token_bytes)
+    return UniqueItemsGrammar(matcher, _paths_for(spec.source), token_bytes)
 
 
-_paths_cache: dict[str, UniquePaths] = {}
-
-
-def _paths_for(spec) -> UniquePaths:
-    key = json.dumps(spec.schema, sort_keys=True)
-    paths = _paths_cache.get(key)
-    if paths is None:
-        if len(_paths_cache) >= 64:
-            _paths_cache.pop(next(iter(_paths_cache)))
-        paths = _paths_cache[key] = UniquePaths(spec.schema)
-    return paths
+@functools.lru_cache(maxsize=64)
+def _paths_for(source: str) -> UniquePaths:
+    """One (read-only, shareable) path plan per schema text."""
+    return UniquePaths(json.loads(source))
 
 
 def unguarded(grammar: Grammar) -> Grammar:
