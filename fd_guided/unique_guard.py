@@ -2,8 +2,8 @@
 
 No grammar can say "these strings are all different", so neither engine enforces ``uniqueItems``
 past small finite domains (which the normaliser enumerates). For a JSON-schema request whose
-unique arrays hold *open* items (strings without length, pattern or format bounds; numbers
-without bounds or steps: `fd_guided.schema.unique_items`), the normaliser hands the engine the array
+unique arrays hold *open* items (strings without a maximum length, whose pattern or format never
+dead-ends; numbers without bounds or steps: `fd_guided.schema.unique_items`), the normaliser hands the engine the array
 without ``uniqueItems`` and this guard adds it back around the engine's matcher:
 
   - `json_tracker.JsonTracker` follows the accepted bytes through the JSON structure: the instance path of

@@ -112,7 +112,9 @@ def test_unique_paths_follow_refs_combinators_and_older_drafts():
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-@pytest.mark.parametrize("items", [{"type": "string"}, {"type": "number"}, {"type": ["string", "number"]}, {"type": "string", "minLength": 2}])
+@pytest.mark.parametrize("items", [{"type": "string"}, {"type": "number"}, {"type": ["string", "number"]}, {"type": "string", "minLength": 2},
+                                   {"type": "string", "pattern": "^[a-z]+(-[a-z0-9]+)*$"}, {"type": "string", "pattern": "x"},
+                                   {"type": "string", "format": "uri"}])
 def test_open_item_domains_are_admitted(name, items):
     parse_guided_request({"guided_json": {"type": "array", "items": items, "uniqueItems": True}}, GuidedConfig(backend=name))
 
@@ -123,6 +125,9 @@ def test_open_item_domains_are_admitted(name, items):
     {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},  # 0 cannot go on
     {"type": "array", "items": {"type": "string", "maxLength": 3}, "uniqueItems": True},
     {"type": "array", "items": {"type": "string", "pattern": "^[ab]$"}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "string", "pattern": "^(a|b+)$"}, "uniqueItems": True},  # "a" cannot go on
+    {"type": "array", "items": {"type": "string", "format": "date"}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "string", "format": "uri", "pattern": "^h"}, "uniqueItems": True},
     {"type": "array", "items": {"type": "number", "maximum": 3}, "uniqueItems": True},
     {"type": "array", "items": {"type": "object"}, "uniqueItems": True},
 ])
@@ -175,6 +180,7 @@ def adversarial_output(backend, tokenizer, schema, preferences: list[bytes], max
 @pytest.mark.parametrize("schema, preferences", [
     (STRINGS, [b'"', b"a", b",", b"["]),
     (NUMBERS, [b",", b"1", b"0", b"["]),
+    ({**STRINGS, "items": {"type": "string", "pattern": "^[a-z]+$"}}, [b'"', b"a", b",", b"["]),
     ({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 4}},
       "required": ["t"]}, [b'"', b"t", b"a", b":", b",", b"[", b"{"]),
 ])
@@ -183,7 +189,7 @@ def test_an_adversarial_decoder_cannot_repeat_an_item(backends, tokenizer, name,
     value = json.loads(text)
     jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(value)
     items = value if isinstance(value, list) else value["t"]
-    assert len(items) >= 4
+    assert len(items) >= 4 and len(set(map(json.dumps, items))) == len(items)
 
 
 @pytest.mark.parametrize("name", ("xgrammar", "llguidance"))

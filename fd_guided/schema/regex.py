@@ -393,6 +393,58 @@ def _strip_end_anchors(node: tuple) -> tuple:
     return items[0] if len(items) == 1 else ("cat", items)
 
 
+def extendable(pattern: str, *, full_match: bool = False) -> bool:
+    """True when every prefix of a string `pattern` accepts (``re.search``, or ``re.fullmatch``
+    with `full_match`) extends to infinitely many accepted strings of printable characters: the
+    language never ends in a dead end (`fd_guided.schema.unique_items`). Sufficient, checked on
+    the tree: the pattern is unanchored at its end, or every way through it ends in an unbounded
+    repetition (an alternation: each branch; a sequence: its last part). False when unsure."""
+    try:
+        tree, _ = parse(pattern)
+        if full_match:
+            tree = _strip_end_anchors(tree) if tree[0] != "alt" else ("alt", [_strip_end_anchors(b) for b in tree[1]])
+            _no_inner_anchor(tree)
+        else:
+            tree = full_match_tree(tree, _ALL)
+    except Refusal:
+        return False
+    return _ends_open(tree)
+
+
+def _ends_open(node: tuple) -> bool:
+    kind = node[0]
+    if kind == "rep":
+        return (node[2] is None and _has_printable(node[3])) or _ends_open(node[3])
+    if kind == "alt":
+        return bool(node[1]) and all(_ends_open(branch) for branch in node[1])
+    if kind == "cat":
+        return bool(node[1]) and _ends_open(node[1][-1]) and all(_has_printable(part) or _nullable(part) for part in node[1])
+    return False
+
+
+def _has_printable(node: tuple) -> bool:
+    """Some string of `node` holds a character every engine keeps in a JSON string (not '"', '\\' or a control)."""
+    kind = node[0]
+    if kind == "set":
+        return bool(intersect(node[1], complement(_SPECIAL)))
+    if kind == "rep":
+        return (node[2] is None or node[2] > 0) and _has_printable(node[3])
+    if kind in ("alt", "cat"):
+        return any(_has_printable(part) for part in node[1])
+    return False
+
+
+def _nullable(node: tuple) -> bool:
+    kind = node[0]
+    if kind == "rep":
+        return node[1] == 0 or _nullable(node[3])
+    if kind == "cat":
+        return all(_nullable(part) for part in node[1])
+    if kind == "alt":
+        return any(_nullable(part) for part in node[1])
+    return False
+
+
 def python_compiles(pattern: str) -> bool:
     try:
         re.compile(pattern)

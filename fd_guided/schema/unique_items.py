@@ -10,8 +10,10 @@
 """
 from __future__ import annotations
 
+from .formats import format_pattern
 from .leaves import ANY, U, Leaf, item_at, json_key
 from .refusal import Refusal
+from .regex import extendable
 
 MAX_UNIQUE_ARRAYS = 256
 
@@ -57,10 +59,12 @@ def _open_array(kw: dict, ctx) -> bool:
 
 def open_domain(u: U, ctx, depth: int = 0) -> bool:
     """True when, from any prefix of any value of `u`, infinitely many values of `u` remain: a
-    string with no maximum length, pattern or format, or a number with no bounds or steps (an
-    integer is not: ``0`` cannot be continued). Then however many items an array already holds,
-    an item being written can always become a new one, so the uniqueness guard never leaves a
-    request without a token (`fd_guided.unique_guard`)."""
+    string with no maximum length and at most one `pattern` or `format` whose language never
+    ends in a dead end (`regex.extendable`: e.g. ``^[a-z]+$``, ``uri``; not ``^(a|b+)$``,
+    ``date``), or a number with no bounds or steps (an integer is not: ``0`` cannot be
+    continued). Then however many items an array already holds, an item being written can always
+    become a new one, so the uniqueness guard never leaves a request without a token
+    (`fd_guided.unique_guard`)."""
     if u.is_any or u.is_none or depth > 8:
         return False
     for leaf in u.leaves:
@@ -71,13 +75,24 @@ def open_domain(u: U, ctx, depth: int = 0) -> bool:
             except Refusal:
                 return False
         elif leaf.kind == "string":
-            if leaf.kw["max"] is not None or leaf.kw["patterns"] or leaf.kw["formats"]:
+            if not _open_string(leaf.kw):
                 return False
         elif leaf.kind == "number":
             if leaf.kw["lo"] is not None or leaf.kw["hi"] is not None or leaf.kw["steps"]:
                 return False
         else:
             return False
+    return True
+
+
+def _open_string(kw: dict) -> bool:
+    if kw["max"] is not None or len(kw["patterns"]) + len(kw["formats"]) > 1:
+        return False  # two languages intersected: each extendable does not make both so
+    if kw["patterns"]:
+        return extendable(kw["patterns"][0])
+    if kw["formats"]:
+        pattern = format_pattern(kw["formats"][0])
+        return pattern is not None and extendable(pattern, full_match=True)
     return True
 
 

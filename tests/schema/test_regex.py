@@ -12,6 +12,7 @@ import pytest
 
 from fd_guided.schema import regex
 from fd_guided.schema.refusal import Refusal
+from fd_guided.schema.regex import extendable
 
 from engine_probe import ENGINES, accepts, spec_for
 
@@ -107,3 +108,14 @@ def test_shorthands_inside_negated_classes_are_exact():
     assert not regex.contains(tree[1], ord("٣"))  # an Arabic-Indic digit is \d to Python
     positive, _ = regex.parse(r"\d")
     assert positive[1] == ((48, 57),)  # positive shorthands keep their ASCII members (a subset)
+
+
+@pytest.mark.parametrize("pattern, full_match, expected", [
+    ("^[a-z]+$", False, True), ("abc", False, True), ("^x", False, True), ("^(a+|b+)$", False, True),
+    ("^[a-z]+-[0-9]+$", False, True), ("^.*$", False, True),
+    ("^abc$", False, False), ("^(a|b+)$", False, False), ("^(foo|bar)$", False, False), ("^\\d{4}$", False, False),
+    ('^["]+$', False, False), ("^a(b[0-9]{1,6})?$", False, False), ("(", False, False),
+    ("[a-z]+", True, True), ("[a-z]{3}", True, False),
+])
+def test_extendable_means_no_prefix_is_a_dead_end(pattern, full_match, expected):
+    assert extendable(pattern, full_match=full_match) is expected
