@@ -14,6 +14,10 @@ run then). Policies, run in turn in this process, each on fresh schemas:
   inline as idle, and masks filled inline in the step (`overlap_fill=False`) instead of on a
          thread beside the forward
   nice   `background_idle_class=False`: niceness 19 instead (the behaviour before it existed)
+  slice  as idle, and the loop thread asks Linux (6.12+, ``sched_setattr``) for a 0.2 ms
+         scheduler slice (`shorten_slice`), so that when it wakes it preempts a running thread of
+         the same priority instead of waiting out that thread's protected slice (an experiment:
+         docs/benchmarks.md has what it gave)
   none   unguided requests (the same prompts): the floor of this host
 
 No HTTP: the server's own handling adds the same to every policy (`tools/load.py` measures it).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import os
 import platform
@@ -32,7 +37,34 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from load import complex_schema  # noqa: E402
 
-POLICIES = ("idle", "inline", "nice", "none")
+POLICIES = ("idle", "slice", "inline", "nice", "none")
+# sched_setattr's syscall number per architecture (no libc wrapper exists).
+_SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}
+MIN_SLICE_S = 0.0001
+
+
+class _SchedAttr(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_uint32), ("sched_policy", ctypes.c_uint32), ("sched_flags", ctypes.c_uint64),
+                ("sched_nice", ctypes.c_int32), ("sched_priority", ctypes.c_uint32), ("sched_runtime", ctypes.c_uint64),
+                ("sched_deadline", ctypes.c_uint64), ("sched_period", ctypes.c_uint64)]
+
+
+def shorten_slice(slice_s: float = 0.0002) -> bool:
+    """Ask the scheduler for a `slice_s` slice for the calling thread (SCHED_OTHER, its niceness
+    kept). False on other platforms or when refused (kernels before 6.12 accept and ignore it)."""
+    number = _SYS_SCHED_SETATTR.get(platform.machine())
+    if number is None or not sys.platform.startswith("linux"):
+        return False
+    try:
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        attr = _SchedAttr(size=ctypes.sizeof(_SchedAttr), sched_policy=os.SCHED_OTHER, sched_flags=0, sched_nice=nice,
+                          sched_runtime=int(max(slice_s, MIN_SLICE_S) * 1e9))
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syscall(number, 0, ctypes.byref(attr), 0) != 0:
+            return False
+    except (OSError, AttributeError, ValueError):
+        return False
+    return True
 
 
 def percentiles(values: list[float]) -> dict:
@@ -66,6 +98,8 @@ def run_policy(policy: str, args, offset: int) -> dict:
         done.set()
 
     async def measure() -> list[float]:
+        if policy == "slice":
+            shorten_slice()
         lags: list[float] = []
         worker = threading.Thread(target=decode, name="engine", daemon=True)
         worker.start()
