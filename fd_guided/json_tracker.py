@@ -18,11 +18,16 @@ from .schema.unique_paths import NodeSet, UniquePaths
 _WS = b" \t\n\r"
 _NUMBER_BYTES = frozenset(b"0123456789+-.eE")
 _LITERAL_LENGTH = {ord("t"): 4, ord("f"): 5, ord("n"): 4}
+# A literal item is decided by its first byte: starting one that its array holds already is a
+# dead end (``true`` cannot go on into another value), so it counts as a duplicate at once.
+_LITERAL_KEY = {ord("t"): ("b", True), ord("f"): ("b", False), ord("n"): ("z",)}
 # Token classes: bytes that can finish an item in a given state.
-QUOTE, NUMBER_END, LITERAL_END, CLOSE, AFTER_QUOTE = 1, 2, 4, 8, 16
-CLASS_BYTES = {QUOTE: b'"', NUMBER_END: b",]}" + _WS, LITERAL_END: b"el", CLOSE: b"]}"}
+QUOTE, NUMBER_END, LITERAL_END, CLOSE, AFTER_QUOTE, LITERAL_START = 1, 2, 4, 8, 16, 32
+CLASS_BYTES = {QUOTE: b'"', NUMBER_END: b",]}" + _WS, LITERAL_END: b"el", CLOSE: b"]}", LITERAL_START: b"tfn"}
 # AFTER_QUOTE: a comma or closing bracket after a quote (a token that ends a string and goes on).
-STRUCTURAL = QUOTE | NUMBER_END | LITERAL_END | CLOSE
+# LITERAL_START: t, f or n first, or after a comma, bracket or whitespace (a token that may begin a
+# literal item; `unique_guard.TokenClasses` narrows the byte test to that).
+STRUCTURAL = QUOTE | NUMBER_END | LITERAL_END | CLOSE | LITERAL_START
 _NONE, _STRING, _NUMBER, _LITERAL = 0, 1, 2, 3
 _MODE_CLASS = {_NONE: STRUCTURAL, _STRING: QUOTE, _NUMBER: NUMBER_END, _LITERAL: LITERAL_END}
 
@@ -240,6 +245,9 @@ class JsonTracker:
         elif byte in _LITERAL_LENGTH:
             self._value_start(at)
             self.mode, self.start = _LITERAL, at
+            unique = self.stack[-1][4] if self.stack and self.stack[-1][0] == "a" else None
+            if unique is not None and unique.start == at and _LITERAL_KEY[byte] in unique.judged:
+                self.duplicate = True
         elif byte == ord("{") or byte == ord("["):
             self._value_start(at)
             nodes = self._child_nodes()

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 from typing import Any, Sequence
 
 import numpy as np
 
 from .interface import Grammar
-from .json_tracker import CLASS_BYTES, AFTER_QUOTE, QUOTE, JsonTracker
+from .json_tracker import AFTER_QUOTE, CLASS_BYTES, LITERAL_START, QUOTE, JsonTracker
 from .schema.unique_paths import UniquePaths
 
 
@@ -59,6 +60,10 @@ class TokenClasses:
         if flat.size:
             starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))[nonempty]
             flags[nonempty] = np.bitwise_or.reduceat(byte_flags[flat], starts)
+        literal_start = re.compile(rb"(?:^|[\s,\[])[tfn]")
+        for token in np.nonzero(flags & LITERAL_START)[0].tolist():  # here: holds t, f or n
+            if not literal_start.search(texts[token]):
+                flags[token] &= 0xFF & ~LITERAL_START
         for token in np.nonzero(flags & QUOTE)[0].tolist():
             text = texts[token]
             if any(b in text[text.index(b'"'):] for b in b",]}"):

@@ -291,13 +291,13 @@ def test_a_compile_failure_fails_the_request_instead_of_a_none_processor(tokeniz
     config = fd_config(max_num_seqs=2)
     backend = get_guided_backend(config, tokenizer=tokenizer)
     # Grammar syntax is judged by the engines' parsers, in the compile workers: it fails the future.
-    for key in [("json", '{"type": "array", "uniqueItems": true}'), ("xml", "<a/>"), ("regex", "("), ("grammar", "root ::= ")]:
+    for key in [("json", '{"type": "array", "items": {"type": "integer"}, "uniqueItems": true}'), ("xml", "<a/>"), ("regex", "("), ("grammar", "root ::= ")]:
         future = backend.get_logits_processor(key)
         with pytest.raises(InvalidGrammarError):
             future.result(timeout=10)
     backend.close()
     # Not admitted (FastDeploy's offline path skipped its checker): the worker refuses it.
-    request = make_request(tokenizer, "bad", "Number:", guided_json='{"type": "array", "uniqueItems": true}')
+    request = make_request(tokenizer, "bad", "Number:", guided_json='{"type": "array", "items": {"type": "integer"}, "uniqueItems": true}')
     runner = MiniFastDeployRunner(config)
     try:
         runner.run([request])

@@ -75,6 +75,13 @@ def test_numbers_are_checked_when_they_end_and_a_refused_token_changes_nothing()
     assert pushes(tracker, "5", "]") == [True, True]
 
 
+def test_starting_a_literal_the_array_holds_is_a_duplicate_at_once():
+    tracker = tracker_for({"type": "array", "uniqueItems": True})
+    assert pushes(tracker, "[true", ", null", ", 1") == [True] * 3
+    assert pushes(tracker, ", t", ", n", ",nu") == [False] * 3  # "true"/"null" could not become anything else
+    assert pushes(tracker, ", f", "alse", "]") == [True] * 3
+
+
 def test_items_of_any_type_compare_by_value():
     tracker = tracker_for({"type": "array", "uniqueItems": True})
     assert pushes(tracker, "[true", ", 1", ', {"a": 1, "b": [1]}', ", null") == [True] * 4
@@ -114,22 +121,24 @@ def test_unique_paths_follow_refs_combinators_and_older_drafts():
 @pytest.mark.parametrize("name", BACKENDS)
 @pytest.mark.parametrize("items", [{"type": "string"}, {"type": "number"}, {"type": ["string", "number"]}, {"type": "string", "minLength": 2},
                                    {"type": "string", "pattern": "^[a-z]+(-[a-z0-9]+)*$"}, {"type": "string", "pattern": "x"},
-                                   {"type": "string", "format": "uri"}])
+                                   {"type": "string", "format": "uri"}, True, {"type": "object"},
+                                   {"type": ["string", "boolean", "null"]}, {"type": "array"}])
 def test_open_item_domains_are_admitted(name, items):
     parse_guided_request({"guided_json": {"type": "array", "items": items, "uniqueItems": True}}, GuidedConfig(backend=name))
+    parse_guided_request({"guided_json": {"type": "array", "uniqueItems": True}}, GuidedConfig(backend=name))  # any value
 
 
 @pytest.mark.parametrize("name", BACKENDS)
 @pytest.mark.parametrize("schema", [
-    {"type": "array", "uniqueItems": True},  # any value: true cannot go on into another value
     {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},  # 0 cannot go on
+    {"type": "array", "items": {"type": ["integer", "boolean"]}, "uniqueItems": True},
     {"type": "array", "items": {"type": "string", "maxLength": 3}, "uniqueItems": True},
     {"type": "array", "items": {"type": "string", "pattern": "^[ab]$"}, "uniqueItems": True},
     {"type": "array", "items": {"type": "string", "pattern": "^(a|b+)$"}, "uniqueItems": True},  # "a" cannot go on
     {"type": "array", "items": {"type": "string", "format": "date"}, "uniqueItems": True},
     {"type": "array", "items": {"type": "string", "format": "uri", "pattern": "^h"}, "uniqueItems": True},
     {"type": "array", "items": {"type": "number", "maximum": 3}, "uniqueItems": True},
-    {"type": "array", "items": {"type": "object"}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string"}}}, "uniqueItems": True},  # strict: closed
 ])
 def test_item_domains_that_can_dead_end_stay_refused(name, schema):
     with pytest.raises(InvalidGrammarError, match="uniqueItems") as refused:
@@ -181,6 +190,7 @@ def adversarial_output(backend, tokenizer, schema, preferences: list[bytes], max
     (STRINGS, [b'"', b"a", b",", b"["]),
     (NUMBERS, [b",", b"1", b"0", b"["]),
     ({**STRINGS, "items": {"type": "string", "pattern": "^[a-z]+$"}}, [b'"', b"a", b",", b"["]),
+    ({"type": "array", "uniqueItems": True, "minItems": 6}, [b"true", b"null", b"false", b",", b"1", b"[", b"{", b"}", b"]"]),
     ({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 4}},
       "required": ["t"]}, [b'"', b"t", b"a", b":", b",", b"[", b"{"]),
 ])

@@ -49,40 +49,72 @@ def finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
 
 
 def _open_array(kw: dict, ctx) -> bool:
-    """Every position of the array holds an open domain (`open_domain`): nothing but items, or
-    items and prefix items, all open."""
-    positions = list(kw["prefix"]) + ([] if kw["items"] is None or kw["items"].is_none else [kw["items"]])
-    if kw["items"] is None and not kw["prefix"]:
-        return False  # any value: ``true`` cannot be continued into something else
+    """Every position of the array (its prefix items and its items; absent items are any value)
+    holds an open domain (`open_domain`)."""
+    positions = list(kw["prefix"]) + ([] if kw["items"] is not None and kw["items"].is_none else [kw["items"] or ANY])
     return bool(positions) and all(open_domain(u, ctx) for u in positions)
 
 
-def open_domain(u: U, ctx, depth: int = 0) -> bool:
-    """True when, from any prefix of any value of `u`, infinitely many values of `u` remain: a
-    string with no maximum length and at most one `pattern` or `format` whose language never
-    ends in a dead end (`regex.extendable`: e.g. ``^[a-z]+$``, ``uri``; not ``^(a|b+)$``,
-    ``date``), or a number with no bounds or steps (an integer is not: ``0`` cannot be
-    continued). Then however many items an array already holds, an item being written can always
-    become a new one, so the uniqueness guard never leaves a request without a token
-    (`fd_guided.unique_guard`)."""
-    if u.is_any or u.is_none or depth > 8:
+def open_domain(u: U, ctx) -> bool:
+    """True when an item of `u` being written can always still become a value no earlier item
+    has, so the uniqueness guard never leaves a request without a token (`fd_guided.unique_guard`).
+    It holds when at least one alternative is *open* (from any prefix of its values infinitely
+    many values remain) and every other is open or a literal (``true``/``false``/``null``: the
+    guard refuses to start a literal the array holds already). Open: any value; a string with no
+    maximum length and at most one `pattern` or `format` whose language never dead-ends
+    (`regex.extendable`: ``^[a-z]+$``, ``uri``; not ``^(a|b+)$``, ``date``); a number with no
+    bounds or steps (an integer is not: ``0`` cannot go on); an object that declares no
+    properties (another key can always be added); an array of open items with no maximum."""
+    leaves = _concrete_leaves(u, ctx, 0)
+    if leaves is None:
         return False
+    return any(_open_leaf(leaf, ctx) for leaf in leaves) and all(_open_leaf(leaf, ctx) or _literal_leaf(leaf) for leaf in leaves)
+
+
+def _concrete_leaves(u: U, ctx, depth: int) -> list | None:
+    """`u`'s leaves with references expanded ([ANY] for any value); None when unknowable."""
+    if u.is_any:
+        return [ANY]
+    if u.is_none or depth > 8:
+        return None
+    out: list = []
     for leaf in u.leaves:
-        if leaf.kind == "ref":
-            try:
-                if not open_domain(ctx.expand(leaf), ctx, depth + 1):
-                    return False
-            except Refusal:
-                return False
-        elif leaf.kind == "string":
-            if not _open_string(leaf.kw):
-                return False
-        elif leaf.kind == "number":
-            if leaf.kw["lo"] is not None or leaf.kw["hi"] is not None or leaf.kw["steps"]:
-                return False
-        else:
-            return False
-    return True
+        if leaf.kind != "ref":
+            out.append(leaf)
+            continue
+        try:
+            expanded = _concrete_leaves(ctx.expand(leaf), ctx, depth + 1)
+        except Refusal:
+            return None
+        if expanded is None:
+            return None
+        out.extend(expanded)
+    return out
+
+
+def _open_leaf(leaf, ctx) -> bool:
+    if leaf is ANY:
+        return True
+    kw = leaf.kw
+    if leaf.kind == "string":
+        return _open_string(kw)
+    if leaf.kind == "number":
+        return kw["lo"] is None and kw["hi"] is None and not kw["steps"]
+    if leaf.kind == "object":
+        return (not kw["props"] and not kw["pprops"] and (kw["additional"] is None or kw["additional"].is_any)
+                and kw["max"] is None and not kw["names"])
+    if leaf.kind == "array":
+        return (not kw["prefix"] and kw["max"] is None and not kw["unique"] and not kw["contains"]
+                and (kw["items"] is None or kw["items"].is_any))
+    return False
+
+
+def _literal_leaf(leaf) -> bool:
+    if leaf is ANY:
+        return False
+    if leaf.kind in ("boolean", "null"):
+        return True
+    return leaf.kind == "enum" and all(value is None or isinstance(value, bool) for value in leaf.kw["values"])
 
 
 def _open_string(kw: dict) -> bool:

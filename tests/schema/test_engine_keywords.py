@@ -104,7 +104,7 @@ def test_remote_ref_under_a_property_named_like_a_data_keyword(keyword):
 
 @pytest.mark.parametrize("name", ("xgrammar", "llguidance"))
 def test_format_style_structural_tags_go_through_the_normaliser(name):
-    tag = {"format": {"type": "json_schema", "json_schema": {"type": "array", "uniqueItems": True}}}
+    tag = {"format": {"type": "json_schema", "json_schema": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}}
     with pytest.raises(InvalidGrammarError, match="uniqueItems"):
         parse_guided_request({"structural_tag": tag}, GuidedConfig(backend=name))
     dated = {"format": {"type": "json_schema", "json_schema": {"type": "string", "format": "date"}}}
