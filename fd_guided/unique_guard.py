@@ -2,27 +2,29 @@
 
 No grammar can say "these strings are all different", so neither engine enforces ``uniqueItems``
 past small finite domains (which the normaliser enumerates). For a JSON-schema request whose
-unique arrays hold *open* items (strings without a maximum length, whose pattern or format never
-dead-ends; numbers without bounds or steps: `fd_guided.schema.unique_items`), the normaliser hands the engine the array
-without ``uniqueItems`` and this guard adds it back around the engine's matcher:
+unique arrays hold *open* items (`fd_guided.schema.unique_items.open_domain`: strings without a
+maximum length whose pattern or format never dead-ends, unbounded numbers, any value, objects
+declaring no properties, unions of those with literals), the normaliser hands the engine the
+array without ``uniqueItems`` and this guard adds it back around the engine's matcher:
 
-  - `json_tracker.JsonTracker` follows the accepted bytes through the JSON structure: the instance path of
-    every open container, and, inside each array `UniquePaths` says may need to be unique, the
-    values of its finished items (by `jsonschema`'s equality: ``1`` equals ``1.0``, ``true`` is
-    not ``1``, objects ignore key order; and by exact decimal value, so a long integer and its
-    float spelling count as equal too);
+  - `json_tracker.JsonTracker` follows the accepted bytes through the JSON structure: the
+    instance path of every open container, and, inside each array `UniquePaths` says may need
+    to be unique, the values of its finished items (by `jsonschema`'s equality: ``1`` equals
+    ``1.0``, ``true`` is not ``1``, objects ignore key order; and by exact decimal value, so a
+    long integer and its float spelling count as equal too);
   - `UniqueItemsGrammar.fill_bitmask` clears, after the engine filled the row, every allowed
-    token that would finish an item equal to an earlier item of its array. Only tokens that can
-    finish an item in the current state are tried (those holding a quote, a number's end, a
-    literal's last letter or a closing bracket: `TokenClasses`), each on a copy of the state;
+    token that would finish an item equal to an earlier item of its array, or start a literal
+    the array holds already. Only tokens that can do so in the current state are tried (those
+    holding a quote, a number's end, a literal's first or last letter or a closing bracket:
+    `TokenClasses`), each on a copy of the state (a string item is one set lookup);
   - `accept_token` refuses such a token too (the state stays as it was), so the guard holds for
-    callers that accept without masking (speculative drafts, jump-forward).
+    callers that accept without masking (speculative drafts).
 
 Liveness: with open items some other item always remains (a string can go on, a number can take
-more digits), so the mask never becomes empty through this guard where the normaliser accepted
-the schema. An array guarded without need (`UniquePaths` over-approximates) could dead-end on a
-closed item domain; the manager then fails that request with "allows no token", never emits an
-invalid output.
+more digits, an object another key, and a literal already held is never begun), so the mask never
+becomes empty through this guard where the normaliser accepted the schema. An array guarded
+without need (`UniquePaths` over-approximates) could dead-end on a closed item domain; the
+manager then fails that request with "allows no token", never emits an invalid output.
 """
 from __future__ import annotations
 
