@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal, InvalidOperation
-from typing import Any
-
+from .schema.leaves import json_key
+from .schema.refusal import Refusal
 from .schema.unique_paths import NodeSet, UniquePaths
 
 _WS = b" \t\n\r"
@@ -20,7 +20,7 @@ _NUMBER_BYTES = frozenset(b"0123456789+-.eE")
 _LITERAL_LENGTH = {ord("t"): 4, ord("f"): 5, ord("n"): 4}
 # A literal item is decided by its first byte: starting one that its array holds already is a
 # dead end (``true`` cannot go on into another value), so it counts as a duplicate at once.
-_LITERAL_KEY = {ord("t"): ("b", True), ord("f"): ("b", False), ord("n"): ("z",)}
+_LITERAL_KEY = {ord("t"): json_key(True), ord("f"): json_key(False), ord("n"): json_key(None)}
 # Token classes: bytes that can finish an item in a given state.
 QUOTE, NUMBER_END, LITERAL_END, CLOSE, AFTER_QUOTE, LITERAL_START = 1, 2, 4, 8, 16, 32
 CLASS_BYTES = {QUOTE: b'"', NUMBER_END: b",]}" + _WS, LITERAL_END: b"el", CLOSE: b"]}", LITERAL_START: b"tfn"}
@@ -33,36 +33,22 @@ _MODE_CLASS = {_NONE: STRUCTURAL, _STRING: QUOTE, _NUMBER: NUMBER_END, _LITERAL:
 
 
 def item_keys(text: bytes) -> tuple:
-    """Two hashable forms of one JSON value: `jsonschema`'s equality (floats) and exact decimals."""
+    """Two `json_key`s of one JSON value: read as `jsonschema` reads it (floats) and as exact decimals."""
     if text[:1] == b'"' and b"\\" not in text:  # a string without escapes: its bytes are its value
         try:
-            key = ("s", text[1:-1].decode("utf-8"))
+            key = json_key(text[1:-1].decode("utf-8"))
             return key, key
         except UnicodeDecodeError:
             pass
     try:
-        judged = _hashable(json.loads(text))
-    except (ValueError, RecursionError):
+        judged = json_key(json.loads(text))
+    except (ValueError, RecursionError, Refusal):
         judged = ("raw", text)
     try:
-        exact = _hashable(json.loads(text, parse_float=Decimal, parse_int=Decimal))
-    except (ValueError, RecursionError, InvalidOperation):
+        exact = json_key(json.loads(text, parse_float=Decimal, parse_int=Decimal))
+    except (ValueError, RecursionError, InvalidOperation, Refusal):
         exact = ("raw", text)
     return judged, exact
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, bool):
-        return ("b", value)
-    if value is None:
-        return ("z",)
-    if isinstance(value, str):
-        return ("s", value)
-    if isinstance(value, list):
-        return ("a", tuple(_hashable(v) for v in value))
-    if isinstance(value, dict):
-        return ("o", frozenset((k, _hashable(v)) for k, v in value.items()))
-    return ("n", value)
 
 
 class _Unique:
@@ -136,28 +122,31 @@ class JsonTracker:
 
     def guarded(self) -> bool:
         """True inside an array that may need unique items."""
-        return any(frame[0] == "a" and frame[4] is not None for frame in self.stack)
+        return any(_unique_of(frame) is not None for frame in self.stack)
 
     def finishing_classes(self) -> int:
         """Token classes (`TokenClasses`) that may finish a duplicate item of a guarded array now.
         A string item no earlier item begins with cannot finish as a duplicate: then only tokens
         that end it and go on to another item or a closing bracket need a look."""
         classes = AFTER_QUOTE if self._string_item_is_new() else _MODE_CLASS[self.mode]
-        if any(frame[0] == "a" and frame[4] is not None for frame in self.stack[:-1]):
+        if any(_unique_of(frame) is not None for frame in self.stack[:-1]):
             classes |= CLOSE  # an enclosing guarded array's item ends with a bracket
         return classes
 
+    def _top_unique(self) -> "_Unique | None":
+        """The items of the innermost container when it is a guarded array."""
+        return _unique_of(self.stack[-1]) if self.stack else None
+
     def _string_item_is_new(self) -> bool:
         written = self._open_string_item()
-        return written is not None and not any(seen.startswith(written) for seen in self.stack[-1][4].strings)
+        return written is not None and not any(seen.startswith(written) for seen in self._top_unique().strings)
 
     def _open_string_item(self) -> bytes | None:
         """The bytes written so far of a string item of the top (guarded) array, when it is being
         written and holds no escape (its bytes are then its value); None otherwise."""
-        if self.mode != _STRING or self.is_key or self.escape or not self.stack:
+        if self.mode != _STRING or self.is_key or self.escape:
             return None
-        frame = self.stack[-1]
-        unique = frame[4] if frame[0] == "a" else None
+        unique = self._top_unique()
         if unique is None or unique.start != self.start:
             return None
         written = bytes(self.buffer[self.start + 1:])
@@ -172,7 +161,7 @@ class JsonTracker:
             if quote < 0:
                 return False  # the string goes on
             if b"\\" not in data[:quote]:
-                return written + data[:quote] in self.stack[-1][4].strings
+                return written + data[:quote] in self._top_unique().strings
         state = self.snapshot()
         duplicate = not self.feed(data)
         self.restore(state)
@@ -245,8 +234,8 @@ class JsonTracker:
         elif byte in _LITERAL_LENGTH:
             self._value_start(at)
             self.mode, self.start = _LITERAL, at
-            unique = self.stack[-1][4] if self.stack and self.stack[-1][0] == "a" else None
-            if unique is not None and unique.start == at and _LITERAL_KEY[byte] in unique.judged:
+            unique = self._top_unique()
+            if unique is not None and _LITERAL_KEY[byte] in unique.judged:
                 self.duplicate = True
         elif byte == ord("{") or byte == ord("["):
             self._value_start(at)
@@ -267,9 +256,9 @@ class JsonTracker:
 
     def _value_start(self, at: int) -> None:
         """A value begins at `at` in the top frame: a guarded array notes where its item began."""
-        if self.stack and self.stack[-1][0] == "a" and self.stack[-1][4] is not None:
-            frame = self.stack[-1]
-            self.stack = self.stack[:-1] + (frame[:4] + (frame[4].starting(at),),)
+        unique = self._top_unique()
+        if unique is not None:
+            self.stack = self.stack[:-1] + (self.stack[-1][:4] + (unique.starting(at),),)
 
     def _child_nodes(self) -> NodeSet:
         """The schemas that may apply to the container value starting in the top frame."""
@@ -311,6 +300,10 @@ class JsonTracker:
             self.stack = self.stack[:-1] + (("o", frame[1], None, "key"),)
         else:
             self.stack = self.stack[:-1] + (("a", frame[1], frame[2] + 1, "value", frame[4]),)
+
+
+def _unique_of(frame: tuple) -> "_Unique | None":
+    return frame[4] if frame[0] == "a" else None
 
 
 def _string_run_end(data: bytes, at: int) -> int:

@@ -38,6 +38,7 @@ import numpy as np
 
 from .interface import Grammar
 from .json_tracker import AFTER_QUOTE, CLASS_BYTES, LITERAL_START, QUOTE, JsonTracker
+from .manager.slot import host_words
 from .schema.unique_paths import UniquePaths
 
 
@@ -134,9 +135,8 @@ class UniqueItemsGrammar(Grammar):
         tracker = self.tracker
         if not tracker.guarded():
             return
-        words = _row_words(bitmask, row)
-        ids = self.classes.ids(tracker.finishing_classes())
-        ids = ids[ids < words.size * 32]
+        words = host_words(bitmask)[row].view(np.uint32)
+        ids = self.classes.ids(tracker.finishing_classes())  # token ids < vocab_size: inside the row
         allowed = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
         flags = self.classes.flags
         for token in allowed.tolist():
@@ -157,13 +157,6 @@ class UniqueItemsGrammar(Grammar):
     def forced_bytes(self) -> bytes:
         # Forced bytes could finish a duplicate; inside guarded arrays nothing is forced.
         return b"" if self.tracker.guarded() else self.inner.forced_bytes()
-
-
-def _row_words(bitmask, row: int) -> np.ndarray:
-    view = bitmask[row]
-    if hasattr(view, "numpy"):
-        view = view.numpy()
-    return view.view(np.uint32)
 
 
 def with_unique_guard(matcher: Grammar, spec, token_bytes: Sequence[bytes | None]) -> Grammar:

@@ -3,8 +3,8 @@
     python tools/unique_guard_cost.py [--items 12] [--repeats 5]
 
 One JSON output (an object holding an array of similar strings: the guard's worst realistic case,
-every item sharing a long prefix with the earlier ones) is tokenized greedily over deepseek's
-129,280-token vocabulary and walked token by token on each engine, twice: under a schema with
+every item sharing a long prefix with the earlier ones) is tokenized by deepseek's tokenizer
+(129,280 tokens) and walked token by token on each engine, twice: under a schema with
 ``uniqueItems: true`` (the guard runs) and under the same schema without it. Each step times
 `fill_bitmask` only. Prints p50/p90/max per engine and schema.
 """
@@ -25,16 +25,6 @@ from fd_guided.tokenizer import load_tokenizer
 def schema(unique: bool) -> dict:
     array = {"type": "array", "items": {"type": "string"}, **({"uniqueItems": True} if unique else {})}
     return {"type": "object", "properties": {"tags": array}, "required": ["tags"]}
-
-
-def greedy_tokens(tokenizer, text: str) -> list[int]:
-    index = {piece: i for i, piece in enumerate(tokenizer.token_bytes) if piece}
-    data, ids, at = text.encode(), [], 0
-    while at < len(data):
-        length = next(n for n in range(min(16, len(data) - at), 0, -1) if data[at:at + n] in index)
-        ids.append(index[data[at:at + length]])
-        at += length
-    return ids
 
 
 def fill_times(backend, spec, ids: list[int], repeats: int) -> list[float]:
@@ -58,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = load_tokenizer("deepseek")
     text = '{"tags": [' + ", ".join(json.dumps(f"tag number {i} of the list") for i in range(args.items)) + "]}"
-    ids = greedy_tokens(tokenizer, text)
+    ids = tokenizer.encode(text)
     for name in ("xgrammar", "llguidance"):
         backend = get_backend_class(name)(tokenizer, vocab_size=tokenizer.padded_vocab_size, config=GuidedConfig(backend=name))
         for label, unique in (("uniqueItems (guarded)", True), ("no uniqueItems", False)):

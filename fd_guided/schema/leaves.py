@@ -21,6 +21,8 @@ evaluate nothing, as JSON Schema's ``not`` drops annotations.
 """
 from __future__ import annotations
 
+from decimal import Decimal
+
 import math
 import re
 from typing import Any, Callable
@@ -124,6 +126,7 @@ class Context:
     """What merging needs from the normaliser: expanding refs, checking enum values, a work budget."""
 
     merge_expansions = 0  # refs expanded by the merges in progress (see `merge`)
+    unique_guard = False  # the runtime uniqueness guard will run (`unique_items.finish_unique`)
 
     def expand(self, leaf: Leaf) -> U:  # pragma: no cover - interface
         raise NotImplementedError
@@ -337,6 +340,8 @@ def json_key(value: Any) -> Any:
         return ("b", value)
     if isinstance(value, (int, float)):
         return ("n", int(value) if isinstance(value, float) and value.is_integer() else value)
+    if isinstance(value, Decimal):  # exact numbers (`fd_guided.json_tracker`): equal ones hash alike
+        return ("n", value)
     if isinstance(value, str):
         return ("s", value)
     if isinstance(value, list):

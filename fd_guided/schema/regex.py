@@ -373,15 +373,21 @@ def translate_full_match(pattern: str, engine: str) -> str:
     reading matches no string at all (``[^\\s\\S]``): the engines' own negated classes can
     admit surrogate-adjacent bytes there (llguidance generated U+E000 for it).
     """
-    tree, _ = parse(pattern)
-    branches = tree[1] if tree[0] == "alt" else [tree]
-    tree = ("alt", [_strip_end_anchors(branch) for branch in branches]) if len(branches) > 1 else _strip_end_anchors(branches[0])
-    _no_inner_anchor(tree)
-    tree = restrict(tree, _ALL)
+    tree = restrict(_full_match_reading(pattern), _ALL)
     if tree == EMPTY_SET:
         raise Unsatisfiable(f"the regex {pattern[:60]!r} matches no string")
     check_counts(tree, XGRAMMAR_MAX_COUNT if engine == "xgrammar" else None)
     return to_text(tree, engine) if tree != EPSILON else ""
+
+
+def _full_match_reading(pattern: str) -> tuple:
+    """`pattern` read for ``re.fullmatch``: ``^``/``$`` at the ends of each branch dropped (no-ops
+    there), anywhere else refused."""
+    tree, _ = parse(pattern)
+    branches = tree[1] if tree[0] == "alt" else [tree]
+    tree = ("alt", [_strip_end_anchors(branch) for branch in branches]) if len(branches) > 1 else _strip_end_anchors(branches[0])
+    _no_inner_anchor(tree)
+    return tree
 
 
 def _strip_end_anchors(node: tuple) -> tuple:
@@ -400,12 +406,7 @@ def extendable(pattern: str, *, full_match: bool = False) -> bool:
     the tree: the pattern is unanchored at its end, or every way through it ends in an unbounded
     repetition (an alternation: each branch; a sequence: its last part). False when unsure."""
     try:
-        tree, _ = parse(pattern)
-        if full_match:
-            tree = _strip_end_anchors(tree) if tree[0] != "alt" else ("alt", [_strip_end_anchors(b) for b in tree[1]])
-            _no_inner_anchor(tree)
-        else:
-            tree = full_match_tree(tree, _ALL)
+        tree = _full_match_reading(pattern) if full_match else full_match_tree(parse(pattern)[0], _ALL)
     except Refusal:
         return False
     return _ends_open(tree)

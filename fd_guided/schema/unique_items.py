@@ -26,7 +26,7 @@ def finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
     if kw["max"] is not None and kw["max"] <= 1:
         return [plain]
     location = f"{leaf.origin}.uniqueItems"
-    if getattr(ctx, "unique_guard", False) and _open_array(kw, ctx):
+    if ctx.unique_guard and _open_array(kw, ctx):
         return [plain]
     rest = _domain(ANY if kw["items"] is None else kw["items"])
     if rest is None:
