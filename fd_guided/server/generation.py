@@ -98,7 +98,7 @@ class Generation:
             if update.new_token_ids and self._first_token_at is None:
                 self._first_token_at = time.perf_counter()
                 self.state.metrics.ttft_seconds.labels(self.endpoint).observe(self._first_token_at - self.started)
-            delta = choice.text.add(update.new_token_ids)
+            delta = choice.text.add(update.new_token_ids, final=update.finished is not None)
             choice.tokens += len(update.new_token_ids)
             if choice.text.stopped:
                 self._finish(choice, "stop", None)

@@ -1,14 +1,17 @@
 """One choice's text as it grows: incremental detokenization, stop strings, and text held back.
 
 Each step adds tokens; `ChoiceText.add` returns the text that is now safe to send to a streaming
-client. Held back: a trailing incomplete UTF-8 sequence (it decodes to U+FFFD until its last byte
-arrives), a suffix that may be the start of a stop string, and, for tool calling, everything from
+client. Decoding is incremental (each token's bytes once, through a UTF-8 decoder that keeps an
+incomplete trailing sequence until its last byte arrives) and stop strings are searched only where
+the new text can complete one, so a token costs the same at the 4,000th as at the first: this runs
+on the event loop, once per token per streaming choice. Held back: a suffix that may be the start of a stop string, and, for tool calling, everything from
 the tool-call trigger on (a call is sent whole, once parsed). A stop string found ends the choice:
 the text is cut before it (OpenAI semantics; a guided output cut this way may be incomplete, as
 anywhere else).
 """
 from __future__ import annotations
 
+import codecs
 from typing import Sequence
 
 from ..tokenizer import TokenizerBundle
@@ -32,14 +35,19 @@ class ChoiceText:
         self.text = ""
         self.sent = 0
         self.stopped = False
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._longest_stop = max((len(stop) for stop in self.stop), default=0)
+        self._marker_at = -1
 
-    def add(self, token_ids: Sequence[int]) -> str:
-        """Take new tokens; return the text newly safe to send. After a stop string, nothing."""
+    def add(self, token_ids: Sequence[int], final: bool = False) -> str:
+        """Take new tokens (`final`: the last ones; an incomplete UTF-8 tail then decodes to U+FFFD,
+        as a whole decode gives); return the text newly safe to send. After a stop string, nothing."""
         if self.stopped:
             return ""
         self.token_ids.extend(token_ids)
-        self.text = self.tokenizer.decode(self.token_ids)
-        cut = self._first_stop()
+        searched_to = max(0, len(self.text) - self._longest_stop + 1)
+        self.text += self._utf8.decode(self.tokenizer.decode_bytes(token_ids), final)
+        cut = self._first_stop(searched_to)
         if cut is not None:
             self.text, self.stopped = self.text[:cut], True
             return self._send_up_to(self._held_limit(final=True))
@@ -47,10 +55,12 @@ class ChoiceText:
 
     def rest(self) -> str:
         """At the end: everything not sent yet (tool-call callers take `text` instead)."""
-        return self._send_up_to(len(self.text))
+        flushed = "" if self.stopped else self.add((), final=True)
+        return flushed + self._send_up_to(len(self.text))
 
-    def _first_stop(self) -> int | None:
-        found = [index for index in (self.text.find(stop) for stop in self.stop) if index >= 0]
+    def _first_stop(self, start: int) -> int | None:
+        """The first stop string starting at or after `start` (earlier ones were found before)."""
+        found = [index for index in (self.text.find(stop, start) for stop in self.stop) if index >= 0]
         return min(found) if found else None
 
     def _held_limit(self, final: bool) -> int:
@@ -58,12 +68,12 @@ class ChoiceText:
             return self.sent
         limit = len(self.text)
         if not final:
-            # An incomplete UTF-8 sequence decodes to U+FFFD until its last byte arrives.
-            limit = len(self.text.rstrip("\ufffd"))
             for stop in self.stop:
                 limit = min(limit, len(self.text) - _partial_suffix(self.text, stop))
         if self.hold_from is not None:
-            marker = self.text.find(self.hold_from)
+            if self._marker_at < 0:
+                self._marker_at = self.text.find(self.hold_from, max(0, self.sent - len(self.hold_from)))
+            marker = self._marker_at
             limit = min(limit, marker if marker >= 0 else len(self.text) - _partial_suffix(self.text, self.hold_from))
         return max(limit, self.sent)
 

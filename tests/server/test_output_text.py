@@ -43,6 +43,32 @@ def test_partial_utf8_is_held_until_complete(tokenizer):
     assert deltas == ["", "é", "!"]
 
 
+def test_a_truncated_utf8_tail_ends_as_a_replacement_character(tokenizer):
+    text = ChoiceText(tokenizer)
+    assert feed(text, tokenizer, "é€".encode()[:-1]) == ["", "é", "", ""]
+    assert text.rest() == "\ufffd" and text.text == "é\ufffd"
+    final = ChoiceText(tokenizer)
+    ids = byte_ids(tokenizer, "é€".encode()[:-1])
+    assert final.add(ids[:-1]) == "é" and final.add(ids[-1:], final=True) == "\ufffd"
+
+
+def test_incremental_text_equals_a_whole_decode_for_any_split(tokenizer):
+    import random
+    rng = random.Random(7)
+    sample = "héllo wörld ✓ 日本語 😀 {\"a\": \"€\"} END tail <tool_call>\n{\"x\": 1}"
+    ids = tokenizer.encode(sample) + byte_ids(tokenizer, "日".encode())[:2]  # ends inside a character
+    whole = tokenizer.decode(ids)
+    for trial in range(40):
+        text, deltas, at = ChoiceText(tokenizer, ["END"] if trial % 2 else []), [], 0
+        while at < len(ids):
+            size = rng.randint(1, 4)
+            deltas.append(text.add(ids[at:at + size], final=at + size >= len(ids)))
+            at += size
+        deltas.append(text.rest())
+        expected = whole[:whole.find("END")] if trial % 2 else whole
+        assert text.text == expected and "".join(deltas) == expected
+
+
 def test_tool_trigger_and_hold_all(tokenizer):
     text = ChoiceText(tokenizer, hold_from="<tool_call>")
     sent = "".join(feed(text, tokenizer, b"hi <tool_call>\n{"))
