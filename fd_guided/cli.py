@@ -116,6 +116,10 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--switch-interval-ms", type=float, default=1.0,
                        help="Python's GIL switch interval for the process (Python's default is 5): shorter keeps "
                             "the event loop's wait for the GIL short while engine and admission threads are busy")
+    serve.add_argument("--loop-priority", default="auto", choices=("auto", "realtime", "normal"),
+                       help="CPU class of the event-loop thread alone: auto tries SCHED_RR priority 1 (needs "
+                            "CAP_SYS_NICE or RLIMIT_RTPRIO; falls back to normal), so a busy host cannot delay it by "
+                            "a scheduler slice; realtime insists; normal never asks")
     serve.add_argument("--seed", type=int, default=0, help="seed of the model's random weights")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     serve.set_defaults(handler=_serve)
@@ -129,7 +133,7 @@ def _serve(args) -> int:
                               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                               chat_template=args.chat_template, served_model_name=args.served_model_name,
                               default_max_tokens=args.default_max_tokens, admission_threads=args.admission_threads,
-                              switch_interval_s=args.switch_interval_ms / 1000)
+                              switch_interval_s=args.switch_interval_ms / 1000, loop_priority=args.loop_priority)
     serve(settings, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

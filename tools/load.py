@@ -251,7 +251,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{args.port}"
     command = [sys.executable, "-m", "fd_guided.cli", "serve", "--port", str(args.port), "--preset", args.preset,
                "--max-num-seqs", str(args.max_num_seqs), "--switch-interval-ms", str(args.switch_interval_ms),
-               "--log-level", "warning"]
+               "--log-level", "warning", "--loop-priority", args.loop_priority]
     print("+ " + " ".join(command), flush=True)
     process = subprocess.Popen(command, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
     deadline = time.monotonic() + 180
@@ -269,7 +269,9 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
 
 
 async def run(args, url: str) -> dict:
-    limits = httpx.Limits(max_connections=args.background + args.cold + 8)
+    # Idle connections are dropped before uvicorn's 5 s keep-alive timeout: a request sent on one the
+    # server is closing at that moment fails with a ReadError that is the client's race, not the server's.
+    limits = httpx.Limits(max_connections=args.background + args.cold + 8, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(args.phase_timeout_s + 30), limits=limits) as client:
         args.model = args.model or (await client.get("/v1/models")).json()["data"][0]["id"]
         budget = Budget(args.max_requests)
@@ -278,6 +280,9 @@ async def run(args, url: str) -> dict:
             await stream_one(client, args.model, "warmup", 4, {"response_format": response_format(complex_schema(1_000_000 + i), "c")})
         cold_offset = int(time.time()) % 100_000 * 1000  # fresh schemas on every run against a long-lived server
         report = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "phases": {}}
+        # What the server's event-loop thread runs with (its --loop-priority, as the kernel applied it).
+        report["loop_scheduling"] = (await client.get("/health")).json().get("loop_scheduling")
+        print(f"server event loop: {report['loop_scheduling']}", flush=True)
         for name, guided in (("unguided", False), ("guided", True)):
             await settle(client, args.phase_timeout_s)
             print(f"phase {name}: {args.background} background clients, burst of {args.cold} after {args.burst_delay_s} s", flush=True)
@@ -315,6 +320,8 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", default="small", help="model preset for --start-server")
     parser.add_argument("--max-num-seqs", type=int, default=96, help="engine slots for --start-server (room for the burst)")
     parser.add_argument("--switch-interval-ms", type=float, default=1.0, help="GIL switch interval for --start-server")
+    parser.add_argument("--loop-priority", default="auto", choices=("auto", "realtime", "normal"),
+                        help="the event-loop thread's CPU class for --start-server (`fd-guided serve --loop-priority`)")
     parser.add_argument("--model", help="model id (default: the server's)")
     parser.add_argument("--background", type=int, default=8, help="streaming clients sending back to back")
     parser.add_argument("--cold", type=int, default=64, help="requests in the burst (distinct cold schemas when guided)")

@@ -7,7 +7,9 @@ reasons and error paths, never content. A choice cut by max_tokens (``length``) 
 each test asks for enough finished choices to be meaningful.
 """
 import json
+import os
 import re
+import sys
 from typing import Literal
 
 import httpx
@@ -70,10 +72,25 @@ def check_tool_calls(calls, allowed=SCHEMAS) -> None:
         check_json(allowed[call.function.name], call.function.arguments)
 
 
+def check_loop_scheduling(pid: int, reported: str) -> None:
+    """`fd-guided serve` defaults to --loop-priority auto: where this user may, the event loop's
+    thread (the main one) alone runs SCHED_RR; otherwise none does and /health says why. (The
+    thread loading cache-only compiles runs SCHED_IDLE by design.)"""
+    if not sys.platform.startswith("linux"):
+        return
+    policies = {int(tid): os.sched_getscheduler(int(tid)) & ~os.SCHED_RESET_ON_FORK for tid in os.listdir(f"/proc/{pid}/task")}
+    if reported.startswith("SCHED_RR"):
+        assert reported.startswith("SCHED_RR priority 1") and policies.pop(pid) == os.SCHED_RR
+    else:
+        assert "SCHED_RR refused" in reported
+    assert os.SCHED_OTHER in policies.values() and set(policies.values()) <= {os.SCHED_OTHER, os.SCHED_IDLE}
+
+
 def test_models_health_and_metrics(server, client):
     assert [model.id for model in client.models.list()] == [MODEL]
     health = httpx.get(server.base_url + "/health").json()
     assert health["status"] == "ok" and health["requests_in_flight"] == 0
+    check_loop_scheduling(server.process.pid, health["loop_scheduling"])
     client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, extra_body={"guided_choice": ["x", "y"]})
     families = {family.name: family for family in text_string_to_metric_families(httpx.get(server.base_url + "/metrics").text)}
     # the manager's metrics and the server's own, in one parseable exposition
