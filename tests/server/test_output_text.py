@@ -82,5 +82,5 @@ def test_serve_help(capsys):
         main(["serve", "--help"])
     assert exited.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--port", "--preset", "--backend", "--chat-template", "--switch-interval-ms"):
+    for flag in ("--port", "--preset", "--backend", "--chat-template", "--switch-interval-ms", "--loop-priority"):
         assert flag in out
