@@ -3,12 +3,16 @@
 `JsonTracker` is a byte-level pushdown reader of the JSON an engine already admitted (it checks
 no syntax; the grammar does): it knows the instance path of every open container (as `UniquePaths`
 node sets), and in each array that may need unique items the finished items (`item_keys`: by
-`jsonschema`'s equality, and by exact decimals) and where the current one began. One snapshot per
+`jsonschema`'s equality, and by exact decimals) and where the current one began; for an array
+whose items come from a finite set of plain literals (`UniquePaths.item_domain`), also the
+spellings not used yet, so that a token after which the item can only repeat one is refused. One snapshot per
 accepted token makes rollback exact; a token that would finish a duplicate is refused (`push`) or
 reported without moving (`finishes_duplicate`).
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 from decimal import Decimal, InvalidOperation
 from .schema.leaves import json_key
@@ -52,20 +56,34 @@ def item_keys(text: bytes) -> tuple:
 
 
 class _Unique:
-    """One guarded array's finished items (both key forms) and where its current item began."""
+    """One guarded array's finished items (both key forms), where its current item began, and,
+    for a finite item domain, the spellings of the values not used yet (`unused`)."""
 
-    __slots__ = ("judged", "exact", "strings", "start")
+    __slots__ = ("judged", "exact", "strings", "start", "unused", "domain")
 
     def __init__(self, judged: frozenset = frozenset(), exact: frozenset = frozenset(), strings: frozenset = frozenset(),
-                 start: int = -1):
-        self.judged, self.exact, self.strings, self.start = judged, exact, strings, start
+                 start: int = -1, unused: tuple[bytes, ...] | None = None, domain: tuple[bytes, ...] | None = None):
+        self.judged, self.exact, self.strings, self.start, self.unused = judged, exact, strings, start, unused
+        self.domain = domain if domain is not None else unused  # the whole finite domain, sorted
 
     def starting(self, at: int) -> "_Unique":
-        return _Unique(self.judged, self.exact, self.strings, at)
+        return _Unique(self.judged, self.exact, self.strings, at, self.unused, self.domain)
 
     def adding(self, judged, exact) -> "_Unique":
         strings = self.strings | {exact[1].encode("utf-8", "surrogatepass")} if exact[0] == "s" else self.strings
-        return _Unique(self.judged | {judged}, self.exact | {exact}, strings)
+        unused = self.unused
+        if unused is not None:
+            spelled = _domain_keys(self.domain).get(judged)
+            unused = tuple(text for text in unused if text != spelled)  # stays sorted
+        return _Unique(self.judged | {judged}, self.exact | {exact}, strings, -1, unused, self.domain)
+
+    def live(self, written: bytes) -> bool:
+        """For a finite domain: can the item whose bytes so far are `written` still become a value
+        not used yet? (Always true for an open domain.)"""
+        if self.unused is None:
+            return True
+        at = bisect.bisect_left(self.unused, written)  # sorted: the texts that start so follow it
+        return at < len(self.unused) and self.unused[at].startswith(written)
 
 
 class JsonTracker:
@@ -124,6 +142,12 @@ class JsonTracker:
         """True inside an array that may need unique items."""
         return any(_unique_of(frame) is not None for frame in self.stack)
 
+    def in_finite_domain(self) -> bool:
+        """True directly inside a guarded array whose items come from a finite domain: there any
+        token may lead into a dead end, not only those that finish an item."""
+        unique = self._top_unique()
+        return unique is not None and unique.unused is not None
+
     def finishing_classes(self) -> int:
         """Token classes (`TokenClasses`) that may finish a duplicate item of a guarded array now.
         A string item no earlier item begins with cannot finish as a duplicate: then only tokens
@@ -155,6 +179,9 @@ class JsonTracker:
     def finishes_duplicate(self, data: bytes, goes_on: bool) -> bool:
         """Would `data` finish an item equal to an earlier one? The state is unchanged. `goes_on`:
         the token holds a comma or bracket after a quote (it may finish more than the current item)."""
+        finite = self._finite_string_verdict(data)
+        if finite is not None:
+            return finite
         written = None if goes_on else self._open_string_item()
         if written is not None:
             quote = data.find(b'"')
@@ -167,6 +194,19 @@ class JsonTracker:
         self.restore(state)
         return duplicate
 
+    def _finite_string_verdict(self, data: bytes) -> bool | None:
+        """`finishes_duplicate` without running the machine, for a token that stays inside (or just
+        closes) a string item of a finite-domain array: the item so far plus the token must still
+        lead to an unused value. None when the token needs the machine (escapes, bytes after the
+        closing quote)."""
+        written = self._open_string_item()
+        if written is None or self._top_unique().unused is None:
+            return None
+        quote = data.find(b'"')
+        if b"\\" in data or (quote >= 0 and quote != len(data) - 1):
+            return None
+        return not self._top_unique().live(b'"' + written + data)
+
     # ----- the byte machine -------------------------------------------------------------------
 
     def feed(self, data: bytes) -> bool:
@@ -178,14 +218,24 @@ class JsonTracker:
                 if plain > at:
                     self.buffer += data[at:plain]
                     at = plain
+                    if not self._item_live():
+                        return False
                     continue
             byte = data[at]
             self.buffer.append(byte)
             self._byte(byte)
             at += 1
-            if self.duplicate:
+            if self.duplicate or not self._item_live():
                 return False
         return True
+
+    def _item_live(self) -> bool:
+        """False when the item being written in a finite-domain guarded array can no longer end as
+        a value the array does not hold yet (every way on is a duplicate: a dead end)."""
+        unique = self._top_unique()
+        if unique is None or unique.unused is None or unique.start < 0 or self.mode == _NONE:
+            return True
+        return unique.live(bytes(self.buffer[unique.start:]))
 
     def _byte(self, byte: int) -> None:
         mode = self.mode
@@ -243,7 +293,7 @@ class JsonTracker:
             if byte == ord("{"):
                 self.stack += (("o", nodes, None, "key"),)
             else:
-                unique = _Unique() if self.paths.unique(nodes) else None
+                unique = _Unique(unused=_sorted(self.paths.item_domain(nodes))) if self.paths.unique(nodes) else None
                 self.stack += (("a", nodes, 0, "value", unique),)
         elif byte == ord("}") or byte == ord("]"):
             if self.stack:
@@ -299,7 +349,20 @@ class JsonTracker:
         if frame[0] == "o":
             self.stack = self.stack[:-1] + (("o", frame[1], None, "key"),)
         else:
-            self.stack = self.stack[:-1] + (("a", frame[1], frame[2] + 1, "value", frame[4]),)
+            unique = frame[4]
+            if unique is not None and unique.unused == ():
+                self.duplicate = True  # a finite domain used up: any further item repeats one
+            self.stack = self.stack[:-1] + (("a", frame[1], frame[2] + 1, "value", unique),)
+
+
+def _sorted(texts: tuple[bytes, ...] | None) -> tuple[bytes, ...] | None:
+    return None if texts is None else tuple(sorted(texts))
+
+
+@functools.lru_cache(maxsize=256)
+def _domain_keys(texts: tuple[bytes, ...]) -> dict:
+    """judged key -> spelling for the values of a finite domain (computed once per domain)."""
+    return {item_keys(text)[0]: text for text in texts}
 
 
 def _unique_of(frame: tuple) -> "_Unique | None":

@@ -20,9 +20,17 @@ array without ``uniqueItems`` and this guard adds it back around the engine's ma
   - `accept_token` refuses such a token too (the state stays as it was), so the guard holds for
     callers that accept without masking (speculative drafts).
 
+Finite item domains too large to enumerate as arrays (`unique_items._guardable_finite`: an enum
+of plain literals, e.g. 18 language codes, any number of them in any order) are guarded the same
+way, and liveness is kept by `JsonTracker` itself: an item that could only become a value the
+array holds already is refused at the token that makes it so (``"a1`` once ``a1``, ``a10`` and
+``a11`` are used), and so is a comma once every value is used. There every allowed token is tried,
+not only the token classes that can finish an item.
+
 Liveness: with open items some other item always remains (a string can go on, a number can take
-more digits, an object another key, and a literal already held is never begun), so the mask never
-becomes empty through this guard where the normaliser accepted the schema. An array guarded
+more digits, an object another key, and a literal already held is never begun), and with a
+finite domain no token is allowed that leaves the item without an unused value to become, so the
+mask never becomes empty through this guard where the normaliser accepted the schema. An array guarded
 without need (`UniquePaths` over-approximates) could dead-end on a closed item domain; the
 manager then fails that request with "allows no token", never emits an invalid output.
 """
@@ -136,11 +144,19 @@ class UniqueItemsGrammar(Grammar):
         if not tracker.guarded():
             return
         words = host_words(bitmask)[row].view(np.uint32)
-        ids = self.classes.ids(tracker.finishing_classes())  # token ids < vocab_size: inside the row
-        allowed = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
         flags = self.classes.flags
+        if tracker.in_finite_domain():
+            # Any token may lead into a dead end here (`"h` when "hex" is the one value left that
+            # starts so and it is used): every allowed token is tried.
+            bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(self.token_bytes)]
+            allowed, goes_on = np.nonzero(bits)[0], None
+        else:
+            ids = self.classes.ids(tracker.finishing_classes())  # token ids < vocab_size: inside the row
+            allowed = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
+            goes_on = flags
         for token in allowed.tolist():
-            if tracker.finishes_duplicate(self.token_bytes[token], bool(flags[token] & AFTER_QUOTE)):
+            data = self.token_bytes[token] or b""
+            if tracker.finishes_duplicate(data, True if goes_on is None else bool(goes_on[token] & AFTER_QUOTE)):
                 words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)
 
     def is_terminated(self) -> bool:

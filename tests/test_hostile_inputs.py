@@ -39,6 +39,10 @@ HOSTILE = {
         f"field_{i}": {"type": "string", "description": "d" * 80} for i in range(9000)}}}, "bytes"),
     "unclosed_regex": ({"guided_regex": "(unclosed"}, "regular expression"),
     "fields_not_a_mapping": (["guided_json"], "mapping"),
+    # minItems past a finite uniqueItems domain: enumerating the unique arrays walked every
+    # permutation of the 29 values (it never ended) before it learned none is long enough
+    "unique_min_past_domain": ({"guided_json": {"type": "array", "uniqueItems": True, "minItems": 30,
+                                                "items": {"enum": [f"v{i}" for i in range(29)]}}}, "admits no value"),
 }
 
 

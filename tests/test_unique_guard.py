@@ -202,6 +202,45 @@ def test_an_adversarial_decoder_cannot_repeat_an_item(backends, tokenizer, name,
     assert len(items) >= 4 and len(set(map(json.dumps, items))) == len(items)
 
 
+# Twelve values where "a1" begins "a10" and "a11": an item can be begun and left with no unused
+# value to become; minItems asks for all of them, so the decoder must be steered to each.
+FINITE_STRINGS = {"type": "array", "uniqueItems": True, "minItems": 12, "items": {"type": "string", "enum": [f"a{i}" for i in range(12)]}}
+FINITE_INTEGERS = {"type": "array", "uniqueItems": True, "minItems": 13, "items": {"enum": list(range(13)) + ["x", True]}}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("schema, preferences", [
+    (FINITE_STRINGS, [b'"', b"a", b"1", b",", b"["]),
+    (FINITE_INTEGERS, [b"1", b",", b"true", b"[", b'"']),
+    ({**FINITE_STRINGS, "minItems": 0}, [b'"', b"a", b"1", b",", b"["]),  # stops only when no value is left
+])
+def test_finite_domains_past_enumeration_stay_live_and_unique(backends, tokenizer, name, schema, preferences):
+    text = adversarial_output(backends[name], tokenizer, schema, preferences, max_steps=400)
+    value = json.loads(text)
+    jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(value)
+    assert len(value) >= 12 and len(set(map(json.dumps, value))) == len(value)
+
+
+def test_a_finite_domain_refuses_a_token_that_leaves_no_unused_value():
+    tracker = tracker_for(FINITE_STRINGS)
+    assert pushes(tracker, "[", '"a1"', ",", '"a11"', ",", '"a1') == [True] * 6  # "a10" is still free
+    assert pushes(tracker, "1") == [False]  # "a11" is used: this item could only repeat it
+    assert pushes(tracker, '0"') == [True]
+    assert pushes(tracker, ",", '"a1') == [True, False]  # a1, a10, a11 all used: dead at once
+    assert tracker.in_finite_domain()
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_finite_domains_need_plain_spellings_and_room_for_min_items(name):
+    config = GuidedConfig(backend=name)
+    parse_guided_request({"guided_json": FINITE_STRINGS}, config)
+    unplain = {**FINITE_STRINGS, "items": {"enum": [f"é{i}" for i in range(12)]}}  # an engine may escape it
+    with pytest.raises(InvalidGrammarError, match="more than 256 possible arrays"):
+        parse_guided_request({"guided_json": unplain}, config)
+    with pytest.raises(InvalidGrammarError, match="admits no value"):
+        parse_guided_request({"guided_json": {**FINITE_STRINGS, "minItems": 13}}, config)
+
+
 @pytest.mark.parametrize("name", ("xgrammar", "llguidance"))
 def test_batched_fills_apply_the_guard(backends, tokenizer, name):
     backend = backends[name]

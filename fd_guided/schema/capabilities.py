@@ -33,7 +33,7 @@ _BOTH_NORMALISED = {
     "maxContains": "see contains",
     "uniqueItems": ("dropped for at most one item; the distinct arrays enumerated over a finite item domain (at most 256); "
                     "over open item domains (strings without maxLength, with at most one pattern or format that never dead-ends; numbers without bounds; "
-                    "any value; objects declaring no properties) in a json_schema "
+                    "any value; objects declaring no properties), and over finite domains of plain literals past 256 arrays, in a json_schema "
                     "request: enforced while decoding by the uniqueness guard (fd_guided.unique_guard); refused otherwise"),
     "$dynamicRef": "a plain $ref when the document has a single matching $dynamicAnchor; refused otherwise",
     "$recursiveRef": "a plain $ref when the document has no $recursiveAnchor; refused otherwise",

@@ -2,7 +2,9 @@
 
   - at most one item: dropped (every such array is unique);
   - items from a finite domain (enums, booleans, null): the distinct arrays are enumerated as an
-    enum (at most `MAX_UNIQUE_ARRAYS`): exact;
+    enum (at most `MAX_UNIQUE_ARRAYS`): exact; past that, with the runtime guard and plain
+    literals (`_guardable_finite`), dropped here and enforced by the guard, which also refuses
+    any token that leaves the item no unused value to become: exact and live;
   - items from an *open* domain (`open_domain`) in a request where the runtime guard runs
     (``ctx.unique_guard``: a ``json_schema`` request, the JSON is the whole output): dropped here
     and enforced by `fd_guided.unique_guard` while the output is generated: exact;
@@ -14,8 +16,10 @@ from .formats import format_pattern
 from .leaves import ANY, U, Leaf, item_at, json_key
 from .refusal import Refusal
 from .regex import extendable
+from .unique_paths import literal_text
 
 MAX_UNIQUE_ARRAYS = 256
+MAX_VISITS = 20_000  # partial arrays the enumeration may build before it refuses
 
 
 def finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
@@ -44,8 +48,23 @@ def finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
             raise Refusal("uniqueItems over items that are not from a small finite set", location)
         domains.append(domain)
     arrays: list[list] = []
-    _enumerate(domains, kw["min"], [], set(), arrays, location)
+    try:
+        _enumerate(domains, kw["min"], [], set(), arrays, location)
+    except Refusal:
+        if ctx.unique_guard and _guardable_finite(kw, rest):
+            return [plain]
+        raise
     return [Leaf("enum", {"values": tuple(arrays)}, leaf.origin, leaf.weak)] if arrays else []
+
+
+def _guardable_finite(kw: dict, values: list | None) -> bool:
+    """Too many unique arrays to enumerate, but one finite domain of plain literals for every
+    item (no prefix items) with room for `minItems` distinct ones: the guard enforces it, keeping
+    the request live by refusing any token after which every way on repeats an item
+    (`json_tracker._Unique.live`), which needs each value's one spelling (`literal_text`)."""
+    if values is None or kw["prefix"] or any(literal_text(value) is None for value in values):
+        return False
+    return kw["min"] <= len({json_key(value) for value in values})
 
 
 def _open_array(kw: dict, ctx) -> bool:
@@ -144,7 +163,17 @@ def _domain(u: U) -> list | None:
     return values
 
 
-def _enumerate(domains, minimum, current, seen, out, location) -> None:
+def _enumerate(domains, minimum, current, seen, out, location, visits=None) -> None:
+    """Every array of distinct values, one from each of the first k `domains`, k >= `minimum`, into
+    `out`; Refusal past `MAX_UNIQUE_ARRAYS` arrays or `MAX_VISITS` partial arrays (a branch that
+    cannot reach `minimum` distinct values is cut, so ``minItems`` past the domain ends at once
+    instead of walking every permutation)."""
+    visits = visits if visits is not None else [0]
+    visits[0] += 1
+    if visits[0] > MAX_VISITS:
+        raise Refusal(f"uniqueItems with more than {MAX_UNIQUE_ARRAYS} possible arrays", location)
+    if len(current) < minimum and len(current) + _distinct_left(domains[len(current):], seen) < minimum:
+        return
     if len(current) >= minimum:
         out.append(list(current))
         if len(out) > MAX_UNIQUE_ARRAYS:
@@ -157,6 +186,12 @@ def _enumerate(domains, minimum, current, seen, out, location) -> None:
             continue
         seen.add(key)
         current.append(value)
-        _enumerate(domains, minimum, current, seen, out, location)
+        _enumerate(domains, minimum, current, seen, out, location, visits)
         current.pop()
         seen.discard(key)
+
+
+def _distinct_left(domains, seen) -> int:
+    """At most how many more distinct values the positions `domains` can add beside `seen`."""
+    unused = {json_key(value) for domain in domains for value in domain} - seen
+    return min(len(domains), len(unused))

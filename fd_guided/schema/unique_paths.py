@@ -23,6 +23,7 @@ take) only loses duplicate values it could have had. Bounded: a node set holds a
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from .drafts import Document, base_uri
@@ -30,6 +31,8 @@ from .refusal import Refusal
 
 MAX_NODES = 4096
 IN_PLACE = ("allOf", "anyOf", "oneOf")
+_ITEM_KEYWORDS = frozenset({"items", "prefixItems", "contains", "unevaluatedItems"})
+_JSON_TYPES = {"string": str, "boolean": bool, "null": type(None), "integer": int}
 
 
 class NodeSet(tuple):
@@ -69,6 +72,25 @@ class UniquePaths:
     def unique(self, nodes: NodeSet) -> bool:
         """True when a ``uniqueItems: true`` may apply to an array at `nodes`."""
         return nodes.unbounded or any(self._keywords(node).get("uniqueItems") is True for node, _ in nodes)
+
+    def item_domain(self, nodes: NodeSet) -> tuple[bytes, ...] | None:
+        """The spellings of every value an item of an array at `nodes` may take, when they are a
+        finite set of plain literals (`literal_text`); None when unknown or open.
+
+        Known only in the plain case: exactly one schema of the set constrains items, with
+        ``items`` (no ``prefixItems``/``contains``), and every schema the item reaches through
+        ``$ref``/``allOf`` that fixes values does so with ``enum``/``const`` (intersected), or
+        the item's ``type`` is boolean or null; an ``anyOf``/``oneOf`` below makes it unknown.
+        The guard uses it to keep a request live (`json_tracker`), never to admit a value.
+        """
+        if nodes.unbounded:
+            return None
+        constraining = [(self._keywords(node), resolver) for node, resolver in nodes
+                        if any(name in self._keywords(node) for name in _ITEM_KEYWORDS)]
+        if len(constraining) != 1 or set(constraining[0][0]) & _ITEM_KEYWORDS != {"items"}:
+            return None
+        kw, resolver = constraining[0]
+        return _literal_domain([self._keywords(node) for node, _ in self._closure([(kw["items"], resolver)])])
 
     def _keywords(self, node: Any) -> dict:
         if not isinstance(node, dict):
@@ -133,3 +155,54 @@ def _item_children(kw: dict, index: int, resolver, out: list) -> None:
     for name in ("contains", "unevaluatedItems"):
         if name in kw:
             out.append((kw[name], resolver))
+
+
+def literal_text(value: Any) -> bytes | None:
+    """The one JSON spelling of a *plain* literal: a string of printable ASCII without quote or
+    backslash, an integer, a boolean or null (an engine writes these exactly so); else None."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value).encode()
+    if isinstance(value, int):
+        return str(value).encode()
+    if isinstance(value, str) and all(" " <= ch <= "~" and ch not in '"\\' for ch in value):
+        return b'"' + value.encode() + b'"'
+    return None
+
+
+def _literal_domain(schemas: list[dict]) -> tuple[bytes, ...] | None:
+    """`item_domain` over the keywords of the schemas an item reaches (all apply)."""
+    if any(name in kw for kw in schemas for name in ("anyOf", "oneOf")):
+        return None
+    values: list | None = None
+    types: set[str] | None = None
+    for kw in schemas:
+        fixed = [kw["const"]] if "const" in kw else kw["enum"] if isinstance(kw.get("enum"), list) else None
+        if fixed is not None:
+            values = fixed if values is None else [v for v in values if any(_same(v, w) for w in fixed)]
+        if "type" in kw:
+            named = {kw["type"]} if isinstance(kw["type"], str) else set(kw["type"]) if isinstance(kw["type"], list) else set()
+            types = named if types is None else types & named
+    if values is None:
+        if types == {"boolean"}:
+            values = [True, False]
+        elif types == {"null"}:
+            values = [None]
+        else:
+            return None
+    if types is not None:
+        values = [v for v in values if any(_is_type(v, name) for name in types)]
+    texts = [literal_text(v) for v in values]
+    if any(text is None for text in texts):
+        return None
+    return tuple(dict.fromkeys(texts))
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
+
+
+def _is_type(value: Any, name: str) -> bool:
+    if name == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    expected = _JSON_TYPES.get(name)
+    return expected is not None and isinstance(value, expected) and not (expected is int and isinstance(value, bool))
