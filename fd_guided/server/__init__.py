@@ -5,7 +5,8 @@ endpoints), `protocol` (request/response models), `engine_loop` (the engine thre
 hand-off to asyncio), `generation` (one request's choices from admission to finish), `output`
 (incremental text, stop strings), `streaming` (SSE), `chat` (chat templates), `tools` (tool calls
 as structural tags, and parsed back), `errors` (OpenAI error bodies), `metrics` (Prometheus),
-`health` (event-loop lag and step-time windows).
+`health` (event-loop lag and step-time windows), `loop_priority` (the event-loop thread's CPU
+class).
 """
 from .app import ServerSettings, ServerState, build_engine, create_app, serve
 
