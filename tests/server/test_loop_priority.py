@@ -36,10 +36,6 @@ _PROBE = textwrap.dedent("""
 """)
 
 
-def _may_take_realtime() -> bool:
-    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_RTPRIO)[0] >= 1
-
-
 def _no_realtime_limit() -> None:
     resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
 
@@ -59,14 +55,18 @@ def probe(mode: str, unprivileged: bool = False) -> dict:
     prefix = _unprivileged_prefix() if unprivileged else []
     done = subprocess.run([*prefix, sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, timeout=120,
                           env=env, preexec_fn=_no_realtime_limit if unprivileged else None)
+    if prefix and done.returncode != 0 and "setpriv" in done.stderr:
+        pytest.skip(f"setpriv may not drop CAP_SYS_NICE here: {done.stderr.strip()[:200]}")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @linux_only
-@pytest.mark.skipif(not _may_take_realtime(), reason="this user may not take SCHED_RR (no CAP_SYS_NICE, RLIMIT_RTPRIO 0)")
 def test_auto_puts_the_calling_thread_alone_in_round_robin():
     seen = probe("auto")
+    if "SCHED_RR refused" in seen["note"]:  # e.g. a container without CAP_SYS_NICE, even as root
+        assert seen["kernel"] == os.SCHED_OTHER
+        pytest.skip(f"this process may not take SCHED_RR here: {seen['note']}")
     assert (seen["policy"], seen["priority"], seen["kernel"]) == ("SCHED_RR", 1, os.SCHED_RR)
     # SCHED_RESET_ON_FORK: a thread or process started afterwards is back in the normal class
     assert seen["thread"] == os.SCHED_OTHER and seen["child"] == os.SCHED_OTHER
