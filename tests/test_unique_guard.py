@@ -213,6 +213,8 @@ FINITE_INTEGERS = {"type": "array", "uniqueItems": True, "minItems": 13, "items"
     (FINITE_STRINGS, [b'"', b"a", b"1", b",", b"["]),
     (FINITE_INTEGERS, [b"1", b",", b"true", b"[", b'"']),
     ({**FINITE_STRINGS, "minItems": 0}, [b'"', b"a", b"1", b",", b"["]),  # stops only when no value is left
+    ({**FINITE_STRINGS, "items": {"anyOf": [{"enum": [f"a{i}" for i in range(6)]}, {"enum": [f"a{i}" for i in range(6, 12)]}]}},
+     [b'"', b"a", b"1", b",", b"["]),
 ])
 def test_finite_domains_past_enumeration_stay_live_and_unique(backends, tokenizer, name, schema, preferences):
     text = adversarial_output(backends[name], tokenizer, schema, preferences, max_steps=400)
@@ -228,6 +230,22 @@ def test_a_finite_domain_refuses_a_token_that_leaves_no_unused_value():
     assert pushes(tracker, '0"') == [True]
     assert pushes(tracker, ",", '"a1') == [True, False]  # a1, a10, a11 all used: dead at once
     assert tracker.in_finite_domain()
+
+
+@pytest.mark.parametrize("items, extra, domain", [
+    ({"$ref": "#/$defs/c"}, {"$defs": {"c": {"type": "string", "enum": ["hex", "rgba"]}}}, (b'"hex"', b'"rgba"')),
+    ({"anyOf": [{"enum": ["a", "b"]}, {"const": "c"}]}, {}, (b'"a"', b'"b"', b'"c"')),
+    ({"oneOf": [{"enum": ["a", "b"]}, {"enum": ["b", "c"]}]}, {}, (b'"a"', b'"c"')),  # "b" matches both
+    ({"allOf": [{"type": "string", "description": "x"}], "enum": ["a", 1]}, {}, (b'"a"',)),
+    ({"type": ["boolean", "null"]}, {}, (b"true", b"false", b"null")),
+    ({"enum": [1, 2, True]}, {}, (b"1", b"2", b"true")),
+    ({"anyOf": [{"enum": ["a", "b"]}, {"type": "string"}]}, {}, None),  # open
+    ({"enum": ["a", "bb"], "maxLength": 1}, {}, None),  # narrowed by a keyword it does not mirror
+    ({"enum": ["é"]}, {}, None),  # not a plain spelling
+])
+def test_item_domains_read_from_the_schema(items, extra, domain):
+    paths = UniquePaths({"type": "array", "uniqueItems": True, "items": items, **extra})
+    assert paths.item_domain(paths.root()) == domain
 
 
 @pytest.mark.parametrize("name", BACKENDS)

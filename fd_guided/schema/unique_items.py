@@ -64,10 +64,10 @@ def _guardable_finite(kw: dict, values: list | None) -> bool:
     (`json_tracker._Unique.live`), which needs each value's one spelling (`literal_text`).
 
     The guard reads the domain from the schema as written (`UniquePaths.item_domain`: enum/const
-    through $ref and allOf, or boolean/null). Where it cannot (an enum narrowed by another keyword,
-    an anyOf of enums) it guards as for open items: still no duplicate, but an adversarial choice
-    of tokens could then end the request with "allows no token" instead of a value. On SchemaStore
-    every array this admits is of the readable kind (checked 2026-11-24)."""
+    or boolean/null through $ref/allOf/anyOf/oneOf). Where it cannot (an enum narrowed by another
+    keyword such as maxLength or pattern) it guards as for open items: still no duplicate, but an
+    adversarial choice of tokens could then end the request with "allows no token" instead of a
+    value. On SchemaStore every array this admits is of the readable kind (checked 2026-11-24)."""
     if values is None or kw["prefix"] or any(literal_text(value) is None for value in values):
         return False
     return kw["min"] <= len({json_key(value) for value in values})

@@ -33,6 +33,11 @@ MAX_NODES = 4096
 IN_PLACE = ("allOf", "anyOf", "oneOf")
 _ITEM_KEYWORDS = frozenset({"items", "prefixItems", "contains", "unevaluatedItems"})
 _JSON_TYPES = {"string": str, "boolean": bool, "null": type(None), "integer": int}
+# Keywords that can narrow a literal (string, number, boolean, null) beyond type/enum/const: where
+# one appears, `item_domain` does not try to mirror it and says "unknown".
+_NARROWING = frozenset({"pattern", "minLength", "maxLength", "format", "minimum", "maximum", "exclusiveMinimum",
+                        "exclusiveMaximum", "multipleOf", "not", "if", "then", "else", "contentEncoding",
+                        "contentMediaType", "$dynamicRef", "$recursiveRef"})
 
 
 class NodeSet(tuple):
@@ -77,11 +82,13 @@ class UniquePaths:
         """The spellings of every value an item of an array at `nodes` may take, when they are a
         finite set of plain literals (`literal_text`); None when unknown or open.
 
-        Known only in the plain case: exactly one schema of the set constrains items, with
-        ``items`` (no ``prefixItems``/``contains``), and every schema the item reaches through
-        ``$ref``/``allOf`` that fixes values does so with ``enum``/``const`` (intersected), or
-        the item's ``type`` is boolean or null; an ``anyOf``/``oneOf`` below makes it unknown.
-        The guard uses it to keep a request live (`json_tracker`), never to admit a value.
+        Known when exactly one schema of the set constrains items, with ``items`` (no
+        ``prefixItems``/``contains``), and the item schema fixes its values with ``enum``/``const``
+        or a boolean/null ``type``, combined through ``$ref``/``allOf`` (intersection), ``anyOf``
+        (union) and ``oneOf`` (values in exactly one branch). A keyword that could narrow a
+        literal otherwise (``pattern``, ``maxLength``, ``minimum``, ``not``, ``if``, ...) anywhere
+        on the way makes it unknown. The guard uses it to keep a request live (`json_tracker`),
+        never to admit a value.
         """
         if nodes.unbounded:
             return None
@@ -90,7 +97,62 @@ class UniquePaths:
         if len(constraining) != 1 or set(constraining[0][0]) & _ITEM_KEYWORDS != {"items"}:
             return None
         kw, resolver = constraining[0]
-        return _literal_domain([self._keywords(node) for node, _ in self._closure([(kw["items"], resolver)])])
+        values = self._literal_values(kw["items"], resolver, 0)
+        if values is None:
+            return None
+        texts = [literal_text(value) for value in values]
+        return None if any(text is None for text in texts) else tuple(dict.fromkeys(texts))
+
+    def _literal_values(self, node: Any, resolver, depth: int) -> list | None:
+        """The values `node` admits when it fixes them to a finite list (see `item_domain`)."""
+        if node is False:
+            return []
+        if not isinstance(node, dict) or depth > 32:
+            return None
+        resolver = self.doc.enter(node, resolver)
+        kw = self._keywords(node)
+        if kw.keys() & _NARROWING:
+            return None
+        values: list | None = None
+        if "const" in kw or isinstance(kw.get("enum"), list):
+            values = [kw["const"]] if "const" in kw else list(kw["enum"])
+        parts = []
+        if isinstance(kw.get("$ref"), str):
+            try:
+                parts.append(self.doc.lookup(kw["$ref"], resolver, "$"))
+            except Refusal:
+                return None
+        if isinstance(kw.get("allOf"), list):
+            parts.extend((branch, resolver) for branch in kw["allOf"])
+        types = _types_of(kw)
+        for part, part_resolver in parts:
+            if part is True:
+                continue
+            fixed = self._literal_values(part, part_resolver, depth + 1)
+            if fixed is None:
+                part_kw = self._keywords(part) if isinstance(part, dict) else {}
+                if not _only_types(part_kw):
+                    return None  # an open part that may narrow: unknown
+                named = _types_of(part_kw)
+                types = named if types is None or named is None else types & named
+                continue
+            values = fixed if values is None else [v for v in values if any(_same(v, w) for w in fixed)]
+        for name in ("anyOf", "oneOf"):
+            if isinstance(kw.get(name), list):
+                branches = [self._literal_values(branch, resolver, depth + 1) for branch in kw[name]]
+                if any(branch is None for branch in branches):
+                    return None
+                joined = [v for branch in branches for v in branch]
+                if name == "oneOf":
+                    joined = [v for v in joined if sum(_same(v, w) for w in joined) == 1]
+                values = joined if values is None else [v for v in values if any(_same(v, w) for w in joined)]
+        if values is None:
+            if types is None or not types <= {"boolean", "null"}:
+                return None
+            values = ([True, False] if "boolean" in types else []) + ([None] if "null" in types else [])
+        if types is not None:
+            values = [v for v in values if any(_is_type(v, name) for name in types)]
+        return values
 
     def _keywords(self, node: Any) -> dict:
         if not isinstance(node, dict):
@@ -169,32 +231,18 @@ def literal_text(value: Any) -> bytes | None:
     return None
 
 
-def _literal_domain(schemas: list[dict]) -> tuple[bytes, ...] | None:
-    """`item_domain` over the keywords of the schemas an item reaches (all apply)."""
-    if any(name in kw for kw in schemas for name in ("anyOf", "oneOf")):
-        return None
-    values: list | None = None
-    types: set[str] | None = None
-    for kw in schemas:
-        fixed = [kw["const"]] if "const" in kw else kw["enum"] if isinstance(kw.get("enum"), list) else None
-        if fixed is not None:
-            values = fixed if values is None else [v for v in values if any(_same(v, w) for w in fixed)]
-        if "type" in kw:
-            named = {kw["type"]} if isinstance(kw["type"], str) else set(kw["type"]) if isinstance(kw["type"], list) else set()
-            types = named if types is None else types & named
-    if values is None:
-        if types == {"boolean"}:
-            values = [True, False]
-        elif types == {"null"}:
-            values = [None]
-        else:
-            return None
-    if types is not None:
-        values = [v for v in values if any(_is_type(v, name) for name in types)]
-    texts = [literal_text(v) for v in values]
-    if any(text is None for text in texts):
-        return None
-    return tuple(dict.fromkeys(texts))
+def _types_of(kw: dict) -> set[str] | None:
+    if isinstance(kw.get("type"), str):
+        return {kw["type"]}
+    if isinstance(kw.get("type"), list):
+        return {name for name in kw["type"] if isinstance(name, str)}
+    return None
+
+
+def _only_types(kw: dict) -> bool:
+    """A schema that narrows literals by `type` at most (annotations and object/array keywords,
+    vacuous for a literal, aside): in an intersection it only filters by type."""
+    return not (kw.keys() & (_NARROWING | {"enum", "const", "anyOf", "oneOf", "allOf", "$ref"}))
 
 
 def _same(a: Any, b: Any) -> bool:
