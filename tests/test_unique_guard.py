@@ -237,6 +237,7 @@ def test_a_finite_domain_refuses_a_token_that_leaves_no_unused_value():
     ({"anyOf": [{"enum": ["a", "b"]}, {"const": "c"}]}, {}, (b'"a"', b'"b"', b'"c"')),
     ({"oneOf": [{"enum": ["a", "b"]}, {"enum": ["b", "c"]}]}, {}, (b'"a"', b'"c"')),  # "b" matches both
     ({"allOf": [{"type": "string", "description": "x"}], "enum": ["a", 1]}, {}, (b'"a"',)),
+    ({"type": "string", "allOf": [{"description": "x"}], "enum": ["a", 1]}, {}, (b'"a"',)),  # an untyped part keeps the type
     ({"type": ["boolean", "null"]}, {}, (b"true", b"false", b"null")),
     ({"enum": [1, 2, True]}, {}, (b"1", b"2", b"true")),
     ({"anyOf": [{"enum": ["a", "b"]}, {"type": "string"}]}, {}, None),  # open

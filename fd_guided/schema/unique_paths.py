@@ -92,8 +92,8 @@ class UniquePaths:
         """
         if nodes.unbounded:
             return None
-        constraining = [(self._keywords(node), resolver) for node, resolver in nodes
-                        if any(name in self._keywords(node) for name in _ITEM_KEYWORDS)]
+        constraining = [(kw, resolver) for kw, resolver in ((self._keywords(node), resolver) for node, resolver in nodes)
+                        if kw.keys() & _ITEM_KEYWORDS]
         if len(constraining) != 1 or set(constraining[0][0]) & _ITEM_KEYWORDS != {"items"}:
             return None
         kw, resolver = constraining[0]
@@ -134,7 +134,8 @@ class UniquePaths:
                 if not _only_types(part_kw):
                     return None  # an open part that may narrow: unknown
                 named = _types_of(part_kw)
-                types = named if types is None or named is None else types & named
+                if named is not None:
+                    types = named if types is None else types & named
                 continue
             values = fixed if values is None else [v for v in values if any(_same(v, w) for w in fixed)]
         for name in ("anyOf", "oneOf"):
