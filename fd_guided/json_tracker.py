@@ -179,33 +179,24 @@ class JsonTracker:
     def finishes_duplicate(self, data: bytes, goes_on: bool) -> bool:
         """Would `data` finish an item equal to an earlier one? The state is unchanged. `goes_on`:
         the token holds a comma or bracket after a quote (it may finish more than the current item)."""
-        finite = self._finite_string_verdict(data)
-        if finite is not None:
-            return finite
-        written = None if goes_on else self._open_string_item()
+        written = self._open_string_item()
         if written is not None:
-            quote = data.find(b'"')
-            if quote < 0:
-                return False  # the string goes on
-            if b"\\" not in data[:quote]:
-                return written + data[:quote] in self._top_unique().strings
+            unique, quote = self._top_unique(), data.find(b'"')
+            if unique.unused is not None:
+                # A finite domain: a token that stays inside the string (or just closes it) must
+                # leave the item a way to an unused value; escapes and bytes after the quote need
+                # the machine.
+                if b"\\" not in data and quote in (-1, len(data) - 1):
+                    return not unique.live(b'"' + written + data)
+            elif not goes_on:
+                if quote < 0:
+                    return False  # the string goes on
+                if b"\\" not in data[:quote]:
+                    return written + data[:quote] in unique.strings
         state = self.snapshot()
         duplicate = not self.feed(data)
         self.restore(state)
         return duplicate
-
-    def _finite_string_verdict(self, data: bytes) -> bool | None:
-        """`finishes_duplicate` without running the machine, for a token that stays inside (or just
-        closes) a string item of a finite-domain array: the item so far plus the token must still
-        lead to an unused value. None when the token needs the machine (escapes, bytes after the
-        closing quote)."""
-        written = self._open_string_item()
-        if written is None or self._top_unique().unused is None:
-            return None
-        quote = data.find(b'"')
-        if b"\\" in data or (quote >= 0 and quote != len(data) - 1):
-            return None
-        return not self._top_unique().live(b'"' + written + data)
 
     # ----- the byte machine -------------------------------------------------------------------
 

@@ -144,19 +144,19 @@ class UniqueItemsGrammar(Grammar):
         if not tracker.guarded():
             return
         words = host_words(bitmask)[row].view(np.uint32)
-        flags = self.classes.flags
-        if tracker.in_finite_domain():
+        finite = tracker.in_finite_domain()
+        if finite:
             # Any token may lead into a dead end here (`"h` when "hex" is the one value left that
-            # starts so and it is used): every allowed token is tried.
+            # starts so and it is used): every allowed token is tried, each in full.
             bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(self.token_bytes)]
-            allowed, goes_on = np.nonzero(bits)[0], None
+            allowed = np.nonzero(bits)[0]
         else:
             ids = self.classes.ids(tracker.finishing_classes())  # token ids < vocab_size: inside the row
             allowed = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
-            goes_on = flags
+        flags = self.classes.flags
         for token in allowed.tolist():
-            data = self.token_bytes[token] or b""
-            if tracker.finishes_duplicate(data, True if goes_on is None else bool(goes_on[token] & AFTER_QUOTE)):
+            goes_on = finite or bool(flags[token] & AFTER_QUOTE)
+            if tracker.finishes_duplicate(self.token_bytes[token] or b"", goes_on):
                 words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)
 
     def is_terminated(self) -> bool:

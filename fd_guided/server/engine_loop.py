@@ -9,9 +9,10 @@ The event loop never runs CPU work of the engine, and never runs one long burst 
 step's updates wake every streaming response at once (each decodes its new text and writes an SSE
 chunk), so they are handed out `dispatch_chunk` at a time, one chunk per loop iteration, and
 timers, new connections and other callbacks run between chunks (as vLLM splits its output
-processing). Updates keep their order: one FIFO holds them across steps. Beyond that, admission (`ReferenceEngine.submit` validates the
-guided fields in pure Python, and may normalise a large JSON schema) runs on a small dedicated
-executor, steps run on the engine thread, compiles in the compile service's worker processes.
+processing). Updates keep their order: one FIFO holds them across steps. Beyond that, admission
+(`ReferenceEngine.submit` validates the guided fields in pure Python, and may normalise a large
+JSON schema) runs on a small dedicated executor, steps run on the engine thread, compiles in the
+compile service's worker processes.
 
 Readiness: `Submission.ready()` resolves when the request's grammar is compiled, or raises the
 compile error (an `InvalidGrammarError`: HTTP 400). The engine samples no guided token before

@@ -4,8 +4,9 @@ Each step adds tokens; `ChoiceText.add` returns the text that is now safe to sen
 client. Decoding is incremental (each token's bytes once, through a UTF-8 decoder that keeps an
 incomplete trailing sequence until its last byte arrives) and stop strings are searched only where
 the new text can complete one, so a token costs the same at the 4,000th as at the first: this runs
-on the event loop, once per token per streaming choice. Held back: a suffix that may be the start of a stop string, and, for tool calling, everything from
-the tool-call trigger on (a call is sent whole, once parsed). A stop string found ends the choice:
+on the event loop, once per token per streaming choice. Held back: a suffix that may be the start
+of a stop string, and, for tool calling, everything from the tool-call trigger on (a call is sent
+whole, once parsed). A stop string found ends the choice:
 the text is cut before it (OpenAI semantics; a guided output cut this way may be incomplete, as
 anywhere else).
 """
@@ -31,7 +32,6 @@ class ChoiceText:
         self.stop = [s for s in stop if s]
         self.hold_from = hold_from or None
         self.hold_all = hold_all
-        self.token_ids: list[int] = []
         self.text = ""
         self.sent = 0
         self.stopped = False
@@ -44,7 +44,6 @@ class ChoiceText:
         as a whole decode gives); return the text newly safe to send. After a stop string, nothing."""
         if self.stopped:
             return ""
-        self.token_ids.extend(token_ids)
         searched_to = max(0, len(self.text) - self._longest_stop + 1)
         self.text += self._utf8.decode(self.tokenizer.decode_bytes(token_ids), final)
         cut = self._first_stop(searched_to)
