@@ -13,6 +13,7 @@ import torch
 
 from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
 from fd_guided.registry import get_backend_class
+from fd_guided.schema import for_engine
 from fd_guided.schema.unique_paths import UniquePaths
 from fd_guided.tokenizer import load_tokenizer
 from fd_guided.json_tracker import JsonTracker, item_keys
@@ -122,7 +123,10 @@ def test_unique_paths_follow_refs_combinators_and_older_drafts():
 @pytest.mark.parametrize("items", [{"type": "string"}, {"type": "number"}, {"type": ["string", "number"]}, {"type": "string", "minLength": 2},
                                    {"type": "string", "pattern": "^[a-z]+(-[a-z0-9]+)*$"}, {"type": "string", "pattern": "x"},
                                    {"type": "string", "format": "uri"}, True, {"type": "object"},
-                                   {"type": ["string", "boolean", "null"]}, {"type": "array"}])
+                                   {"type": ["string", "boolean", "null"]}, {"type": "array"},
+                                   {"anyOf": [{"type": "string"}, {"enum": ["multiline", None]}]},  # the enum adds no value
+                                   {"anyOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"enum": ["multiline"]}]},
+                                   {"anyOf": [{"type": "number"}, {"enum": [1, 2.5, True]}]}])
 def test_open_item_domains_are_admitted(name, items):
     parse_guided_request({"guided_json": {"type": "array", "items": items, "uniqueItems": True}}, GuidedConfig(backend=name))
     parse_guided_request({"guided_json": {"type": "array", "uniqueItems": True}}, GuidedConfig(backend=name))  # any value
@@ -139,6 +143,8 @@ def test_open_item_domains_are_admitted(name, items):
     {"type": "array", "items": {"type": "string", "format": "uri", "pattern": "^h"}, "uniqueItems": True},
     {"type": "array", "items": {"type": "number", "maximum": 3}, "uniqueItems": True},
     {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string"}}}, "uniqueItems": True},  # strict: closed
+    {"type": "array", "items": {"anyOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"enum": ["Multi line"]}]}, "uniqueItems": True},
+    {"type": "array", "items": {"anyOf": [{"type": "number"}, {"enum": ["x"]}]}, "uniqueItems": True},  # "x" cannot go on
 ])
 def test_item_domains_that_can_dead_end_stay_refused(name, schema):
     with pytest.raises(InvalidGrammarError, match="uniqueItems") as refused:
@@ -191,6 +197,7 @@ def adversarial_output(backend, tokenizer, schema, preferences: list[bytes], max
     (NUMBERS, [b",", b"1", b"0", b"["]),
     ({**STRINGS, "items": {"type": "string", "pattern": "^[a-z]+$"}}, [b'"', b"a", b",", b"["]),
     ({"type": "array", "uniqueItems": True, "minItems": 6}, [b"true", b"null", b"false", b",", b"1", b"[", b"{", b"}", b"]"]),
+    ({**STRINGS, "items": {"anyOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"enum": ["a", "ab"]}]}}, [b'"', b"a", b"b", b",", b"["]),
     ({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 4}},
       "required": ["t"]}, [b'"', b"t", b"a", b":", b",", b"[", b"{"]),
 ])
@@ -215,6 +222,7 @@ FINITE_INTEGERS = {"type": "array", "uniqueItems": True, "minItems": 13, "items"
     ({**FINITE_STRINGS, "minItems": 0}, [b'"', b"a", b"1", b",", b"["]),  # stops only when no value is left
     ({**FINITE_STRINGS, "items": {"anyOf": [{"enum": [f"a{i}" for i in range(6)]}, {"enum": [f"a{i}" for i in range(6, 12)]}]}},
      [b'"', b"a", b"1", b",", b"["]),
+    ({**FINITE_STRINGS, "items": {"$ref": "#/$defs/a"}, "$defs": {"a": FINITE_STRINGS["items"]}}, [b'"', b"a", b"1", b",", b"["]),
 ])
 def test_finite_domains_past_enumeration_stay_live_and_unique(backends, tokenizer, name, schema, preferences):
     text = adversarial_output(backends[name], tokenizer, schema, preferences, max_steps=400)
@@ -247,6 +255,15 @@ def test_a_finite_domain_refuses_a_token_that_leaves_no_unused_value():
 def test_item_domains_read_from_the_schema(items, extra, domain):
     paths = UniquePaths({"type": "array", "uniqueItems": True, "items": items, **extra})
     assert paths.item_domain(paths.root()) == domain
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_small_finite_domains_behind_refs_are_enumerated(name):
+    schema = {"type": "array", "uniqueItems": True, "items": {"$ref": "#/$defs/m"}, "$defs": {"m": {"enum": ["GET", "PUT"]}}}
+    for guard in (True, False):
+        emitted = for_engine(name if name != "auto" else "llguidance", schema, unique_guard=guard)
+        arrays = emitted["enum"]
+        assert sorted(map(tuple, arrays)) == [(), ("GET",), ("GET", "PUT"), ("PUT",), ("PUT", "GET")]
 
 
 @pytest.mark.parametrize("name", BACKENDS)

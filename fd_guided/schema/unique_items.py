@@ -32,7 +32,7 @@ def finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
     location = f"{leaf.origin}.uniqueItems"
     if ctx.unique_guard and _open_array(kw, ctx):
         return [plain]
-    rest = _domain(ANY if kw["items"] is None else kw["items"])
+    rest = _domain(ANY if kw["items"] is None else kw["items"], ctx)
     if rest is None:
         limit = kw["max"] if kw["max"] is not None else len(kw["prefix"]) if kw["items"] is not None and kw["items"].is_none else None
         if limit is None:
@@ -43,7 +43,7 @@ def finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
             limit = min(limit, kw["max"])
     domains = []
     for index in range(limit):
-        domain = _domain(item_at(kw, index))
+        domain = _domain(item_at(kw, index), ctx)
         if domain is None:
             raise Refusal("uniqueItems over items that are not from a small finite set", location)
         domains.append(domain)
@@ -93,7 +93,8 @@ def open_domain(u: U, ctx) -> bool:
     leaves = _concrete_leaves(u, ctx, 0)
     if leaves is None:
         return False
-    return any(_open_leaf(leaf, ctx) for leaf in leaves) and all(_open_leaf(leaf, ctx) or _literal_leaf(leaf) for leaf in leaves)
+    opened = [leaf for leaf in leaves if _open_leaf(leaf, ctx)]
+    return bool(opened) and all(leaf in opened or _literal_leaf(leaf) or _subsumed_enum(leaf, opened, ctx) for leaf in leaves)
 
 
 def _concrete_leaves(u: U, ctx, depth: int) -> list | None:
@@ -142,6 +143,17 @@ def _literal_leaf(leaf) -> bool:
     return leaf.kind == "enum" and all(value is None or isinstance(value, bool) for value in leaf.kw["values"])
 
 
+def _subsumed_enum(leaf, opened: list, ctx) -> bool:
+    """An enum whose every value is a literal or a value of an open alternative (``anyOf: [{enum:
+    ["multiline"]}, {type: string}]``): the enum adds no value, so an item spelling one of them
+    can still go on as the open alternative does (every prefix of a value of an extendable
+    language can go on; `open_domain`)."""
+    if leaf is ANY or leaf.kind != "enum":
+        return False
+    return all(value is None or isinstance(value, bool) or any(ctx.accepts(U([open_leaf]) if open_leaf is not ANY else ANY, value) for open_leaf in opened)
+               for value in leaf.kw["values"])
+
+
 def _open_string(kw: dict) -> bool:
     if kw["max"] is not None or len(kw["patterns"]) + len(kw["formats"]) > 1:
         return False  # two languages intersected: each extendable does not make both so
@@ -153,11 +165,15 @@ def _open_string(kw: dict) -> bool:
     return True
 
 
-def _domain(u: U) -> list | None:
-    if u.is_any:
+def _domain(u: U, ctx) -> list | None:
+    """The values of `u` when every alternative (through $refs) is an enum, boolean or null."""
+    leaves = _concrete_leaves(u, ctx, 0)
+    if leaves is None:
         return None
     values = []
-    for leaf in u.leaves:
+    for leaf in leaves:
+        if leaf is ANY:
+            return None
         if leaf.kind == "enum":
             values.extend(leaf.kw["values"])
         elif leaf.kind == "null":
