@@ -95,6 +95,40 @@ JSON_POINTER = r"(/([^~/]|~[01])*)*"
 # jsonschema refuses a digit after a 0 anywhere in the prefix ("106"), the suite refuses leading zeros.
 RELATIVE_JSON_POINTER = rf"(0|[1-9]+0?)(#|{JSON_POINTER})"
 
+# ECMA-262 regular expressions: a regular subset that both Python's `re` (jsonschema's checker
+# compiles the string) and ECMA-262 (with and without the u flag) accept. Groups nest at most
+# three deep (bounded nesting keeps the language regular); no look-around, back-references,
+# named groups, inline flags or Unicode escapes; a class range is a digit or same-case letter
+# range written in order (``a-f``: ``f-a`` is an error in both); ``{n,m}`` needs n to be one digit
+# (so n <= m is a character comparison); metacharacters are literal only when escaped.
+_RE_META = r"\\^$.|?*+()\[\]{}"
+_RE_ESCAPE = r"\\[dDwWsSntrfv\\^$.|?*+()\[\]{}/]"
+_RE_CLASS_ITEM = r"\\[dDwWsSntrfv\\\[\]^\-]|[^\\\[\]\-]"
+
+
+def _re_class_ranges() -> str:
+    ranges = []
+    for alphabet in ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"):
+        for index, low in enumerate(alphabet[:-1]):
+            ranges.append(f"{low}-[{low}-{alphabet[-1]}]")
+        ranges.append(f"{alphabet[-1]}-{alphabet[-1]}")
+    return "|".join(ranges)
+
+
+_RE_COUNT = "|".join([r"\{[0-9]{1,3},?\}"] + [rf"\{{{d},([{d}-9]|[1-9][0-9]{{1,2}})\}}" for d in range(10)])
+_RE_QUANTIFIER = rf"([?*+]|{_RE_COUNT})\??"
+_RE_ATOM = rf"[^{_RE_META}]|{_RE_ESCAPE}|\[\^?({_re_class_ranges()}|{_RE_CLASS_ITEM})+\]|\."
+
+
+def _re_alternation(depth: int) -> str:
+    item = rf"({_RE_ATOM})({_RE_QUANTIFIER})?|[\^$]|\\[bB]"
+    if depth:
+        item += rf"|\((\?:)?{_re_alternation(depth - 1)}\)({_RE_QUANTIFIER})?"
+    return rf"({item}|\|)*"
+
+
+REGEX = _re_alternation(3)
+
 FORMAT_PATTERNS = {
     "date": DATE,
     "time": TIME,
@@ -113,11 +147,11 @@ FORMAT_PATTERNS = {
     "iri-reference": _IRI["reference"],
     "json-pointer": JSON_POINTER,
     "relative-json-pointer": RELATIVE_JSON_POINTER,
+    "regex": REGEX,
 }
 
 # Formats JSON Schema defines that no regular expression captures (refused unless annotated).
-UNSUPPORTED_FORMATS = {"regex": "a regular expression is not a regular language",
-                       "uri-template": "no exact pattern is implemented"}
+UNSUPPORTED_FORMATS = {"uri-template": "no exact pattern is implemented"}
 
 # Where a pattern is smaller than the format (sound: it only drops valid strings).
 SUBSET_NOTES = {
@@ -131,6 +165,9 @@ SUBSET_NOTES = {
     "iri": "non-ASCII characters from the Basic Multilingual Plane only; no private-use characters",
     "iri-reference": "as iri",
     "relative-json-pointer": "no 0 before another digit in the prefix (jsonschema's checker refuses 106)",
+    "regex": ("valid in both Python's re and ECMA-262; groups nest at most 3 deep; no look-around, "
+              "back-references, named groups, flags or \\u/\\x escapes; ranges only within digits or one "
+              "letter case; {n,m} with a one-digit n"),
 }
 
 

@@ -89,3 +89,27 @@ def test_outputs_are_judged_with_format_checking(fmt, good, bad):
     assert missing_format_checkers() == []
     spec = parse_guided_request({"guided_json": {"type": "string", "format": fmt}})
     assert validate_output(spec, json.dumps(good)).valid and not validate_output(spec, json.dumps(bad)).valid
+
+
+def test_regex_format_strings_are_also_ecmascript_regexes(tmp_path):
+    """The 'regex' pattern is a subset valid in both dialects: Python's re (jsonschema's checker)
+    and ECMA-262, with and without the u flag, judged by node's own RegExp."""
+    import shutil
+    import subprocess
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node (an ECMA-262 engine) is not installed")
+    texts = list(sample(rf"\A(?:{FORMAT_PATTERNS['regex']})\Z", random.Random(3), count=3000))
+    assert any("(" in text for text in texts) and any("[" in text for text in texts)
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    script = ("const texts = require(process.argv[1]); const bad = [];"
+              "for (const t of texts) for (const f of ['', 'u']) { try { new RegExp(t, f) } catch (e) { bad.push([t, f, e.message]) } }"
+              "console.log(JSON.stringify(bad))")
+    result = subprocess.run([node, "-e", script, str(tmp_path / "texts.json")], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(result.stdout) == []
+
+
+@pytest.mark.parametrize("text", ["(a", "a)", "[a", "a{2,1}", "*a", "a**", "[z-a]", "(?P<n>a)", "(?<=a)b", r"\1", "a{,5}", "^*"])
+def test_the_regex_format_refuses_invalid_or_unportable_regexes(text):
+    assert not re.fullmatch(FORMAT_PATTERNS["regex"], text)
