@@ -221,7 +221,7 @@ def test_cli_strings_of_the_whitespace_flag_are_parsed():
     ({"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.5}}}, "multipleOf"),
     ({"type": "object", "patternProperties": {"^a": {"type": "integer"}}}, "patternProperties"),
     ({"type": "array", "contains": {"const": 1}}, "contains"),
-    ({"type": "object", "properties": {"r": {"type": "string", "format": "regex"}}}, "format"),
+    ({"type": "object", "properties": {"r": {"type": "string", "format": "uri-template"}}}, "format"),
 ])
 @pytest.mark.parametrize("as_text", [False, True], ids=["dict", "str"])
 def test_unsupported_schema_is_refused_as_dict_and_as_str(schema, keyword, as_text):

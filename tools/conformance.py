@@ -143,7 +143,7 @@ def conformance_markdown(backends: list[str], timing: bool) -> str:
             note = SUBSET_NOTES.get(name, "")
             if refused and not v and not i:
                 note = {"unknown": "an unknown format: refused unless guided_unknown_formats is 'annotate'",
-                        "ecmascript-regex": "format regex: refused (a regex is not a regular language)"}.get(
+                        "ecmascript-regex": "format regex: refused (outside the subset: " + SUBSET_NOTES["regex"] + ")"}.get(
                     name, f"refused ({UNSUPPORTED_FORMATS.get(name, 'no exact pattern')})")
             lines.append(f"| {backend} | {name} | {va}/{v} | {ir}/{i} | {note} |")
     if timing:

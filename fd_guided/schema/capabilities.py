@@ -18,7 +18,7 @@ ENGINES = ("xgrammar", "llguidance")
 
 _BOTH_NORMALISED = {
     "allOf": "merged into the leaves (intersection of types, bounds, properties, items)",
-    "oneOf": "anyOf when the branches are provably disjoint, else each branch minus the others",
+    "oneOf": "anyOf when the branches are provably disjoint, else each branch minus the others it may overlap (at most 12 branches overlapping one another)",
     "not": "complement written positively (types, bounds, const/enum, required, properties); parts that cannot be written are dropped (a sound subset)",
     "if": "(if and then) or (not if and else)",
     "then": "see if",

@@ -35,7 +35,7 @@ from .unique_items import finish_unique
 
 MAX_ANY_OF_COMBINED = 4
 MAX_ONE_OF_DISJOINT = 64
-MAX_ONE_OF_EXPANDED = 6
+MAX_ONE_OF_EXPANDED = 12
 MAX_CONTAINS_LENGTH = 4
 _NON_OBJECT = tuple(k for k in BARE_KINDS if k != "object")
 
@@ -70,33 +70,54 @@ def any_of(branches: list[U], ctx, annotations_matter: bool) -> U:
 
 
 def one_of(branches: list[U], ctx, location: str) -> U:
+    """``oneOf`` as a union of each branch minus the others. Only branches that may overlap need
+    the subtraction: a branch provably disjoint from another (their intersection is empty) already
+    excludes it, so ``B_i and not B_j`` is ``B_i``. The branches are grouped into the connected
+    components of the "may overlap" relation and each branch is intersected with the complements of
+    the others in its own component; components larger than `MAX_ONE_OF_EXPANDED` are refused."""
     if len(branches) == 1:
         return branches[0]
     if len(branches) > MAX_ONE_OF_DISJOINT:
         raise Refusal(f"oneOf with more than {MAX_ONE_OF_DISJOINT} branches", location)
-    if _pairwise_disjoint(branches, ctx):
-        return union(branches)
-    if len(branches) > MAX_ONE_OF_EXPANDED:
+    groups = _overlap_groups(branches, ctx)
+    if max(len(group) for group in groups) > MAX_ONE_OF_EXPANDED:
         raise Refusal(f"oneOf whose branches may overlap (more than {MAX_ONE_OF_EXPANDED} branches)", location)
-    negated = [complement(branch, ctx, location) for branch in branches]
-    parts = []
-    for index, branch in enumerate(branches):
-        part = branch
-        for other, negation in enumerate(negated):
-            if other != index:
-                part = intersect(part, negation, ctx)
-        parts.append(part)
+    parts: list[U] = [NONE] * len(branches)
+    for group in groups:
+        negated = {index: complement(branches[index], ctx, location) for index in group} if len(group) > 1 else {}
+        for index in group:
+            part = branches[index]
+            for other in group:
+                if other != index:
+                    part = intersect(part, negated[other], ctx)
+            parts[index] = part
     return union(parts)
 
 
-def _pairwise_disjoint(branches: list[U], ctx) -> bool:
-    try:
-        for first, second in itertools.combinations(branches, 2):
-            if not intersect(first, second, ctx).is_none:
-                return False
-    except Refusal:
-        return False
-    return True
+def _overlap_groups(branches: list[U], ctx) -> list[list[int]]:
+    """Connected components (branch indexes) of "the two branches may share a value": an empty
+    intersection proves them disjoint; an intersection that cannot be computed counts as overlap."""
+    group_of = list(range(len(branches)))
+
+    def find(index: int) -> int:
+        while group_of[index] != index:
+            group_of[index] = group_of[group_of[index]]
+            index = group_of[index]
+        return index
+
+    for first, second in itertools.combinations(range(len(branches)), 2):
+        if find(first) == find(second):
+            continue
+        try:
+            overlap = not intersect(branches[first], branches[second], ctx).is_none
+        except Refusal:
+            overlap = True
+        if overlap:
+            group_of[find(first)] = find(second)
+    groups: dict[int, list[int]] = {}
+    for index in range(len(branches)):
+        groups.setdefault(find(index), []).append(index)
+    return list(groups.values())
 
 
 def if_then_else(kw: dict, resolver, ctx, path: str) -> U:

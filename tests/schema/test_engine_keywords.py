@@ -36,6 +36,12 @@ CASES = [
                       "if": {"properties": {"k": {"const": "a"}}}, "then": {"required": ["n"]}},
      ['{"k":"a","n":1}', '{"k":"b"}'], ['{"k":"a"}']),
     ("overlapping oneOf", {"oneOf": [{"type": "integer", "minimum": 5}, {"type": "integer", "maximum": 10}]}, ["3", "11"], ["7"]),
+    # Nine branches, only the two integer ranges may overlap: the subtraction stays inside that pair.
+    ("oneOf with one overlapping pair among many", {"oneOf": [{"const": c} for c in "abcdefg"] + [{"type": "integer", "minimum": 5},
+                                                                                                {"type": "integer", "maximum": 10}]},
+     ['"a"', '"g"', "3", "11"], ["7", '"h"', "5.5"]),
+    ("format regex", {"type": "string", "format": "regex"}, ['"^a+$"', '"(a|b)*[0-9]{2,3}"', '"[^.]+$"'],
+     ['"(a"', '"a{2,1}"', '"[z-a]"', '"(?<n>a)"']),
     ("dependentRequired", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                            "dependentRequired": {"a": ["b"]}}, ['{"a":1,"b":2}', '{"b":2}', "{}"], ['{"a":1}']),
     ("required name not declared", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"],
