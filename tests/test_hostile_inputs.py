@@ -41,6 +41,8 @@ HOSTILE = {
     "fields_not_a_mapping": (["guided_json"], "mapping"),
     # minItems past a finite uniqueItems domain: enumerating the unique arrays walked every
     # permutation of the 29 values (it never ended) before it learned none is long enough
+    # a look-ahead whose automaton would grow past its bounds: refused within a step budget
+    "lookahead_automaton": ({"guided_json": {"type": "string", "pattern": r"^(?![\s\S]{0,1000}x)"}}, "look-ahead"),
     "unique_min_past_domain": ({"guided_json": {"type": "array", "uniqueItems": True, "minItems": 30,
                                                 "items": {"enum": [f"v{i}" for i in range(29)]}}}, "admits no value"),
 }

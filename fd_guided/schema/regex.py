@@ -30,6 +30,7 @@ import re._constants as C
 import re._parser as sre
 from typing import Any
 
+from . import automaton
 from .refusal import Refusal, Unsatisfiable
 
 MAX_CODE_POINT = 0x10FFFF
@@ -110,6 +111,7 @@ def _category_set(category, ascii_flag: bool, under: bool) -> tuple:
 
 # ----- parsing into a small tree ------------------------------------------------------------------
 # ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", lo, hi|None, node) | ("bol",) | ("eol",)
+# | ("look", negative, node): a look-ahead, only until `full_match_tree` resolves it
 
 EMPTY_SET = ("set", ())
 EPSILON = ("cat", [])
@@ -164,6 +166,8 @@ def _convert_item(op, av, flags: int, budget: list[int]) -> tuple:
         if av in (C.AT_END, C.AT_END_STRING):
             return ("eol",)
         raise Refusal("word boundaries (\\b, \\B) in a pattern")
+    if op in (C.ASSERT, C.ASSERT_NOT) and av[0] == 1:  # a look-ahead: resolved by `full_match_tree` at a pattern's start
+        return ("look", op is C.ASSERT_NOT, _convert(av[1], flags, budget))
     feature = {C.ASSERT: "look-ahead/look-behind", C.ASSERT_NOT: "negative look-ahead/look-behind",
                C.GROUPREF: "back-references", C.GROUPREF_EXISTS: "conditional groups",
                C.ATOMIC_GROUP: "atomic groups", C.POSSESSIVE_REPEAT: "possessive repeats"}.get(op, str(op))
@@ -206,9 +210,32 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
         items = items[:-1]
     while items and items[0][0] == "bol" and anchored_start:  # "^^a"
         items = items[1:]
+    looks = []
+    while anchored_start and items and items[0][0] == "look":
+        looks.append(items.pop(0))
     _no_inner_anchor(("cat", items))
     star = ("rep", 0, None, ("set", any_char))
-    return ("cat", ([] if anchored_start else [star]) + items + ([] if anchored_end else [star]))
+    tree = ("cat", ([] if anchored_start else [star]) + items + ([] if anchored_end else [star]))
+    for _, negative, body in looks:
+        tree = automaton.combine(tree, _prefix_language(body, any_char), negative, any_char)
+    return tree
+
+
+def _prefix_language(body: tuple, any_char: tuple) -> tuple:
+    """The strings that begin with a match of look-ahead `body` at position 0: ``body.*``, where a
+    branch ending in ``$`` must reach the end (or a final newline, as Python's ``$`` does: exact
+    for a negative look-ahead, whose complement must not grow)."""
+    branches = body[1] if body[0] == "alt" else [body]
+    out = []
+    for branch in branches:
+        items = list(branch[1]) if branch[0] == "cat" else [branch]
+        if items and items[-1][0] == "eol":
+            items = items[:-1] + [("rep", 0, 1, ("set", ((10, 10),)))]
+        else:
+            items = items + [("rep", 0, None, ("set", any_char))]
+        _no_inner_anchor(("cat", items))
+        out.append(("cat", items))
+    return out[0] if len(out) == 1 else ("alt", out)
 
 
 def _no_inner_anchor(node: tuple) -> None:
@@ -217,6 +244,8 @@ def _no_inner_anchor(node: tuple) -> None:
         node = stack.pop()
         if node[0] in ("bol", "eol"):
             raise Refusal("anchors (^, $) inside a pattern rather than at its ends")
+        if node[0] == "look":
+            raise Refusal(f"{'negative ' if node[1] else ''}look-ahead/look-behind in a pattern (only at its start, after ^)")
         if node[0] in ("cat", "alt"):
             stack.extend(node[1])
         elif node[0] == "rep":
@@ -356,7 +385,8 @@ def translate(pattern: str, engine: str) -> str:
         if tree == EMPTY_SET:
             raise Refusal(f"pattern {pattern[:60]!r} (xgrammar can only match it with escaped characters)")
         check_counts(tree, XGRAMMAR_MAX_COUNT)
-        return f"^{to_text(tree, 'xgrammar')}$"
+        text = to_text(tree, "xgrammar")
+        return f"^({text})$" if tree[0] == "alt" else f"^{text}$"  # a look-ahead's difference can be an alternation
     tree = restrict(full_match_tree(tree, _ALL), _ALL, llguidance_classes=True)
     if tree == EMPTY_SET:
         raise Refusal(f"pattern {pattern[:60]!r} (llguidance could only match it through classes it mis-escapes)")

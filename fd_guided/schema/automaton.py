@@ -1,0 +1,381 @@
+"""Finite automata over code-point classes, for what a regex tree alone cannot say.
+
+Neither engine has look-around, yet a look-ahead at the start of a pattern only intersects two
+regular languages: ``^(?!N)R`` accepts the strings of ``R`` that do not begin with a match of
+``N`` (``R`` minus ``N.*``; minus ``N`` alone when ``N`` ends in ``$``), ``^(?=N)R`` those that
+do. `combine` computes that exactly: both trees (`fd_guided.schema.regex`'s ``set``/``cat``/
+``alt``/``rep`` nodes, already full-match readings) become one deterministic automaton over the
+coarsest partition of the code points into classes no set splits, the product keeps the states
+the operation accepts, Moore's refinement merges equivalent ones, and state elimination prints a
+tree again. Every step is bounded (`MAX_NFA_STATES`, `MAX_DFA_STATES`, `MAX_TREE_NODES`); past a
+bound the pattern is refused, never approximated.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Iterable
+
+from .refusal import Refusal
+
+MAX_NFA_STATES = 20_000
+MAX_DFA_STATES = 2_000
+MAX_TREE_NODES = 20_000
+MAX_WORK = 3_000_000  # elementary steps (moves followed, rows compared, paths joined): about a second
+EPSILON = ("cat", [])
+
+
+class Work:
+    """A step budget for one `combine`: a hostile look-ahead is refused, not computed for minutes."""
+
+    def __init__(self, limit: int = MAX_WORK):
+        self.left = limit
+
+    def spend(self, steps: int) -> None:
+        self.left -= steps
+        if self.left < 0:
+            raise Refusal("a look-ahead too costly to resolve into one regular expression")
+
+
+# ----- the alphabet: classes of code points no set of either tree splits ---------------------------
+
+
+def _sets(node: tuple) -> Iterable[tuple]:
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if node[0] == "set":
+            yield node[1]
+        elif node[0] in ("cat", "alt"):
+            stack.extend(node[1])
+        elif node[0] == "rep":
+            stack.append(node[3])
+
+
+class Alphabet:
+    """Disjoint code-point intervals (`bounds[i]` to `bounds[i + 1] - 1`); a set is a frozenset of
+    their indexes."""
+
+    def __init__(self, trees: Iterable[tuple]):
+        cuts = {0}
+        for tree in trees:
+            for ranges in _sets(tree):
+                for lo, hi in ranges:
+                    cuts.update((lo, hi + 1))
+        self.bounds = sorted(cuts)
+
+    def classes(self, ranges: tuple) -> frozenset:
+        out = set()
+        for lo, hi in ranges:
+            first = bisect.bisect_right(self.bounds, lo) - 1
+            last = bisect.bisect_right(self.bounds, hi) - 1
+            out.update(range(first, last + 1))
+        return frozenset(out)
+
+    def ranges(self, classes: Iterable[int]) -> tuple:
+        out: list[list[int]] = []
+        for index in sorted(classes):
+            lo, hi = self.bounds[index], self.bounds[index + 1] - 1
+            if out and out[-1][1] + 1 == lo:
+                out[-1][1] = hi
+            else:
+                out.append([lo, hi])
+        return tuple((lo, hi) for lo, hi in out)
+
+
+# ----- tree -> NFA -> DFA ----------------------------------------------------------------------------
+
+
+class _Nfa:
+    def __init__(self, alphabet: Alphabet, work: Work):
+        self.alphabet = alphabet
+        self.work = work
+        self.moves: list[list[tuple[frozenset, int]]] = []
+        self.empty: list[list[int]] = []
+
+    def state(self) -> int:
+        if len(self.moves) >= MAX_NFA_STATES:
+            raise Refusal("a look-ahead whose automaton is too large")
+        self.moves.append([])
+        self.empty.append([])
+        return len(self.moves) - 1
+
+    def build(self, node: tuple) -> tuple[int, int]:
+        """A fragment (start, end) accepting exactly `node`'s strings."""
+        start, end = self.state(), self.state()
+        self._into(node, start, end)
+        return start, end
+
+    def _into(self, node: tuple, start: int, end: int) -> None:
+        kind = node[0]
+        if kind == "set":
+            classes = self.alphabet.classes(node[1])
+            if classes:
+                self.moves[start].append((classes, end))
+        elif kind == "cat":
+            current = start
+            for child in node[1]:
+                following = self.state()
+                self._into(child, current, following)
+                current = following
+            self.empty[current].append(end)
+        elif kind == "alt":
+            for child in node[1]:
+                self._into(child, start, end)
+        elif kind == "rep":
+            self._repeat(node[1], node[2], node[3], start, end)
+        else:
+            raise Refusal(f"a look-ahead beside {kind} in a pattern")
+
+    def _repeat(self, lo: int, hi: int | None, body: tuple, start: int, end: int) -> None:
+        current = start
+        for _ in range(lo):
+            following = self.state()
+            self._into(body, current, following)
+            current = following
+        if hi is None:
+            loop = self.state()
+            self.empty[current].append(loop)
+            self._into(body, loop, loop)
+            self.empty[loop].append(end)
+            return
+        for _ in range(hi - lo):
+            following = self.state()
+            self.empty[current].append(end)
+            self._into(body, current, following)
+            current = following
+        self.empty[current].append(end)
+
+    def closure(self, states: Iterable[int]) -> frozenset:
+        seen = set(states)
+        stack = list(seen)
+        while stack:
+            targets = self.empty[stack.pop()]
+            self.work.spend(1 + len(targets))
+            for target in targets:
+                if target not in seen:
+                    seen.add(target)
+                    stack.append(target)
+        return frozenset(seen)
+
+
+class Dfa:
+    """`moves[s]`: class -> state (a missing class is the dead state); `accepting`: a set of states."""
+
+    def __init__(self, moves: list[dict[int, int]], accepting: set[int]):
+        self.moves = moves
+        self.accepting = accepting
+
+
+def to_dfa(tree: tuple, alphabet: Alphabet, work: Work) -> Dfa:
+    nfa = _Nfa(alphabet, work)
+    start, end = nfa.build(tree)
+    first = nfa.closure([start])
+    index = {first: 0}
+    order = [first]
+    moves: list[dict[int, int]] = []
+    for subset in order:  # grows while iterating
+        targets: dict[int, set[int]] = {}
+        for state in subset:
+            for classes, target in nfa.moves[state]:
+                work.spend(len(classes))
+                for cls in classes:
+                    targets.setdefault(cls, set()).add(target)
+        row: dict[int, int] = {}
+        for cls, reached in targets.items():
+            closed = nfa.closure(reached)
+            if closed not in index:
+                if len(order) >= MAX_DFA_STATES:
+                    raise Refusal("a look-ahead whose automaton is too large")
+                index[closed] = len(order)
+                order.append(closed)
+            row[cls] = index[closed]
+        moves.append(row)
+    return Dfa(moves, {i for i, subset in enumerate(order) if end in subset})
+
+
+# ----- product, minimisation ---------------------------------------------------------------------------
+
+
+def product(first: Dfa, second: Dfa, keep_second: bool, work: Work) -> Dfa:
+    """Strings `first` accepts that `second` accepts too (`keep_second`) or does not."""
+    index = {(0, 0): 0}
+    order = [(0, 0)]
+    moves: list[dict[int, int]] = []
+    for a, b in order:
+        row: dict[int, int] = {}
+        second_row = second.moves[b] if b is not None else {}
+        work.spend(len(first.moves[a]))
+        for cls, target in first.moves[a].items():
+            pair = (target, second_row.get(cls))
+            if keep_second and pair[1] is None:
+                continue
+            if pair not in index:
+                if len(order) >= MAX_DFA_STATES:
+                    raise Refusal("a look-ahead whose automaton is too large")
+                index[pair] = len(order)
+                order.append(pair)
+            row[cls] = index[pair]
+        moves.append(row)
+    accepting = {i for i, (a, b) in enumerate(order)
+                 if a in first.accepting and ((b in second.accepting) if keep_second else (b is None or b not in second.accepting))}
+    return Dfa(moves, accepting)
+
+
+def minimise(dfa: Dfa, work: Work) -> Dfa:
+    """Live states only (some accepting state reachable), equivalent states merged (Moore)."""
+    live = set(dfa.accepting)
+    changed = True
+    while changed:
+        changed = False
+        for state, row in enumerate(dfa.moves):
+            if state not in live and any(target in live for target in row.values()):
+                live.add(state)
+                changed = True
+    if 0 not in live:
+        return Dfa([{}], set())
+    rows = [{cls: t for cls, t in row.items() if t in live} for row in dfa.moves]
+    block = {state: int(state in dfa.accepting) for state in live}
+    while True:
+        work.spend(sum(len(rows[state]) for state in live))
+        signatures = {state: (block[state], tuple(sorted((cls, block[t]) for cls, t in rows[state].items()))) for state in live}
+        numbering: dict[tuple, int] = {}
+        refined = {state: numbering.setdefault(signatures[state], len(numbering)) for state in sorted(live)}
+        if len(numbering) == len(set(block.values())):
+            break
+        block = refined
+    ordered = [block[0]] + sorted(set(block.values()) - {block[0]})  # the start state stays 0
+    number = {b: i for i, b in enumerate(ordered)}
+    moves: list[dict[int, int]] = [dict() for _ in ordered]
+    accepting = set()
+    for state in live:
+        here = number[block[state]]
+        for cls, target in rows[state].items():
+            moves[here][cls] = number[block[target]]
+        if state in dfa.accepting:
+            accepting.add(here)
+    return Dfa(moves, accepting)
+
+
+# ----- DFA -> tree (state elimination) ---------------------------------------------------------------
+
+
+def _alt(parts: list) -> tuple | None:
+    """The union of `parts` (None = no string); sets merge into one set, duplicates drop."""
+    sets: list = []
+    others: list = []
+    for part in parts:
+        if part is None:
+            continue
+        if part[0] == "alt":
+            for child in part[1]:
+                (sets if child[0] == "set" else others).append(child)
+        elif part[0] == "set":
+            sets.append(part)
+        elif part not in others:
+            others.append(part)
+    if sets:
+        others.insert(0, ("set", _merge_ranges(r for node in sets for r in node[1])))
+    unique: list = []
+    for part in others:
+        if part not in unique:
+            unique.append(part)
+    if not unique:
+        return None
+    return unique[0] if len(unique) == 1 else ("alt", unique)
+
+
+def _merge_ranges(ranges) -> tuple:
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in out)
+
+
+def _cat(parts: list) -> tuple | None:
+    flat: list = []
+    for part in parts:
+        if part is None:
+            return None
+        flat.extend(part[1] if part[0] == "cat" else [part])
+    return flat[0] if len(flat) == 1 else ("cat", flat)
+
+
+def _star(part: tuple | None) -> tuple:
+    return EPSILON if part is None or part == EPSILON else ("rep", 0, None, part)
+
+
+def _size(node: tuple) -> int:
+    count, stack = 0, [node]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if node[0] in ("cat", "alt"):
+            stack.extend(node[1])
+        elif node[0] == "rep":
+            stack.append(node[3])
+    return count
+
+
+def to_tree(dfa: Dfa, alphabet: Alphabet, work: Work) -> tuple | None:
+    """A tree for `dfa`'s language (None when it is empty), by state elimination: the state with
+    the fewest edges goes first, each path through it joined onto its neighbours' edges."""
+    if not dfa.accepting:
+        return None
+    n = len(dfa.moves)
+    start, final = n, n + 1
+    out: dict[int, dict[int, tuple]] = {state: {} for state in range(n + 2)}
+    into: dict[int, set[int]] = {state: set() for state in range(n + 2)}
+
+    def join(a: int, b: int, path: tuple) -> None:
+        out[a][b] = _alt([out[a].get(b), path])
+        into[b].add(a)
+
+    for state, row in enumerate(dfa.moves):
+        by_target: dict[int, list[int]] = {}
+        for cls, target in row.items():
+            by_target.setdefault(target, []).append(cls)
+        for target, classes in by_target.items():
+            join(state, target, ("set", alphabet.ranges(classes)))
+    join(start, 0, EPSILON)
+    for state in dfa.accepting:
+        join(state, final, EPSILON)
+    remaining = set(range(n))
+    while remaining:
+        state = min(remaining, key=lambda s: len(into[s]) * len(out[s]))
+        remaining.discard(state)
+        loop = _star(out[state].pop(state, None))
+        into[state].discard(state)
+        sources = [a for a in into[state]]
+        targets = list(out[state].items())
+        work.spend(1 + len(sources) * len(targets))
+        for a in sources:
+            into_edge = out[a].pop(state)
+            for b, out_edge in targets:
+                path = _cat([into_edge, loop, out_edge])
+                work.spend(_size(path))
+                join(a, b, path)
+        for b, _ in targets:
+            into[b].discard(state)
+        out[state] = {}
+        into[state] = set()
+    result = out[start].get(final)
+    if result is not None and _size(result) > MAX_TREE_NODES:
+        raise Refusal("a look-ahead whose regex is too large to write out")
+    return result
+
+
+# ----- the entry point ---------------------------------------------------------------------------------
+
+
+def combine(rest: tuple, ahead: tuple, negative: bool, any_char: tuple) -> tuple:
+    """`rest`'s strings that begin (`negative` False) or do not begin (True) with a string of
+    `ahead`; both are full-match trees, `ahead` already extended by ``.*`` where it is a prefix.
+    Returns ``("set", ())`` when none is left."""
+    alphabet = Alphabet([rest, ahead, ("set", any_char)])
+    work = Work()
+    both = product(to_dfa(rest, alphabet, work), to_dfa(ahead, alphabet, work), not negative, work)
+    result = to_tree(minimise(both, work), alphabet, work)
+    return ("set", ()) if result is None else result
