@@ -102,6 +102,10 @@ class JsonTracker:
         self.is_key = False
         self.start = 0  # where the current scalar began
         self.duplicate = False
+        # Set by the last `feed` (or `finishes_duplicate` trial) when it ended a member value of an
+        # object item of a guarded array, and closing that object now would repeat an earlier item:
+        # the guard then asks the engine whether anything but the close may follow (`unique_guard`).
+        self.closing = False
         self._history: list[tuple] = []
 
     # ----- snapshots --------------------------------------------------------------------------
@@ -113,6 +117,7 @@ class JsonTracker:
         length, self.stack, self.mode, self.escape, self.is_key, self.start = state
         del self.buffer[length:]
         self.duplicate = False
+        self.closing = False
 
     def push(self, data: bytes) -> bool:
         """Advance by one token's bytes; False (state unchanged) if it finishes a duplicate item."""
@@ -178,7 +183,9 @@ class JsonTracker:
 
     def finishes_duplicate(self, data: bytes, goes_on: bool) -> bool:
         """Would `data` finish an item equal to an earlier one? The state is unchanged. `goes_on`:
-        the token holds a comma or bracket after a quote (it may finish more than the current item)."""
+        the token holds a comma or bracket after a quote (it may finish more than the current item).
+        Afterwards `closing` tells whether `data` would leave an object item that closing repeats."""
+        self.closing = False
         written = self._open_string_item()
         if written is not None:
             unique, quote = self._top_unique(), data.find(b'"')
@@ -195,13 +202,16 @@ class JsonTracker:
                     return written + data[:quote] in unique.strings
         state = self.snapshot()
         duplicate = not self.feed(data)
+        closing = self.closing and not duplicate
         self.restore(state)
+        self.closing = closing
         return duplicate
 
     # ----- the byte machine -------------------------------------------------------------------
 
     def feed(self, data: bytes) -> bool:
         """Consume `data`; False as soon as an item equal to an earlier one of its array finished."""
+        self.closing = False
         at, end = 0, len(data)
         while at < end:
             if self.mode == _STRING and not self.escape:
@@ -264,6 +274,7 @@ class JsonTracker:
         at = len(self.buffer) - 1
         if byte in _WS:
             return
+        self.closing = False  # something other than the close comes next (or the close itself, checked as an item end)
         if byte == ord('"'):
             self.is_key = bool(self.stack) and self.stack[-1][0] == "o" and self.stack[-1][3] == "key"
             if not self.is_key:
@@ -315,6 +326,7 @@ class JsonTracker:
         frame = self.stack[-1]
         if frame[0] == "o":
             self.stack = self.stack[:-1] + (frame[:3] + ("comma",),)
+            self.closing = self._closing_repeats(end)
             return
         unique = frame[4]
         if unique is not None and unique.start >= 0:
@@ -324,6 +336,17 @@ class JsonTracker:
                 return
             unique = unique.adding(judged, exact)
         self.stack = self.stack[:-1] + (("a", frame[1], frame[2], "comma", unique),)
+
+    def _closing_repeats(self, end: int) -> bool:
+        """The top object is an item of a guarded array (its parent frame) and, closed right after
+        its member value that ended at `end`, it would equal an earlier item."""
+        if len(self.stack) < 2:
+            return False
+        unique = _unique_of(self.stack[-2])
+        if unique is None or unique.start < 0 or self.buffer[unique.start] != ord("{"):
+            return False
+        judged, exact = item_keys(bytes(self.buffer[unique.start:end]) + b"}")
+        return judged in unique.judged or exact in unique.exact
 
     def _key_end(self, end: int) -> None:
         frame = self.stack[-1]

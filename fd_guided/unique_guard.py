@@ -27,6 +27,15 @@ array holds already is refused at the token that makes it so (``"a1`` once ``a1`
 ``a11`` are used), and so is a comma once every value is used. There every allowed token is tried,
 not only the token classes that can finish an item.
 
+Object items that declare their properties and admit no others are guarded when their *last*
+property (engines write properties in the schema's order) takes open values
+(`unique_items._closing_guarded_objects`): once a member value ends and closing the object there
+would repeat an earlier item, the tracker says so (`JsonTracker.closing`) and the guard asks the
+engine itself whether a comma may follow (the token is accepted on the engine's matcher, one row
+filled, and rolled back). Where only the ``}`` may follow, the token is refused: the last
+property's value can still go on to a value no earlier item has. This costs a fill only on the
+way to a repeat.
+
 Liveness: with open items some other item always remains (a string can go on, a number can take
 more digits, an object another key, and a literal already held is never begun), and with a
 finite domain no token is allowed that leaves the item without an unused value to become, so the
@@ -80,6 +89,7 @@ class TokenClasses:
             if any(b in text[text.index(b'"'):] for b in b",]}"):
                 flags[token] |= AFTER_QUOTE
         self.flags = flags
+        self.comma_ids = np.array([i for i, text in enumerate(texts) if text.lstrip(b" \t\n\r").startswith(b",")], dtype=np.int64)
         self._ids: dict[int, np.ndarray] = {}
 
     def ids(self, classes: int) -> np.ndarray:
@@ -111,13 +121,15 @@ class UniqueItemsGrammar(Grammar):
     `restrict_rows` for the rows of guarded grammars.
     """
 
-    __slots__ = ("inner", "tracker", "token_bytes", "classes")
+    __slots__ = ("inner", "tracker", "token_bytes", "classes", "vocab_size", "_scratch")
 
-    def __init__(self, inner: Grammar, paths: UniquePaths, token_bytes: Sequence[bytes | None]):
+    def __init__(self, inner: Grammar, paths: UniquePaths, token_bytes: Sequence[bytes | None], vocab_size: int | None = None):
         self.inner = inner
         self.tracker = JsonTracker(paths)
         self.token_bytes = token_bytes
         self.classes = token_classes(token_bytes)
+        self.vocab_size = vocab_size if vocab_size is not None else len(token_bytes)
+        self._scratch = None  # a one-row bitmask for `_comma_allowed`
 
     @property
     def matcher(self):
@@ -132,7 +144,37 @@ class UniqueItemsGrammar(Grammar):
         if not self.tracker.push(self._bytes(int(token_id))):
             self.inner.rollback(1)
             return False
+        if self.tracker.closing and not self._comma_allowed():
+            self.tracker.rollback(1)
+            self.inner.rollback(1)
+            return False
         return True
+
+    def _comma_allowed(self) -> bool:
+        """Does the engine, in its current state, allow another member (a comma) next? Where it
+        does not, the object item must close now (its last property in the schema's order is
+        written), and closing repeats an earlier item. Whitespace is optional in JSON, so if a
+        comma may come after whitespace it may come at once: the token that is a bare comma
+        (or any token starting with one) is enough to ask about."""
+        if self._scratch is None:
+            from .kernels import allocate_pinned_bitmask
+
+            self._scratch = allocate_pinned_bitmask(1, self.vocab_size)
+        self.inner.fill_bitmask(self._scratch, 0)
+        words = host_words(self._scratch)[0].view(np.uint32)
+        ids = self.classes.comma_ids
+        ids = ids[ids < words.size * 32]
+        return bool(((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).any())
+
+    def _closes_as_duplicate(self, token: int) -> bool:
+        """After `token` (which the tracker found leaves an object item that closing repeats):
+        would the engine force the close? Asked by accepting it on the engine and rolling back."""
+        if not self.inner.accept_token(token):
+            return False
+        try:
+            return not self._comma_allowed()
+        finally:
+            self.inner.rollback(1)
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         self.inner.fill_bitmask(bitmask, row)
@@ -156,7 +198,7 @@ class UniqueItemsGrammar(Grammar):
         flags = self.classes.flags
         for token in allowed.tolist():
             goes_on = finite or bool(flags[token] & AFTER_QUOTE)
-            if tracker.finishes_duplicate(self.token_bytes[token] or b"", goes_on):
+            if tracker.finishes_duplicate(self.token_bytes[token] or b"", goes_on) or (tracker.closing and self._closes_as_duplicate(token)):
                 words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)
 
     def is_terminated(self) -> bool:
@@ -175,11 +217,12 @@ class UniqueItemsGrammar(Grammar):
         return b"" if self.tracker.guarded() else self.inner.forced_bytes()
 
 
-def with_unique_guard(matcher: Grammar, spec, token_bytes: Sequence[bytes | None]) -> Grammar:
-    """`matcher` guarded for ``uniqueItems`` when `spec` needs it (`needs_guard`), else itself."""
+def with_unique_guard(matcher: Grammar, spec, token_bytes: Sequence[bytes | None], vocab_size: int | None = None) -> Grammar:
+    """`matcher` guarded for ``uniqueItems`` when `spec` needs it (`needs_guard`), else itself.
+    `vocab_size`: the width of the engine's bitmask rows (the logits width)."""
     if not needs_guard(spec):
         return matcher
-    return UniqueItemsGrammar(matcher, _paths_for(spec.source), token_bytes)
+    return UniqueItemsGrammar(matcher, _paths_for(spec.source), token_bytes, vocab_size)
 
 
 @functools.lru_cache(maxsize=64)

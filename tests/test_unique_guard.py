@@ -142,7 +142,7 @@ def test_open_item_domains_are_admitted(name, items):
     {"type": "array", "items": {"type": "string", "format": "date"}, "uniqueItems": True},
     {"type": "array", "items": {"type": "string", "format": "uri", "pattern": "^h"}, "uniqueItems": True},
     {"type": "array", "items": {"type": "number", "maximum": 3}, "uniqueItems": True},
-    {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string"}}}, "uniqueItems": True},  # strict: closed
+    {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 2}}}, "uniqueItems": True},  # strict: closed
     {"type": "array", "items": {"anyOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"enum": ["Multi line"]}]}, "uniqueItems": True},
     {"type": "array", "items": {"anyOf": [{"type": "number"}, {"enum": ["x"]}]}, "uniqueItems": True},  # "x" cannot go on
 ])
@@ -295,3 +295,86 @@ def test_batched_fills_apply_the_guard(backends, tokenizer, name):
     assert torch.equal(batched[0], single[0])
     allowed = set(allowed_ids(batched, rows - 1).tolist())
     assert quote not in allowed and a in allowed
+
+
+# ----- object items: the last property's open value keeps them live -------------------------------
+
+NAMED = {"type": "array", "uniqueItems": True, "minItems": 4,
+         "items": {"type": "object", "properties": {"name": {"enum": ["a"]}, "value": {"type": "string"}}, "required": ["name", "value"]}}
+BAGGED = {"type": "array", "uniqueItems": True, "minItems": 3,
+          "items": {"type": "object", "properties": {"name": {"type": "string"}, "value": {"type": "object"}}, "required": ["value"]}}
+OPTIONAL = {"type": "array", "uniqueItems": True, "minItems": 4,
+            "items": {"type": "object", "properties": {"name": {"type": "boolean"}, "value": {"type": "number"}}}}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("schema, preferences", [
+    (NAMED, [b'"', b"a", b"name", b"value", b":", b",", b"{", b"}", b"["]),  # wants {"name":"a","value":""} again and again
+    (BAGGED, [b"}", b'"', b"a", b"value", b"name", b":", b",", b"{", b"["]),
+    (OPTIONAL, [b"}", b",", b"1", b"true", b"{", b"[", b'"', b"name", b":"]),
+])
+def test_object_items_whose_last_property_is_open_stay_live_and_unique(backends, tokenizer, name, schema, preferences):
+    """The engine forces the close after the last property: a token ending its value as a repeat
+    is refused while the value can go on (it fails with that check removed: a dead end)."""
+    text = adversarial_output(backends[name], tokenizer, schema, preferences, max_steps=300)
+    value = json.loads(text)
+    jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(value)
+    assert len(value) >= schema["minItems"]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_accepting_a_token_that_forces_a_repeated_object_is_refused(backends, tokenizer, name):
+    grammar = backends[name].new_grammar(backends[name].compile(parse_guided_request({"guided_json": NAMED})))
+    text = '[{"name":"a","value":"x"},{"name":"a","value":"x'
+    for token in _greedy_tokens(tokenizer, text.encode()):
+        assert grammar.accept_token(token)
+    quote = tokenizer.token_bytes.index(b'"')
+    assert not grammar.accept_token(quote)  # "x" again, and only } may follow it
+    assert grammar.accept_token(tokenizer.token_bytes.index(b"a"))
+    assert grammar.accept_token(quote)
+
+
+def _greedy_tokens(tokenizer, data: bytes) -> list[int]:
+    """Longest-match tokens spelling `data` exactly (no merges needed, only a valid spelling)."""
+    by_bytes = {text: token for token, text in enumerate(tokenizer.token_bytes) if text}
+    out, at = [], 0
+    while at < len(data):
+        for end in range(min(len(data), at + 16), at, -1):
+            if data[at:end] in by_bytes:
+                out.append(by_bytes[data[at:end]])
+                at = end
+                break
+        else:
+            raise AssertionError(f"no token for {data[at:at + 8]!r}")
+    return out
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("items", [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}},
+    {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True},  # open: another key
+    {"$ref": "#/$defs/pair"},
+])
+def test_object_items_with_an_open_last_property_are_admitted(name, items):
+    schema = {"type": "array", "uniqueItems": True, "items": items,
+              "$defs": {"pair": {"type": "object", "properties": {"k": {"enum": [1, 2]}, "v": {"type": "number"}}}}}
+    parse_guided_request({"guided_json": schema}, GuidedConfig(backend=name))
+
+
+@pytest.mark.parametrize("items", [
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"}}},  # last is a literal
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string", "maxLength": 3}}},
+    {"type": "object", "properties": {"a": {"type": "string"}}, "maxProperties": 0},
+    {"type": ["object", "null"], "properties": {"a": {"type": "string"}}},
+])
+def test_object_items_that_can_dead_end_stay_refused(items):
+    with pytest.raises(InvalidGrammarError, match="uniqueItems"):
+        parse_guided_request({"guided_json": {"type": "array", "uniqueItems": True, "items": items}})
+
+
+def test_properties_in_any_order_refuse_object_items():
+    schema = {"type": "array", "uniqueItems": True, "items": {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "string"}}}}
+    parse_guided_request({"guided_json": schema}, GuidedConfig(backend="xgrammar"))
+    with pytest.raises(InvalidGrammarError, match="uniqueItems"):
+        parse_guided_request({"guided_json": schema, "guided_any_order": True}, GuidedConfig(backend="xgrammar"))

@@ -207,7 +207,7 @@ class LLGuidanceBackend(GuidedBackend):
         if not isinstance(compiled, LLGuidanceCompiled):
             raise TypeError(f"llguidance cannot run a grammar compiled by {type(compiled).__name__}")
         matcher = LLGuidanceMatcher(compiled.template.deep_copy(), self._stop_set, self.vocab_size)
-        return with_unique_guard(matcher, compiled.spec, self.tokenizer.token_bytes)
+        return with_unique_guard(matcher, compiled.spec, self.tokenizer.token_bytes, self.vocab_size)
 
     def fill_bitmasks(self, grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> None:
         if len(grammars) < self.config.parallel_fill_min_rows or not _is_contiguous(bitmask):

@@ -138,7 +138,7 @@ class XGrammarBackend(GuidedBackend):
     def new_grammar(self, compiled: CompiledGrammar) -> Grammar:
         if not isinstance(compiled, XGrammarCompiled):
             raise TypeError(f"xgrammar cannot run a grammar compiled by {type(compiled).__name__}")
-        return with_unique_guard(XGrammarMatcher(compiled), compiled.spec, self.tokenizer.token_bytes)
+        return with_unique_guard(XGrammarMatcher(compiled), compiled.spec, self.tokenizer.token_bytes, self.vocab_size)
 
     def fill_bitmasks(self, grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> None:
         if len(grammars) < self.config.parallel_fill_min_rows:

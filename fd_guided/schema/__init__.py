@@ -74,17 +74,19 @@ def _run(engine: str, schema: Any, json_format, part: str, unique_guard: bool = 
     strict = True if json_format is None else bool(json_format.strict)
     unknown = "refuse" if json_format is None else getattr(json_format, "unknown_formats", "refuse")
     text = json.dumps(schema, sort_keys=False, ensure_ascii=False, separators=(",", ":"))
+    if unique_guard and getattr(json_format, "any_order", False):
+        unique_guard = "any_order"  # the guard cannot count on the last property coming last
     return _cached(engine, text, strict, unknown, part, unique_guard)
 
 
 @functools.lru_cache(maxsize=8)
-def _normaliser(text: str, strict: bool, unknown: str, unique_guard: bool) -> Normaliser:
+def _normaliser(text: str, strict: bool, unknown: str, unique_guard: "bool | str") -> Normaliser:
     """One normaliser per schema and layout, shared by both engines' emitters (auto asks both)."""
     return Normaliser(json.loads(text), strict=strict, unknown_formats=unknown, unique_guard=unique_guard)
 
 
 @functools.lru_cache(maxsize=64)
-def _cached(engine: str, text: str, strict: bool, unknown: str, part: str, unique_guard: bool) -> tuple[str, bool]:
+def _cached(engine: str, text: str, strict: bool, unknown: str, part: str, unique_guard: "bool | str") -> tuple[str, bool]:
     # Cached as text: callers get a fresh dict each time, and a refusal is recomputed.
     try:
         normaliser = _normaliser(text, strict, unknown, unique_guard)

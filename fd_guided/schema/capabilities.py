@@ -33,8 +33,10 @@ _BOTH_NORMALISED = {
     "maxContains": "see contains",
     "uniqueItems": ("dropped for at most one item; the distinct arrays enumerated over a finite item domain (at most 256); "
                     "over open item domains (strings without maxLength, with at most one pattern or format that never dead-ends; numbers without bounds; "
-                    "any value; objects declaring no properties), and over finite domains of plain literals past 256 arrays, in a json_schema "
-                    "request: enforced while decoding by the uniqueness guard (fd_guided.unique_guard); refused otherwise"),
+                    "any value; objects that admit undeclared properties of any value), over closed objects whose last property takes such "
+                    "open values (properties in the schema's order, not guided_any_order), and over finite domains of plain literals past "
+                    "256 arrays, in a json_schema request: enforced while decoding by the uniqueness guard (fd_guided.unique_guard); "
+                    "refused otherwise"),
     "$dynamicRef": "a plain $ref when the document has a single matching $dynamicAnchor; refused otherwise",
     "$recursiveRef": "a plain $ref when the document has no $recursiveAnchor; refused otherwise",
     "format": "an exact (or documented-subset) pattern per format; unknown formats refused unless unknown_formats='annotate'",

@@ -127,6 +127,7 @@ class Context:
 
     merge_expansions = 0  # refs expanded by the merges in progress (see `merge`)
     unique_guard = False  # the runtime uniqueness guard will run (`unique_items.finish_unique`)
+    ordered_objects = True  # engines write an object's properties in the schema's order
 
     def expand(self, leaf: Leaf) -> U:  # pragma: no cover - interface
         raise NotImplementedError

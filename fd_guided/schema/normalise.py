@@ -43,13 +43,15 @@ OBJECT_KEYS = ("properties", "patternProperties", "additionalProperties", "requi
 
 class Normaliser(Context):
     """Normalises one document for one request layout (`strict`, `unknown_formats`, and
-    `unique_guard`: ``uniqueItems`` over open item domains is left to `fd_guided.unique_guard`)."""
+    `unique_guard`: ``uniqueItems`` over open item domains is left to `fd_guided.unique_guard`;
+    ``"any_order"`` says so too, for a request whose object properties may come in any order)."""
 
-    def __init__(self, schema: Any, *, strict: bool = True, unknown_formats: str = "refuse", unique_guard: bool = False):
+    def __init__(self, schema: Any, *, strict: bool = True, unknown_formats: str = "refuse", unique_guard: "bool | str" = False):
         self.doc = Document(schema)
         self.strict = strict
         self.unknown_formats = unknown_formats
-        self.unique_guard = unique_guard
+        self.unique_guard = bool(unique_guard)
+        self.ordered_objects = unique_guard != "any_order"
         self.targets: dict[tuple, tuple] = {}
         self._memo: dict[tuple, U] = {}
         self._closed: dict[tuple, U] = {}

@@ -30,7 +30,7 @@ def finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
     if kw["max"] is not None and kw["max"] <= 1:
         return [plain]
     location = f"{leaf.origin}.uniqueItems"
-    if ctx.unique_guard and _open_array(kw, ctx):
+    if ctx.unique_guard and (_open_array(kw, ctx) or _closing_guarded_objects(kw, ctx)):
         return [plain]
     rest = _domain(ANY if kw["items"] is None else kw["items"], ctx)
     if rest is None:
@@ -80,6 +80,34 @@ def _open_array(kw: dict, ctx) -> bool:
     return bool(positions) and all(open_domain(u, ctx) for u in positions)
 
 
+def _closing_guarded_objects(kw: dict, ctx) -> bool:
+    """Every position holds one closed object whose *last* property (in the order the engines
+    write properties: the schema's) takes only open values (`_open_leaf`): e.g. ``{"name": ...,
+    "value": {"type": "string"}}`` without extra properties. The guard refuses the ``}`` of a
+    repeated item, and a token that ends a member value after which the engine allows nothing
+    but that ``}`` (it asks the engine: `unique_guard.UniqueItemsGrammar._comma_allowed`). Live:
+    until the last property is written it can still come (no ``maxProperties``), with a value no
+    earlier item has; once written, only its own open value could end the item, and a token
+    ending it as a repeat is refused while the value can still go on. Needs the engine to keep
+    the schema's order (not ``guided_any_order``)."""
+    if not ctx.ordered_objects:
+        return False
+    positions = list(kw["prefix"]) + ([] if kw["items"] is not None and kw["items"].is_none else [kw["items"] or ANY])
+    return bool(positions) and all(_closing_guarded_object(u, ctx) for u in positions)
+
+
+def _closing_guarded_object(u: U, ctx) -> bool:
+    leaves = _concrete_leaves(u, ctx, 0)
+    if not leaves or len(leaves) != 1 or leaves[0] is ANY or leaves[0].kind != "object":
+        return False
+    kw = leaves[0].kw
+    closed = kw["additional"] is not None and kw["additional"].is_none
+    if not kw["props"] or not closed or kw["pprops"] or kw["max"] is not None or kw["names"]:
+        return False
+    last = _concrete_leaves(list(kw["props"].values())[-1], ctx, 0)
+    return bool(last) and all(_open_leaf(leaf, ctx) for leaf in last)
+
+
 def open_domain(u: U, ctx) -> bool:
     """True when an item of `u` being written can always still become a value no earlier item
     has, so the uniqueness guard never leaves a request without a token (`fd_guided.unique_guard`).
@@ -88,8 +116,8 @@ def open_domain(u: U, ctx) -> bool:
     guard refuses to start a literal the array holds already). Open: any value; a string with no
     maximum length and at most one `pattern` or `format` whose language never dead-ends
     (`regex.extendable`: ``^[a-z]+$``, ``uri``; not ``^(a|b+)$``, ``date``); a number with no
-    bounds or steps (an integer is not: ``0`` cannot go on); an object that declares no
-    properties (another key can always be added); an array of open items with no maximum."""
+    bounds or steps (an integer is not: ``0`` cannot go on); an object that admits undeclared
+    properties of any value (another key can always be added); an array of open items with no maximum."""
     leaves = _concrete_leaves(u, ctx, 0)
     if leaves is None:
         return False
@@ -126,9 +154,8 @@ def _open_leaf(leaf, ctx) -> bool:
         return _open_string(kw)
     if leaf.kind == "number":
         return kw["lo"] is None and kw["hi"] is None and not kw["steps"]
-    if leaf.kind == "object":
-        return (not kw["props"] and not kw["pprops"] and (kw["additional"] is None or kw["additional"].is_any)
-                and kw["max"] is None and not kw["names"])
+    if leaf.kind == "object":  # another property can always be added (after the declared ones)
+        return not kw["pprops"] and (kw["additional"] is None or kw["additional"].is_any) and kw["max"] is None and not kw["names"]
     if leaf.kind == "array":
         return (not kw["prefix"] and kw["max"] is None and not kw["unique"] and not kw["contains"]
                 and (kw["items"] is None or kw["items"].is_any))
