@@ -198,6 +198,7 @@ def adversarial_output(backend, tokenizer, schema, preferences: list[bytes], max
     ({**STRINGS, "items": {"type": "string", "pattern": "^[a-z]+$"}}, [b'"', b"a", b",", b"["]),
     ({"type": "array", "uniqueItems": True, "minItems": 6}, [b"true", b"null", b"false", b",", b"1", b"[", b"{", b"}", b"]"]),
     ({**STRINGS, "items": {"anyOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"enum": ["a", "ab"]}]}}, [b'"', b"a", b"b", b",", b"["]),
+    ({**STRINGS, "items": {"type": "string", "pattern": "^/?([^/]+/)*[^/]+/?$"}}, [b'"', b"a", b"/", b",", b"["]),  # open by its automaton
     ({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 4}},
       "required": ["t"]}, [b'"', b"t", b"a", b":", b",", b"[", b"{"]),
 ])

@@ -367,7 +367,72 @@ def to_tree(dfa: Dfa, alphabet: Alphabet, work: Work) -> tuple | None:
     return result
 
 
-# ----- the entry point ---------------------------------------------------------------------------------
+# ----- the entry points --------------------------------------------------------------------------------
+
+
+def extendable(tree: tuple, plain: tuple) -> bool:
+    """True when every prefix of a string `tree` matches goes on to infinitely many matched strings
+    by characters of `plain` alone (the ones every engine writes raw in a JSON string): from every
+    state reachable on the way to a match, a cycle of `plain` edges that can still reach a match
+    is reachable by `plain` edges. Exact for the tree; False past the automaton's bounds."""
+    try:
+        alphabet = Alphabet([tree, ("set", plain)])
+        work = Work()
+        dfa = to_dfa(tree, alphabet, work)
+    except Refusal:
+        return False
+    plain_classes = alphabet.classes(plain)
+    n = len(dfa.moves)
+    plain_edges = [[t for cls, t in row.items() if cls in plain_classes] for row in dfa.moves]
+    reverse_all: list[list[int]] = [[] for _ in range(n)]
+    reverse_plain: list[list[int]] = [[] for _ in range(n)]
+    for state, row in enumerate(dfa.moves):
+        for cls, target in row.items():
+            reverse_all[target].append(state)
+            if cls in plain_classes:
+                reverse_plain[target].append(state)
+    live = _backward(dfa.accepting, reverse_all)
+    plain_live = _backward(dfa.accepting, reverse_plain)
+    on_cycle = {s for s in plain_live if _on_plain_cycle(s, plain_edges, plain_live)}
+    good = _backward(on_cycle, [[a for a in sources if a in plain_live] for sources in reverse_plain])
+    reachable = _forward(0, dfa.moves)
+    return all(state in good for state in reachable & live)
+
+
+def _backward(targets: Iterable[int], reverse: list[list[int]]) -> set[int]:
+    seen = set(targets)
+    stack = list(seen)
+    while stack:
+        for source in reverse[stack.pop()]:
+            if source not in seen:
+                seen.add(source)
+                stack.append(source)
+    return seen
+
+
+def _forward(start: int, moves: list[dict[int, int]]) -> set[int]:
+    seen, stack = {start}, [start]
+    while stack:
+        for target in moves[stack.pop()].values():
+            if target not in seen:
+                seen.add(target)
+                stack.append(target)
+    return seen
+
+
+def _on_plain_cycle(state: int, plain_edges: list[list[int]], allowed: set[int]) -> bool:
+    """Can `state` reach itself again by plain edges through `allowed` states?"""
+    seen, stack = set(), [t for t in plain_edges[state] if t in allowed]
+    while stack:
+        current = stack.pop()
+        if current == state:
+            return True
+        if current in seen:
+            continue
+        seen.add(current)
+        stack.extend(t for t in plain_edges[current] if t in allowed)
+    return False
+
 
 
 def combine(rest: tuple, ahead: tuple, negative: bool, any_char: tuple) -> tuple:

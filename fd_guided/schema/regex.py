@@ -432,14 +432,15 @@ def _strip_end_anchors(node: tuple) -> tuple:
 def extendable(pattern: str, *, full_match: bool = False) -> bool:
     """True when every prefix of a string `pattern` accepts (``re.search``, or ``re.fullmatch``
     with `full_match`) extends to infinitely many accepted strings of printable characters: the
-    language never ends in a dead end (`fd_guided.schema.unique_items`). Sufficient, checked on
-    the tree: the pattern is unanchored at its end, or every way through it ends in an unbounded
-    repetition (an alternation: each branch; a sequence: its last part). False when unsure."""
+    language never ends in a dead end (`fd_guided.schema.unique_items`). First a cheap sufficient
+    check on the tree (the pattern is unanchored at its end, or every way through it ends in an
+    unbounded repetition), then the exact one on its automaton (`automaton.extendable`: ``^(a|b+)$``
+    is not, ``^/?([^/]+/)*[^/]+/?$`` is). False when unsure (past the automaton's bounds)."""
     try:
         tree = _full_match_reading(pattern) if full_match else full_match_tree(parse(pattern)[0], _ALL)
     except Refusal:
         return False
-    return _ends_open(tree)
+    return _ends_open(tree) or automaton.extendable(tree, PLAIN_JSON_CHARS)
 
 
 def _ends_open(node: tuple) -> bool:

@@ -116,6 +116,9 @@ def test_shorthands_inside_negated_classes_are_exact():
     ("^abc$", False, False), ("^(a|b+)$", False, False), ("^(foo|bar)$", False, False), ("^\\d{4}$", False, False),
     ('^["]+$', False, False), ("^a(b[0-9]{1,6})?$", False, False), ("(", False, False),
     ("[a-z]+", True, True), ("[a-z]{3}", True, False),
+    # decided on the automaton: an optional end, a look-ahead, an end that a repetition can pass
+    ("^/?([^/]+/)*[^/]+/?$", False, True), ("^(?!all$).*$", False, True), (r"^[a-z]+:[a-z]+( \(.+\))?$", False, True),
+    (r"^\d+(\.\d+)?x$", False, False), (r"^\{?[0-9A-F]{8}\}?$", False, False), ("^(ab*|c)$", False, False),
 ])
 def test_extendable_means_no_prefix_is_a_dead_end(pattern, full_match, expected):
     assert extendable(pattern, full_match=full_match) is expected
