@@ -202,6 +202,12 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
     items = list(tree[1]) if tree[0] == "cat" else [tree]
     if len(items) == 1 and items[0][0] in ("alt", "cat"):
         return full_match_tree(items[0], any_char)
+    if items and items[-1][0] == "alt" and any(_ends_with(branch, "eol") for branch in items[-1][1]) \
+            and not all(_ends_with(branch, "eol") for branch in items[-1][1]):
+        # ``^(?:a|b$)``, Python's reading of ``^a|^b$``: as the alternation it was written as
+        return full_match_tree(("alt", [("cat", items[:-1] + (list(branch[1]) if branch[0] == "cat" else [branch]))
+                                        for branch in items[-1][1]]), any_char)
+    items = _lift_anchors(items)
     anchored_start = bool(items) and items[0][0] == "bol"
     anchored_end = bool(items) and items[-1][0] == "eol" and len(items) > (1 if anchored_start else 0)
     if anchored_start:
@@ -219,6 +225,33 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
     for _, negative, body in looks:
         tree = automaton.combine(tree, _prefix_language(body, any_char), negative, any_char)
     return tree
+
+
+def _lift_anchors(items: list) -> list:
+    """Anchors Python's parser moved inside a group, lifted back to the ends where they act: it
+    factors a common prefix out of alternatives, so ``^a$|^b$`` reads as ``^(?:a$|b$)``; a ``$``
+    ending every branch of a final group is the pattern's ``$``, and a ``^`` opening every
+    branch of the first group right after ``^`` is a no-op (``^(?:^x)?``)."""
+    if items and items[-1][0] == "alt" and items[-1][1] and all(_ends_with(branch, "eol") for branch in items[-1][1]):
+        items = items[:-1] + [("alt", [_strip_edge(branch, "eol") for branch in items[-1][1]]), ("eol",)]
+    if len(items) > 1 and items[0][0] == "bol":
+        first = items[1]
+        if first[0] == "alt" and first[1] and all(_ends_with(branch, "bol", start=True) for branch in first[1]):
+            items = [items[0], ("alt", [_strip_edge(branch, "bol", start=True) for branch in first[1]])] + items[2:]
+        elif first[0] == "rep" and first[2] == 1 and _ends_with(first[3], "bol", start=True):
+            items = [items[0], ("rep", first[1], 1, _strip_edge(first[3], "bol", start=True))] + items[2:]
+    return items
+
+
+def _ends_with(node: tuple, kind: str, start: bool = False) -> bool:
+    items = list(node[1]) if node[0] == "cat" else [node]
+    return bool(items) and items[0 if start else -1][0] == kind
+
+
+def _strip_edge(node: tuple, kind: str, start: bool = False) -> tuple:
+    items = list(node[1]) if node[0] == "cat" else [node]
+    items = items[1:] if start else items[:-1]
+    return items[0] if len(items) == 1 else ("cat", items)
 
 
 def _prefix_language(body: tuple, any_char: tuple) -> tuple:

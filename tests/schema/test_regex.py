@@ -131,6 +131,8 @@ LOOK_AHEADS = [
     r"^(?!org\.bukkit\.)([a-zA-Z_$][a-zA-Z\d_$]*\.)*[a-zA-Z_$][a-zA-Z\d_$]*$", r"^(?![i|I][o|O][b|B])",
     r"^(?=a)[a-c]+$", r"^(?!(ab|b|abc)$)[a-c]*$", r"^(?!a)(?!.*c$)[a-c]+", r"^(?!a|bb)",
     r"^(?!.*(cb|\{a\}))[a-c{}]*\.[bB]$", r"^(?=.*b)(?!.*c)[abc]{2,5}$",
+    # anchors Python's parser moves inside a group when it factors a common prefix out
+    r"^ab$|^ac$|^b$", r"^a|^b$", r"^ab$|^ac", r"x(a|b$)", r"^(?:^[a-c]+:)?[^\s]*$", r"^$|^\./[a-c]+\.b$",
 ]
 
 
