@@ -129,7 +129,7 @@ REFUSED = [
     ({"type": "number", "multipleOf": 0.1}, "multipleOf 0.1"),
     ({"type": "string", "pattern": "^b(?=a)a+$"}, "look-ahead"),
     ({"type": "integer", "enum": [9007199254740993]}, "integers beyond"),
-    ({"type": "object", "patternProperties": {"^a": {}, "b$": {}}}, "patternProperties"),
+    ({"type": "object", "patternProperties": {"^a": {}, "b$": {}, "c": {}, "d": {}, "e": {}}}, "patternProperties"),  # more than 4 overlapping
     ({"type": "object", "properties": {"a": {}}, "additionalProperties": {}, "minProperties": 2}, "minProperties"),
 ]
 

@@ -435,6 +435,54 @@ def _on_plain_cycle(state: int, plain_edges: list[list[int]], allowed: set[int])
 
 
 
+def regions(trees: list[tuple], any_char: tuple) -> dict[frozenset, tuple]:
+    """The strings each non-empty combination of `trees` (full-match trees) shares and no other
+    tree matches: subset of indexes -> a tree, for the subsets where some string exists. Together
+    the regions are disjoint and cover the union of the trees (patternProperties made disjoint)."""
+    alphabet = Alphabet(list(trees) + [("set", any_char)])
+    work = Work()
+    dfas = [to_dfa(tree, alphabet, work) for tree in trees]
+    index = {(0,) * len(dfas): 0}
+    order = [(0,) * len(dfas)]
+    moves: list[dict[int, int]] = []
+    for states in order:
+        row: dict[int, int] = {}
+        classes = set()
+        for dfa, state in zip(dfas, states):
+            if state is not None:
+                classes.update(dfa.moves[state])
+        work.spend(len(classes) * len(dfas))
+        for cls in classes:
+            target = tuple(None if state is None else dfa.moves[state].get(cls) for dfa, state in zip(dfas, states))
+            if target not in index:
+                if len(order) >= MAX_DFA_STATES:
+                    raise Refusal("patternProperties whose overlap is too large an automaton")
+                index[target] = len(order)
+                order.append(target)
+            row[cls] = index[target]
+        moves.append(row)
+    members = [frozenset(i for i, (dfa, state) in enumerate(zip(dfas, states)) if state is not None and state in dfa.accepting)
+               for states in order]
+    out: dict[frozenset, tuple] = {}
+    for subset in sorted(set(members) - {frozenset()}, key=sorted):
+        accepting = {state for state, member in enumerate(members) if member == subset}
+        tree = to_tree(minimise(Dfa(moves, accepting), work), alphabet, work)
+        if tree is not None:
+            out[subset] = tree
+    return out
+
+
+def disjoint(first: tuple, second: tuple, any_char: tuple) -> bool:
+    """No string matches both full-match trees (False when it cannot be decided within bounds)."""
+    try:
+        alphabet = Alphabet([first, second, ("set", any_char)])
+        work = Work()
+        both = product(to_dfa(first, alphabet, work), to_dfa(second, alphabet, work), True, work)
+        return not minimise(both, work).accepting
+    except Refusal:
+        return False
+
+
 def combine(rest: tuple, ahead: tuple, negative: bool, any_char: tuple) -> tuple:
     """`rest`'s strings that begin (`negative` False) or do not begin (True) with a string of
     `ahead`; both are full-match trees, `ahead` already extended by ``.*`` where it is a prefix.

@@ -13,10 +13,10 @@ import json
 import math
 from typing import Any
 
-from . import regex
+from . import automaton, regex
 from .capabilities import REFUSED, how
 from .formats import FORMAT_PATTERNS
-from .leaves import BARE_KINDS, Leaf, U
+from .leaves import BARE_KINDS, Leaf, U, intersect
 from .numbers import (LLGUIDANCE_EXACT_LIMIT, XGRAMMAR_INT_LIMIT, XGRAMMAR_MAX_MULTIPLE_OF, binary_fraction, bounded,
                       enumerate_multiples, every_integer_is_multiple, has_big_integer, step_feature)
 from .refusal import Refusal, Unsatisfiable
@@ -26,6 +26,7 @@ MAX_MIN_ITEMS = 1024
 MAX_COUNT = 2**31 - 1
 MAX_EMITTED_NODES = 200_000
 MAX_PATTERN_PROPERTIES = 64
+MAX_OVERLAPPING_PATTERNS = 4  # regions: at most 15
 MAX_SPELLED_NUMBERS = 16  # enum numbers xgrammar is given as one-value ranges (`Emitter._xgrammar_enum`)
 _XGRAMMAR_PLAIN_CHAR = '[^"\\\\\\x00-\\x1f]'  # a character a JSON string holds without an escape
 _XGRAMMAR_BAD_KEY_CHARS = frozenset('"\\') | frozenset(map(chr, range(0x20)))
@@ -328,8 +329,28 @@ class Emitter:
                 raise Refusal(refusal.feature, where) from None
             translated[key] = self.union(child, where)
         if len(pprops) > 1 and not _disjoint_patterns(list(pprops)):
-            raise Refusal("patternProperties whose patterns may overlap (llguidance needs disjoint ones)", where)
+            return self._disjoint_regions(pprops, where)
         return translated
+
+    def _disjoint_regions(self, pprops: dict, where: str) -> dict:
+        """Overlapping patterns (llguidance needs disjoint ones) rewritten exactly: one pattern per
+        non-empty region of keys that the same patterns match (`automaton.regions`), whose schema
+        is the intersection of theirs, as JSON Schema applies every matching pattern's schema."""
+        if len(pprops) > MAX_OVERLAPPING_PATTERNS:
+            raise Refusal(f"patternProperties whose patterns may overlap (more than {MAX_OVERLAPPING_PATTERNS})", where)
+        patterns, children = list(pprops), list(pprops.values())
+        try:
+            trees = [regex.full_match_tree(regex.parse(pattern)[0], regex.ALL_CHARS) for pattern in patterns]
+            regions = automaton.regions(trees, regex.ALL_CHARS)
+            out = {}
+            for subset, tree in regions.items():
+                child = children[min(subset)]
+                for index in sorted(subset)[1:]:
+                    child = intersect(child, children[index], self.normaliser)
+                out[regex.print_full_match(tree, self.engine)] = self.union(child, where)
+        except Refusal as refusal:
+            raise Refusal(f"patternProperties whose patterns overlap ({refusal.feature})", where) from None
+        return out
 
     def _property_counts(self, kw: dict, out: dict, origin: str, closed: bool) -> None:
         low, high = kw["min"], kw["max"]
@@ -438,7 +459,18 @@ def check_emitted(document: dict, engine: str) -> None:
 
 
 def _disjoint_patterns(patterns: list[str]) -> bool:
-    """True when every pattern is anchored at the start and their first characters never coincide."""
+    """True when no key matches two of the patterns: first by their first characters (anchored at
+    the start, never coinciding), else exactly on their automata (`automaton.disjoint`)."""
+    if _disjoint_first_characters(patterns):
+        return True
+    try:
+        trees = [regex.full_match_tree(regex.parse(pattern)[0], regex.ALL_CHARS) for pattern in patterns]
+    except Refusal:
+        return False
+    return all(automaton.disjoint(a, b, regex.ALL_CHARS) for i, a in enumerate(trees) for b in trees[i + 1:])
+
+
+def _disjoint_first_characters(patterns: list[str]) -> bool:
     firsts = []
     for pattern in patterns:
         tree, _ = regex.parse(pattern)

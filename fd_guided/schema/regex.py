@@ -403,6 +403,7 @@ def _group(node: tuple, char) -> str:
 # ----- the entry points ----------------------------------------------------------------------------
 
 PLAIN_JSON_CHARS = intersect(complement(normalise(_SPECIAL)), _ALL)
+ALL_CHARS = _ALL  # every code point but the surrogates
 
 
 @functools.lru_cache(maxsize=4096)
@@ -413,14 +414,20 @@ def translate(pattern: str, engine: str) -> str:
     Raises Refusal naming the construct that cannot be carried over.
     """
     tree, _ = parse(pattern)
+    return print_full_match(full_match_tree(tree, PLAIN_JSON_CHARS if engine == "xgrammar" else _ALL), engine, pattern)
+
+
+def print_full_match(tree: tuple, engine: str, pattern: str = "") -> str:
+    """A full-match tree (`full_match_tree`, over the engine's characters) as `engine`'s anchored
+    regex text. Raises Refusal where the engine cannot match it as written."""
     if engine == "xgrammar":
-        tree = restrict(full_match_tree(tree, PLAIN_JSON_CHARS), PLAIN_JSON_CHARS)
+        tree = restrict(tree, PLAIN_JSON_CHARS)
         if tree == EMPTY_SET:
             raise Refusal(f"pattern {pattern[:60]!r} (xgrammar can only match it with escaped characters)")
         check_counts(tree, XGRAMMAR_MAX_COUNT)
         text = to_text(tree, "xgrammar")
         return f"^({text})$" if tree[0] == "alt" else f"^{text}$"  # a look-ahead's difference can be an alternation
-    tree = restrict(full_match_tree(tree, _ALL), _ALL, llguidance_classes=True)
+    tree = restrict(tree, _ALL, llguidance_classes=True)
     if tree == EMPTY_SET:
         raise Refusal(f"pattern {pattern[:60]!r} (llguidance could only match it through classes it mis-escapes)")
     check_counts(tree, None)

@@ -43,6 +43,13 @@ CASES = [
     ("negative look-ahead at the start", {"type": "string", "pattern": "^(?!(all|none)$)[a-z]+$"},
      ['"al"', '"alls"', '"nonex"', '"x"'], ['"all"', '"none"', '"A"', '""']),
     ("look-ahead prefix", {"type": "string", "pattern": "^(?!org\\.)[a-z.]+$"}, ['"or.g"', '"orgx"'], ['"org.x"', '"org."']),
+    # Overlapping patternProperties (llguidance needs disjoint ones): one pattern per region of
+    # keys the same patterns match, with the intersection of their schemas.
+    ("overlapping patternProperties", {"type": "object", "patternProperties": {".*": {"type": "integer"}, "Id": {"minimum": 5}}},
+     ['{"x":1}', '{"Id":5}', '{"userId":7,"a":-1}', "{}"], ['{"Id":3}', '{"userIdx":1}', '{"x":"s"}', '{"Id":"s"}']),
+    ("literal patternProperties (disjoint by their automata)", {"type": "object", "patternProperties": {
+        "^WebOptimizer$": {"type": "integer"}, "^webOptimizer$": {"type": "string"}}},
+     ['{"WebOptimizer":1}', '{"webOptimizer":"x"}'], ['{"WebOptimizer":"x"}', '{"webOptimizer":1}', '{"other":1}']),
     ("format regex", {"type": "string", "format": "regex"}, ['"^a+$"', '"(a|b)*[0-9]{2,3}"', '"[^.]+$"'],
      ['"(a"', '"a{2,1}"', '"[z-a]"', '"(?<n>a)"']),
     ("dependentRequired", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
