@@ -97,7 +97,7 @@ TABLE: dict[str, dict[str, tuple[str, str]]] = {
     },
     "patternProperties": {
         "xgrammar": (REFUSED, "ignored by xgrammar"),
-        "llguidance": (CONDITIONAL, "patterns that are provably disjoint (anchored, different first characters) or a single one"),
+        "llguidance": (CONDITIONAL, "disjoint patterns as written (decided on their automata); up to 4 overlapping ones rewritten into one pattern per region of keys, with the intersection of their schemas"),
     },
     "propertyNames": {
         "xgrammar": (REWRITTEN, "a list of names becomes declared properties; a pattern becomes patternProperties (then refused)"),
