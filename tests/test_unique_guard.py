@@ -364,14 +364,35 @@ def test_object_items_with_an_open_last_property_are_admitted(name, items):
 
 
 @pytest.mark.parametrize("items", [
-    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"}}},  # last is a literal
-    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string", "maxLength": 3}}},
+    {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "string", "maxLength": 3}}},  # nothing open
+    {"$ref": "#/$defs/x"},  # behind a $ref the properties are not reordered (a definition may be shared)
     {"type": "object", "properties": {"a": {"type": "string"}}, "maxProperties": 0},
     {"type": ["object", "null"], "properties": {"a": {"type": "string"}}},
 ])
 def test_object_items_that_can_dead_end_stay_refused(items):
+    defs = {"x": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"}}}}
     with pytest.raises(InvalidGrammarError, match="uniqueItems"):
-        parse_guided_request({"guided_json": {"type": "array", "uniqueItems": True, "items": items}})
+        parse_guided_request({"guided_json": {"type": "array", "uniqueItems": True, "items": items, "$defs": defs}})
+
+
+ENABLED = {"type": "array", "uniqueItems": True, "minItems": 4,
+           "items": {"type": "object", "properties": {"name": {"type": "string"}, "enabled": {"type": "boolean"}}, "required": ["name"]}}
+
+
+@pytest.mark.parametrize("name", ("xgrammar", "llguidance"))
+def test_the_last_open_property_is_moved_to_the_end(name):
+    emitted = for_engine(name, ENABLED, unique_guard=True)
+    assert list(emitted["items"]["properties"]) == ["enabled", "name"]
+    assert list(for_engine(name, {**ENABLED, "uniqueItems": False}, unique_guard=True)["items"]["properties"]) == ["name", "enabled"]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_object_items_with_the_open_property_moved_last_stay_live(backends, tokenizer, name):
+    text = adversarial_output(backends[name], tokenizer, ENABLED, [b'"', b"}", b"true", b"a", b"name", b"enable", b"d", b":", b",", b"{", b"["],
+                              max_steps=300)
+    value = json.loads(text)
+    jsonschema.Draft202012Validator(ENABLED, format_checker=jsonschema.FormatChecker()).validate(value)
+    assert len(value) >= 4
 
 
 def test_properties_in_any_order_refuse_object_items():

@@ -32,6 +32,8 @@ def finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
     location = f"{leaf.origin}.uniqueItems"
     if ctx.unique_guard and (_open_array(kw, ctx) or _closing_guarded_objects(kw, ctx)):
         return [plain]
+    if ctx.unique_guard and ctx.ordered_objects and (moved := _open_property_last(kw, ctx)) is not None:
+        return [Leaf("array", {**moved, "unique": False}, leaf.origin, leaf.weak)]
     rest = _domain(ANY if kw["items"] is None else kw["items"], ctx)
     if rest is None:
         limit = kw["max"] if kw["max"] is not None else len(kw["prefix"]) if kw["items"] is not None and kw["items"].is_none else None
@@ -96,6 +98,31 @@ def _closing_guarded_objects(kw: dict, ctx) -> bool:
     return bool(positions) and all(_closing_guarded_object(u, ctx) for u in positions)
 
 
+def _open_property_last(kw: dict, ctx) -> dict | None:
+    """The array with its (inline, closed) object items' last open property moved to the end of
+    their properties, when that makes them `_closing_guarded_object`s: the set of valid items is the
+    same, only the order the engines write the properties in changes (``{"name": string,
+    "enabled": boolean}`` is then written enabled first). None when that does not help."""
+    items = kw["items"]
+    if kw["prefix"] or items is None or items.is_any or len(items.leaves) != 1 or items.leaves[0].kind != "object":
+        return None
+    leaf = items.leaves[0]
+    names = list(leaf.kw["props"])
+    open_names = [name for name in names if _fully_open(leaf.kw["props"][name], ctx)]
+    if not open_names:
+        return None
+    last = open_names[-1]
+    props = {name: leaf.kw["props"][name] for name in names if name != last}
+    props[last] = leaf.kw["props"][last]
+    moved = U([leaf.replace(props=props)], items.exact)
+    return {**kw, "items": moved} if _closing_guarded_object(moved, ctx) else None
+
+
+def _fully_open(u: U, ctx) -> bool:
+    leaves = _concrete_leaves(u, ctx, 0)
+    return bool(leaves) and all(_open_leaf(leaf, ctx) for leaf in leaves)
+
+
 def _closing_guarded_object(u: U, ctx) -> bool:
     leaves = _concrete_leaves(u, ctx, 0)
     if not leaves or len(leaves) != 1 or leaves[0] is ANY or leaves[0].kind != "object":
@@ -104,8 +131,7 @@ def _closing_guarded_object(u: U, ctx) -> bool:
     closed = kw["additional"] is not None and kw["additional"].is_none
     if not kw["props"] or not closed or kw["pprops"] or kw["max"] is not None or kw["names"]:
         return False
-    last = _concrete_leaves(list(kw["props"].values())[-1], ctx, 0)
-    return bool(last) and all(_open_leaf(leaf, ctx) for leaf in last)
+    return _fully_open(list(kw["props"].values())[-1], ctx)
 
 
 def open_domain(u: U, ctx) -> bool:
