@@ -31,6 +31,20 @@ from .refusal import Refusal
 
 KINDS = ("null", "boolean", "integer", "number", "string", "array", "object")
 BARE_KINDS = ("null", "boolean", "number", "string", "array", "object")  # number covers integer
+ALL_KINDS = frozenset(BARE_KINDS)
+
+
+def kind_of(value: Any) -> str:
+    """A JSON value's type among `BARE_KINDS` (an integer is a ``number``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float, Decimal)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
 MAX_LEAVES = 64
 MAX_MERGE_EXPANSIONS = 24
 
@@ -127,6 +141,11 @@ class Context:
 
     merge_expansions = 0  # refs expanded by the merges in progress (see `merge`)
     unique_guard = False  # the runtime uniqueness guard will run (`unique_items.finish_unique`)
+
+    def ref_kinds(self, key: tuple) -> frozenset:
+        """The types a reference target's values may have (an over-approximation)."""
+        return ALL_KINDS
+
     ordered_objects = True  # engines write an object's properties in the schema's order
 
     def expand(self, leaf: Leaf) -> U:  # pragma: no cover - interface

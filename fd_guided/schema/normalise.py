@@ -25,8 +25,8 @@ from .complement import complement
 from .drafts import Document, base_uri
 from .formats import FORMAT_PATTERNS, UNSUPPORTED_FORMATS
 from .instance import accepts
-from .leaves import (ANY, BARE_KINDS, NONE, U, Context, Leaf, bounds_empty, check_array, check_object,
-                     intersect, make_integer, unique_values)
+from .leaves import (ALL_KINDS, ANY, BARE_KINDS, NONE, U, Context, Leaf, bounds_empty, check_array, check_object,
+                     intersect, kind_of, make_integer, unique_values)
 from .refusal import Refusal, Unsatisfiable
 
 MAX_DEPTH = 150
@@ -88,6 +88,44 @@ class Normaliser(Context):
 
     def _format_ok(self, value: str, fmt: str) -> bool:
         return self._checker.conforms(value, fmt)
+
+    def ref_kinds(self, key: tuple) -> frozenset:
+        """The JSON types (``integer`` read as ``number``) a reference target's values may have,
+        read from the raw schema (`type`, `enum`/`const`, `$ref`, `allOf`, `anyOf`/`oneOf`) without
+        normalising it, so it works inside a recursion too; an over-approximation (every type where
+        unsure). `rules.one_of` proves branches disjoint with it before intersecting them."""
+        node, resolver, path = self.targets[key]
+        return self._raw_kinds(node, resolver, path, frozenset())
+
+    def _raw_kinds(self, node: Any, resolver, path: str, seen: frozenset) -> frozenset:
+        if node is False:
+            return frozenset()
+        if not isinstance(node, dict) or id(node) in seen or len(seen) > 64:
+            return ALL_KINDS
+        seen = seen | {id(node)}
+        try:
+            resolver = self.doc.enter(node, resolver)
+            kw = self.doc.keywords(node, path)
+            kinds = ALL_KINDS
+            types = kw.get("type")
+            if isinstance(types, str):
+                types = [types]
+            if isinstance(types, list):
+                kinds &= frozenset("number" if t == "integer" else t for t in types if isinstance(t, str))
+            for values in ([kw["const"]] if "const" in kw else None, kw.get("enum") if isinstance(kw.get("enum"), list) else None):
+                if values is not None:
+                    kinds &= frozenset(kind_of(value) for value in values)
+            if isinstance(kw.get("$ref"), str):
+                target, target_resolver = self.doc.lookup(kw["$ref"], resolver, path)
+                kinds &= self._raw_kinds(target, target_resolver, path, seen)
+            for part in kw.get("allOf") or ():
+                kinds &= self._raw_kinds(part, resolver, path, seen)
+            for combinator in ("anyOf", "oneOf"):
+                if isinstance(kw.get(combinator), list):
+                    kinds &= frozenset().union(*(self._raw_kinds(part, resolver, path, seen) for part in kw[combinator]))
+            return kinds
+        except Refusal:
+            return ALL_KINDS
 
     # ----- entry points ---------------------------------------------------------------------------
 

@@ -28,8 +28,8 @@ import itertools
 import re
 
 from .complement import complement
-from .leaves import (ANY, BARE_KINDS, NONE, U, Leaf, bare, check_array, check_object, intersect, item_at,
-                     schema_for, union)
+from .leaves import (ALL_KINDS, ANY, BARE_KINDS, NONE, U, Leaf, bare, check_array, check_object, intersect, item_at,
+                     kind_of, schema_for, union)
 from .refusal import Refusal
 from .unique_items import finish_unique
 
@@ -108,6 +108,8 @@ def _overlap_groups(branches: list[U], ctx) -> list[list[int]]:
     for first, second in itertools.combinations(range(len(branches)), 2):
         if find(first) == find(second):
             continue
+        if not _kinds(branches[first], ctx) & _kinds(branches[second], ctx):
+            continue  # of different types (read through $refs, recursive ones too): disjoint
         try:
             overlap = not intersect(branches[first], branches[second], ctx).is_none
         except Refusal:
@@ -118,6 +120,21 @@ def _overlap_groups(branches: list[U], ctx) -> list[list[int]]:
     for index in range(len(branches)):
         groups.setdefault(find(index), []).append(index)
     return list(groups.values())
+
+
+def _kinds(u: U, ctx) -> frozenset:
+    """The JSON types `u`'s values may have (an over-approximation)."""
+    if u.is_any:
+        return ALL_KINDS
+    kinds: set[str] = set()
+    for leaf in u.leaves:
+        if leaf.kind == "ref":
+            kinds |= ctx.ref_kinds(leaf.kw["target"])
+        elif leaf.kind == "enum":
+            kinds |= {kind_of(value) for value in leaf.kw["values"]}
+        else:
+            kinds.add("number" if leaf.kind == "integer" else leaf.kind)
+    return frozenset(kinds)
 
 
 def if_then_else(kw: dict, resolver, ctx, path: str) -> U:

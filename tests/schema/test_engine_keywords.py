@@ -50,6 +50,13 @@ CASES = [
     ("literal patternProperties (disjoint by their automata)", {"type": "object", "patternProperties": {
         "^WebOptimizer$": {"type": "integer"}, "^webOptimizer$": {"type": "string"}}},
      ['{"WebOptimizer":1}', '{"webOptimizer":"x"}'], ['{"WebOptimizer":"x"}', '{"webOptimizer":1}', '{"other":1}']),
+    # oneOf over a recursive definition: the branches are proved disjoint by their types, read
+    # through the $refs, where intersecting them would have to expand the recursion
+    ("oneOf of a recursive definition and an array of it",
+     {"$defs": {"node": {"type": "object", "properties": {"kids": {"oneOf": [{"$ref": "#/$defs/nodes"}, {"type": "boolean"}]}}},
+                "nodes": {"oneOf": [{"type": "array", "items": {"$ref": "#/$defs/node"}}, {"$ref": "#/$defs/node"}]}},
+      "$ref": "#/$defs/nodes"},
+     ['{"kids":[{}]}', '[{"kids":{}},{}]', "[]", '{"kids":true}'], ['"x"', '{"kids":1}', "[1]"]),
     ("format regex", {"type": "string", "format": "regex"}, ['"^a+$"', '"(a|b)*[0-9]{2,3}"', '"[^.]+$"'],
      ['"(a"', '"a{2,1}"', '"[z-a]"', '"(?<n>a)"']),
     ("dependentRequired", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
