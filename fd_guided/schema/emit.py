@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any
 
-from . import automaton, regex
+from . import languages, regex
 from .capabilities import REFUSED, how
 from .formats import FORMAT_PATTERNS
 from .leaves import BARE_KINDS, Leaf, U, intersect
@@ -334,14 +334,14 @@ class Emitter:
 
     def _disjoint_regions(self, pprops: dict, where: str) -> dict:
         """Overlapping patterns (llguidance needs disjoint ones) rewritten exactly: one pattern per
-        non-empty region of keys that the same patterns match (`automaton.regions`), whose schema
+        non-empty region of keys that the same patterns match (`languages.regions`), whose schema
         is the intersection of theirs, as JSON Schema applies every matching pattern's schema."""
         if len(pprops) > MAX_OVERLAPPING_PATTERNS:
             raise Refusal(f"patternProperties whose patterns may overlap (more than {MAX_OVERLAPPING_PATTERNS})", where)
         patterns, children = list(pprops), list(pprops.values())
         try:
             trees = [regex.full_match_tree(regex.parse(pattern)[0], regex.ALL_CHARS) for pattern in patterns]
-            regions = automaton.regions(trees, regex.ALL_CHARS)
+            regions = languages.regions(trees, regex.ALL_CHARS)
             out = {}
             for subset, tree in regions.items():
                 child = children[min(subset)]
@@ -460,14 +460,14 @@ def check_emitted(document: dict, engine: str) -> None:
 
 def _disjoint_patterns(patterns: list[str]) -> bool:
     """True when no key matches two of the patterns: first by their first characters (anchored at
-    the start, never coinciding), else exactly on their automata (`automaton.disjoint`)."""
+    the start, never coinciding), else exactly on their automata (`languages.disjoint`)."""
     if _disjoint_first_characters(patterns):
         return True
     try:
         trees = [regex.full_match_tree(regex.parse(pattern)[0], regex.ALL_CHARS) for pattern in patterns]
     except Refusal:
         return False
-    return all(automaton.disjoint(a, b, regex.ALL_CHARS) for i, a in enumerate(trees) for b in trees[i + 1:])
+    return all(languages.disjoint(a, b, regex.ALL_CHARS) for i, a in enumerate(trees) for b in trees[i + 1:])
 
 
 def _disjoint_first_characters(patterns: list[str]) -> bool:

@@ -2,7 +2,9 @@
 
 JSON Schema's ``pattern`` is judged with Python's ``re.search`` (that is what `jsonschema` runs), so
 Python's parser (`re._parser`) is the one authority: a pattern is parsed once into a small tree of
-code-point sets, sequences, alternations and counted repetitions, then printed in the syntax of
+code-point sets, sequences, alternations and counted repetitions (`regex_parse`), its anchors and
+a leading look-ahead resolved into one full-match tree (`full_match_tree`; `languages.combine`),
+then printed in the syntax of
 the target engine as a **full-match** regex whose language is a subset of the strings Python's
 ``re.search`` accepts. Nothing here calls a native engine: the analysis is pure Python, bounded by
 the pattern's size, and every failure (parse error, hostile nesting) is a `Refusal`.
@@ -16,9 +18,11 @@ Exact except where it is deliberately smaller (sound: it only ever drops strings
     nothing is refused;
   - llguidance: a class that holds a control character but not both ``"`` and ``\\`` admits the
     escapes ``\\"`` and ``\\\\`` as well (measured), so such classes lose their control characters.
-Refused: look-around, back-references, ``\\b``/``\\B``, conditionals, atomic groups, possessive
-repeats, the IGNORECASE and MULTILINE flags, anchors inside the pattern, and (xgrammar) counted
-repetitions above 128 (they fail its compile cache check, ``per_rule_fsm_hashes``).
+Refused: look-around other than a look-ahead right after a leading ``^``, back-references,
+``\\b``/``\\B``, conditionals, atomic groups, possessive repeats, the IGNORECASE and MULTILINE
+flags, anchors inside the pattern (those Python's parser moved into a factored group are lifted
+back), and (xgrammar) counted repetitions above 128 (they fail its compile cache check,
+``per_rule_fsm_hashes``).
 Optional parts are printed as ``{0,1}``: xgrammar's JSON-schema path drops the first element of a
 ``(...)?`` group that holds a repetition (``^a(b[0-9]{1,6})?$`` admitted ``"a12"``).
 """
@@ -26,171 +30,16 @@ from __future__ import annotations
 
 import functools
 import re
-import re._constants as C
-import re._parser as sre
-from typing import Any
 
-from . import automaton
+from . import languages
 from .refusal import Refusal, Unsatisfiable
+from .regex_parse import (ALL_CHARS, EMPTY_SET, EPSILON, SPECIAL, complement, contains, intersect,
+                          normalise, parse)
 
-MAX_CODE_POINT = 0x10FFFF
 XGRAMMAR_MAX_COUNT = 128
-MAX_NODES = 20_000  # tree nodes after parsing; a pattern is at most a few KB in practice
 MAX_REPEAT_PRODUCT = 1 << 16  # nested counted repetitions, multiplied out
-_ALL = ((0, 0xD7FF), (0xE000, MAX_CODE_POINT))
-_SPECIAL = ((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C))  # control characters, '"' and '\'
-
-# ----- code-point sets: tuples of disjoint, sorted, non-adjacent (lo, hi) ranges ------------------
-
-
-def normalise(ranges) -> tuple:
-    out: list[list[int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return tuple((lo, hi) for lo, hi in out)
-
-
-def intersect(a, b) -> tuple:
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if lo <= hi:
-            out.append((lo, hi))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return tuple(out)
-
-
-def complement(a) -> tuple:
-    out, start = [], 0
-    for lo, hi in a:
-        if lo > start:
-            out.append((start, lo - 1))
-        start = hi + 1
-    if start <= MAX_CODE_POINT:
-        out.append((start, MAX_CODE_POINT))
-    return intersect(tuple(out), _ALL)
-
-
-def contains(a, point: int) -> bool:
-    return any(lo <= point <= hi for lo, hi in a)
-
-
-@functools.lru_cache(maxsize=None)
-def _category(name: str, ascii_only: bool) -> tuple:
-    """Python's exact set for ``\\d``/``\\w``/``\\s`` (found by `re` itself, in C, over every code point)."""
-    flags = re.ASCII if ascii_only else 0
-    text = _every_character()
-    return normalise((m.start(), m.end() - 1) for m in re.finditer(f"\\{name}+", text, flags))
-
-
-@functools.lru_cache(maxsize=1)
-def _every_character() -> str:
-    return "".join(map(chr, range(MAX_CODE_POINT + 1)))
-
-
-_CATEGORIES = {
-    C.CATEGORY_DIGIT: ("d", False), C.CATEGORY_NOT_DIGIT: ("d", True),
-    C.CATEGORY_WORD: ("w", False), C.CATEGORY_NOT_WORD: ("w", True),
-    C.CATEGORY_SPACE: ("s", False), C.CATEGORY_NOT_SPACE: ("s", True),
-}
-
-
-def _category_set(category, ascii_flag: bool, under: bool) -> tuple:
-    """The set of a category; `under` allows a subset (positive shorthands become ASCII-only)."""
-    name, negated = _CATEGORIES[category]
-    if negated:
-        return complement(_category(name, ascii_flag))
-    return _category(name, True) if under else _category(name, ascii_flag)
-
-
-# ----- parsing into a small tree ------------------------------------------------------------------
-# ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", lo, hi|None, node) | ("bol",) | ("eol",)
-# | ("look", negative, node): a look-ahead, only until `full_match_tree` resolves it
-
-EMPTY_SET = ("set", ())
-EPSILON = ("cat", [])
-
-
-def parse(pattern: str) -> tuple[Any, int]:
-    """Python's reading of `pattern` as a tree, and its global flags. Raises Refusal."""
-    try:
-        parsed = sre.parse(pattern)
-    except (re.error, RecursionError, OverflowError, ValueError) as error:
-        raise Refusal(f"pattern {pattern[:60]!r} that Python's re cannot read ({type(error).__name__}: {str(error)[:80]})") from None
-    flags = parsed.state.flags
-    if flags & (C.SRE_FLAG_IGNORECASE | C.SRE_FLAG_MULTILINE | C.SRE_FLAG_LOCALE):
-        raise Refusal("regex flags (?i)/(?m) in a pattern")
-    budget = [MAX_NODES]
-    try:
-        return _convert(parsed.data, flags, budget), flags
-    except RecursionError:
-        raise Refusal("a pattern nested too deeply") from None
-
-
-def _convert(items, flags: int, budget: list[int]) -> tuple:
-    nodes = [_convert_item(op, av, flags, budget) for op, av in items]
-    return nodes[0] if len(nodes) == 1 else ("cat", nodes)
-
-
-def _convert_item(op, av, flags: int, budget: list[int]) -> tuple:
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise Refusal("a pattern too large to analyse")
-    if op is C.LITERAL:
-        return ("set", ((av, av),))
-    if op is C.NOT_LITERAL:
-        return ("set", complement(((av, av),)))
-    if op is C.ANY:
-        return ("set", _ALL if flags & C.SRE_FLAG_DOTALL else complement(((10, 10),)))
-    if op is C.IN:
-        return ("set", _class_set(av, flags))
-    if op is C.BRANCH:
-        return ("alt", [_convert(branch, flags, budget) for branch in av[1]])
-    if op is C.SUBPATTERN:
-        group, add_flags, del_flags, body = av
-        if add_flags & (C.SRE_FLAG_IGNORECASE | C.SRE_FLAG_MULTILINE):
-            raise Refusal("regex flags (?i)/(?m) in a pattern")
-        return _convert(body, (flags | add_flags) & ~del_flags, budget)
-    if op in (C.MAX_REPEAT, C.MIN_REPEAT):  # laziness does not change which strings match
-        lo, hi, body = av
-        return ("rep", lo, None if hi is C.MAXREPEAT else hi, _convert(body, flags, budget))
-    if op is C.AT:
-        if av in (C.AT_BEGINNING, C.AT_BEGINNING_STRING):
-            return ("bol",)
-        if av in (C.AT_END, C.AT_END_STRING):
-            return ("eol",)
-        raise Refusal("word boundaries (\\b, \\B) in a pattern")
-    if op in (C.ASSERT, C.ASSERT_NOT) and av[0] == 1:  # a look-ahead: resolved by `full_match_tree` at a pattern's start
-        return ("look", op is C.ASSERT_NOT, _convert(av[1], flags, budget))
-    feature = {C.ASSERT: "look-ahead/look-behind", C.ASSERT_NOT: "negative look-ahead/look-behind",
-               C.GROUPREF: "back-references", C.GROUPREF_EXISTS: "conditional groups",
-               C.ATOMIC_GROUP: "atomic groups", C.POSSESSIVE_REPEAT: "possessive repeats"}.get(op, str(op))
-    raise Refusal(f"{feature} in a pattern")
-
-
-def _class_set(items, flags: int) -> tuple:
-    negated = bool(items) and items[0][0] is C.NEGATE
-    ascii_flag = bool(flags & C.SRE_FLAG_ASCII)
-    ranges: list[tuple[int, int]] = []
-    for op, av in items[1:] if negated else items:
-        if op is C.LITERAL:
-            ranges.append((av, av))
-        elif op is C.RANGE:
-            ranges.append(av)
-        elif op is C.CATEGORY:
-            # Inside a negated class every member must be exact (the complement must not grow).
-            ranges.extend(_category_set(av, ascii_flag, under=not negated))
-        else:
-            raise Refusal(f"class member {op} in a pattern")
-    members = normalise(ranges)
-    return complement(members) if negated else intersect(members, _ALL)
-
+_ALL = ALL_CHARS
+_SPECIAL = SPECIAL
 
 # ----- search semantics -> one full-match tree -----------------------------------------------------
 
@@ -223,7 +72,7 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
     star = ("rep", 0, None, ("set", any_char))
     tree = ("cat", ([] if anchored_start else [star]) + items + ([] if anchored_end else [star]))
     for _, negative, body in looks:
-        tree = automaton.combine(tree, _prefix_language(body, any_char), negative, any_char)
+        tree = languages.combine(tree, _prefix_language(body, any_char), negative, any_char)
     return tree
 
 
@@ -403,7 +252,6 @@ def _group(node: tuple, char) -> str:
 # ----- the entry points ----------------------------------------------------------------------------
 
 PLAIN_JSON_CHARS = intersect(complement(normalise(_SPECIAL)), _ALL)
-ALL_CHARS = _ALL  # every code point but the surrogates
 
 
 @functools.lru_cache(maxsize=4096)
@@ -474,13 +322,13 @@ def extendable(pattern: str, *, full_match: bool = False) -> bool:
     with `full_match`) extends to infinitely many accepted strings of printable characters: the
     language never ends in a dead end (`fd_guided.schema.unique_items`). First a cheap sufficient
     check on the tree (the pattern is unanchored at its end, or every way through it ends in an
-    unbounded repetition), then the exact one on its automaton (`automaton.extendable`: ``^(a|b+)$``
+    unbounded repetition), then the exact one on its automaton (`languages.extendable`: ``^(a|b+)$``
     is not, ``^/?([^/]+/)*[^/]+/?$`` is). False when unsure (past the automaton's bounds)."""
     try:
         tree = _full_match_reading(pattern) if full_match else full_match_tree(parse(pattern)[0], _ALL)
     except Refusal:
         return False
-    return _ends_open(tree) or automaton.extendable(tree, PLAIN_JSON_CHARS)
+    return _ends_open(tree) or languages.extendable(tree, PLAIN_JSON_CHARS)
 
 
 def _ends_open(node: tuple) -> bool:

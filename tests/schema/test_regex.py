@@ -177,10 +177,10 @@ def test_costly_look_aheads_are_refused_quickly(pattern):
 @pytest.mark.parametrize("patterns", [[".*", "additionalProperties"], ["^a", "b$", "ab"], ["^x[0-9]+$", "^[a-z]+$", "1"]])
 def test_pattern_regions_are_disjoint_and_exact(patterns):
     """Every string lies in the region of exactly the patterns Python's re.search says match it."""
-    from fd_guided.schema import automaton
+    from fd_guided.schema import languages
 
     trees = [regex.full_match_tree(regex.parse(p)[0], regex.ALL_CHARS) for p in patterns]
-    regions = {subset: re.compile(_python_text(tree)) for subset, tree in automaton.regions(trees, regex.ALL_CHARS).items()}
+    regions = {subset: re.compile(_python_text(tree)) for subset, tree in languages.regions(trees, regex.ALL_CHARS).items()}
     rng = random.Random(7)
     letters = sorted(set("".join(patterns).replace("^", "").replace("$", "").replace(".", "").replace("*", "")) | {"q", "0"})
     texts = ["".join(t) for n in range(4) for t in itertools.product(letters[:6], repeat=n)]

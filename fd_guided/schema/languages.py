@@ -1,0 +1,140 @@
+"""Questions about regular languages that a regex tree alone cannot answer, asked of automata.
+
+Neither engine has look-around, yet a look-ahead at the start of a pattern only intersects two
+regular languages: ``^(?!N)R`` accepts the strings of ``R`` that do not begin with a match of ``N``
+(``R`` minus ``N.*``; minus ``N`` alone when ``N`` ends in ``$``), ``^(?=N)R`` those that do
+(`combine`). Overlapping ``patternProperties`` become disjoint regions (`regions`), two patterns
+are proved disjoint (`disjoint`), and a pattern is checked never to dead-end (`extendable`).
+Each builds automata (`fd_guided.schema.automaton`) within a step budget and is exact; past a
+bound the answer is a Refusal (or False), never an approximation.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from .automaton import MAX_DFA_STATES, Alphabet, Dfa, Work, minimise, product, to_dfa, to_tree
+from .refusal import Refusal
+
+
+def extendable(tree: tuple, plain: tuple) -> bool:
+    """True when every prefix of a string `tree` matches goes on to infinitely many matched strings
+    by characters of `plain` alone (the ones every engine writes raw in a JSON string): from every
+    state reachable on the way to a match, a cycle of `plain` edges that can still reach a match
+    is reachable by `plain` edges. Exact for the tree; False past the automaton's bounds."""
+    try:
+        alphabet = Alphabet([tree, ("set", plain)])
+        work = Work()
+        dfa = to_dfa(tree, alphabet, work)
+    except Refusal:
+        return False
+    plain_classes = alphabet.classes(plain)
+    n = len(dfa.moves)
+    plain_edges = [[t for cls, t in row.items() if cls in plain_classes] for row in dfa.moves]
+    reverse_all: list[list[int]] = [[] for _ in range(n)]
+    reverse_plain: list[list[int]] = [[] for _ in range(n)]
+    for state, row in enumerate(dfa.moves):
+        for cls, target in row.items():
+            reverse_all[target].append(state)
+            if cls in plain_classes:
+                reverse_plain[target].append(state)
+    live = _backward(dfa.accepting, reverse_all)
+    plain_live = _backward(dfa.accepting, reverse_plain)
+    on_cycle = {s for s in plain_live if _on_plain_cycle(s, plain_edges, plain_live)}
+    good = _backward(on_cycle, [[a for a in sources if a in plain_live] for sources in reverse_plain])
+    reachable = _forward(0, dfa.moves)
+    return all(state in good for state in reachable & live)
+
+
+def _backward(targets: Iterable[int], reverse: list[list[int]]) -> set[int]:
+    seen = set(targets)
+    stack = list(seen)
+    while stack:
+        for source in reverse[stack.pop()]:
+            if source not in seen:
+                seen.add(source)
+                stack.append(source)
+    return seen
+
+
+def _forward(start: int, moves: list[dict[int, int]]) -> set[int]:
+    seen, stack = {start}, [start]
+    while stack:
+        for target in moves[stack.pop()].values():
+            if target not in seen:
+                seen.add(target)
+                stack.append(target)
+    return seen
+
+
+def _on_plain_cycle(state: int, plain_edges: list[list[int]], allowed: set[int]) -> bool:
+    """Can `state` reach itself again by plain edges through `allowed` states?"""
+    seen, stack = set(), [t for t in plain_edges[state] if t in allowed]
+    while stack:
+        current = stack.pop()
+        if current == state:
+            return True
+        if current in seen:
+            continue
+        seen.add(current)
+        stack.extend(t for t in plain_edges[current] if t in allowed)
+    return False
+
+
+
+def regions(trees: list[tuple], any_char: tuple) -> dict[frozenset, tuple]:
+    """The strings each non-empty combination of `trees` (full-match trees) shares and no other
+    tree matches: subset of indexes -> a tree, for the subsets where some string exists. Together
+    the regions are disjoint and cover the union of the trees (patternProperties made disjoint)."""
+    alphabet = Alphabet(list(trees) + [("set", any_char)])
+    work = Work()
+    dfas = [to_dfa(tree, alphabet, work) for tree in trees]
+    index = {(0,) * len(dfas): 0}
+    order = [(0,) * len(dfas)]
+    moves: list[dict[int, int]] = []
+    for states in order:
+        row: dict[int, int] = {}
+        classes = set()
+        for dfa, state in zip(dfas, states):
+            if state is not None:
+                classes.update(dfa.moves[state])
+        work.spend(len(classes) * len(dfas))
+        for cls in classes:
+            target = tuple(None if state is None else dfa.moves[state].get(cls) for dfa, state in zip(dfas, states))
+            if target not in index:
+                if len(order) >= MAX_DFA_STATES:
+                    raise Refusal("patternProperties whose overlap is too large an automaton")
+                index[target] = len(order)
+                order.append(target)
+            row[cls] = index[target]
+        moves.append(row)
+    members = [frozenset(i for i, (dfa, state) in enumerate(zip(dfas, states)) if state is not None and state in dfa.accepting)
+               for states in order]
+    out: dict[frozenset, tuple] = {}
+    for subset in sorted(set(members) - {frozenset()}, key=sorted):
+        accepting = {state for state, member in enumerate(members) if member == subset}
+        tree = to_tree(minimise(Dfa(moves, accepting), work), alphabet, work)
+        if tree is not None:
+            out[subset] = tree
+    return out
+
+
+def disjoint(first: tuple, second: tuple, any_char: tuple) -> bool:
+    """No string matches both full-match trees (False when it cannot be decided within bounds)."""
+    try:
+        alphabet = Alphabet([first, second, ("set", any_char)])
+        work = Work()
+        both = product(to_dfa(first, alphabet, work), to_dfa(second, alphabet, work), True, work)
+        return not minimise(both, work).accepting
+    except Refusal:
+        return False
+
+
+def combine(rest: tuple, ahead: tuple, negative: bool, any_char: tuple) -> tuple:
+    """`rest`'s strings that begin (`negative` False) or do not begin (True) with a string of
+    `ahead`; both are full-match trees, `ahead` already extended by ``.*`` where it is a prefix.
+    Returns ``("set", ())`` when none is left."""
+    alphabet = Alphabet([rest, ahead, ("set", any_char)])
+    work = Work()
+    both = product(to_dfa(rest, alphabet, work), to_dfa(ahead, alphabet, work), not negative, work)
+    result = to_tree(minimise(both, work), alphabet, work)
+    return ("set", ()) if result is None else result
