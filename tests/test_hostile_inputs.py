@@ -43,6 +43,9 @@ HOSTILE = {
     # permutation of the 29 values (it never ended) before it learned none is long enough
     # a look-ahead whose automaton would grow past its bounds: refused within a step budget
     "lookahead_automaton": ({"guided_json": {"type": "string", "pattern": r"^(?![\s\S]{0,1000}x)"}}, "look-ahead"),
+    # overlapping patternProperties whose regions would need a huge automaton: refused, not computed
+    "pattern_regions_automaton": ({"guided_json": {"type": "object", "patternProperties": {
+        "a.{0,200}b": {}, "b.{0,200}a": {}, ".{0,100}c{50}": {}, "(x|y){30}z": {}}}}, "patternProperties whose patterns overlap"),
     "unique_min_past_domain": ({"guided_json": {"type": "array", "uniqueItems": True, "minItems": 30,
                                                 "items": {"enum": [f"v{i}" for i in range(29)]}}}, "admits no value"),
 }

@@ -30,7 +30,7 @@ class Work:
     def spend(self, steps: int) -> None:
         self.left -= steps
         if self.left < 0:
-            raise Refusal("a look-ahead too costly to resolve into one regular expression")
+            raise Refusal("an automaton too costly to build (past its step budget)")
 
 
 # ----- the alphabet: classes of code points no set of either tree splits ---------------------------
@@ -91,7 +91,7 @@ class _Nfa:
 
     def state(self) -> int:
         if len(self.moves) >= MAX_NFA_STATES:
-            raise Refusal("a look-ahead whose automaton is too large")
+            raise Refusal("an automaton past its state bound")
         self.moves.append([])
         self.empty.append([])
         return len(self.moves) - 1
@@ -182,7 +182,7 @@ def to_dfa(tree: tuple, alphabet: Alphabet, work: Work) -> Dfa:
             closed = nfa.closure(reached)
             if closed not in index:
                 if len(order) >= MAX_DFA_STATES:
-                    raise Refusal("a look-ahead whose automaton is too large")
+                    raise Refusal("an automaton past its state bound")
                 index[closed] = len(order)
                 order.append(closed)
             row[cls] = index[closed]
@@ -208,7 +208,7 @@ def product(first: Dfa, second: Dfa, keep_second: bool, work: Work) -> Dfa:
                 continue
             if pair not in index:
                 if len(order) >= MAX_DFA_STATES:
-                    raise Refusal("a look-ahead whose automaton is too large")
+                    raise Refusal("an automaton past its state bound")
                 index[pair] = len(order)
                 order.append(pair)
             row[cls] = index[pair]
@@ -360,5 +360,5 @@ def to_tree(dfa: Dfa, alphabet: Alphabet, work: Work) -> tuple | None:
         into[state] = set()
     result = out[start].get(final)
     if result is not None and _size(result) > MAX_TREE_NODES:
-        raise Refusal("a look-ahead whose regex is too large to write out")
+        raise Refusal("an automaton whose regex is too large to write out")
     return result

@@ -102,7 +102,7 @@ def regions(trees: list[tuple], any_char: tuple) -> dict[frozenset, tuple]:
             target = tuple(None if state is None else dfa.moves[state].get(cls) for dfa, state in zip(dfas, states))
             if target not in index:
                 if len(order) >= MAX_DFA_STATES:
-                    raise Refusal("patternProperties whose overlap is too large an automaton")
+                    raise Refusal("an automaton past its state bound")
                 index[target] = len(order)
                 order.append(target)
             row[cls] = index[target]
@@ -133,8 +133,11 @@ def combine(rest: tuple, ahead: tuple, negative: bool, any_char: tuple) -> tuple
     """`rest`'s strings that begin (`negative` False) or do not begin (True) with a string of
     `ahead`; both are full-match trees, `ahead` already extended by ``.*`` where it is a prefix.
     Returns ``("set", ())`` when none is left."""
-    alphabet = Alphabet([rest, ahead, ("set", any_char)])
-    work = Work()
-    both = product(to_dfa(rest, alphabet, work), to_dfa(ahead, alphabet, work), not negative, work)
-    result = to_tree(minimise(both, work), alphabet, work)
+    try:
+        alphabet = Alphabet([rest, ahead, ("set", any_char)])
+        work = Work()
+        both = product(to_dfa(rest, alphabet, work), to_dfa(ahead, alphabet, work), not negative, work)
+        result = to_tree(minimise(both, work), alphabet, work)
+    except Refusal as refusal:
+        raise Refusal(f"a look-ahead in a pattern ({refusal.feature})") from None
     return ("set", ()) if result is None else result
