@@ -308,9 +308,16 @@ OPTIONAL = {"type": "array", "uniqueItems": True, "minItems": 4,
             "items": {"type": "object", "properties": {"name": {"type": "boolean"}, "value": {"type": "number"}}}}
 
 
+MIXED = {"type": "array", "uniqueItems": True, "minItems": 5,
+         "items": {"anyOf": [{"type": "string"}, {"type": "null"},
+                             {"type": "object", "properties": {"k": {"type": "boolean"}, "v": {"type": "string"}}, "required": ["k", "v"]},
+                             {"type": "object", "properties": {"n": {"type": "number"}}}]}}
+
+
 @pytest.mark.parametrize("name", BACKENDS)
 @pytest.mark.parametrize("schema, preferences", [
     (NAMED, [b'"', b"a", b"name", b"value", b":", b",", b"{", b"}", b"["]),  # wants {"name":"a","value":""} again and again
+    (MIXED, [b"{", b'"', b"k", b"true", b"v", b"}", b":", b",", b"null", b"["]),  # object alternatives beside open ones
     (BAGGED, [b"}", b'"', b"a", b"value", b"name", b":", b",", b"{", b"["]),
     (OPTIONAL, [b"}", b",", b"1", b"true", b"{", b"[", b'"', b"name", b":"]),
 ])
@@ -367,7 +374,7 @@ def test_object_items_with_an_open_last_property_are_admitted(name, items):
     {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "string", "maxLength": 3}}},  # nothing open
     {"$ref": "#/$defs/x"},  # behind a $ref the properties are not reordered (a definition may be shared)
     {"type": "object", "properties": {"a": {"type": "string"}}, "maxProperties": 0},
-    {"type": ["object", "null"], "properties": {"a": {"type": "string"}}},
+    {"type": ["object", "integer"], "properties": {"a": {"type": "string"}}},  # an integer can end at 0
 ])
 def test_object_items_that_can_dead_end_stay_refused(items):
     defs = {"x": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"}}}}

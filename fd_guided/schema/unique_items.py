@@ -83,9 +83,10 @@ def _open_array(kw: dict, ctx) -> bool:
 
 
 def _closing_guarded_objects(kw: dict, ctx) -> bool:
-    """Every position holds one closed object whose *last* property (in the order the engines
-    write properties: the schema's) takes only open values (`_open_leaf`): e.g. ``{"name": ...,
-    "value": {"type": "string"}}`` without extra properties. The guard refuses the ``}`` of a
+    """Every position holds closed objects whose *last* property (in the order the engines write
+    properties: the schema's) takes only open values (`_open_leaf`), e.g. ``{"name": ...,
+    "value": {"type": "string"}}`` without extra properties, possibly beside open or literal
+    alternatives (`_closing_guarded_position`). The guard refuses the ``}`` of a
     repeated item, and a token that ends a member value after which the engine allows nothing
     but that ``}`` (it asks the engine: `unique_guard.UniqueItemsGrammar._comma_allowed`). Live:
     until the last property is written it can still come (no ``maxProperties``), with a value no
@@ -95,7 +96,20 @@ def _closing_guarded_objects(kw: dict, ctx) -> bool:
     if not ctx.ordered_objects:
         return False
     positions = list(kw["prefix"]) + ([] if kw["items"] is not None and kw["items"].is_none else [kw["items"] or ANY])
-    return bool(positions) and all(_closing_guarded_object(u, ctx) for u in positions)
+    return bool(positions) and all(_closing_guarded_position(u, ctx) for u in positions)
+
+
+def _closing_guarded_position(u: U, ctx) -> bool:
+    """Every alternative is such an object, an open one (`_open_leaf`) or a literal (one of
+    several object alternatives: the engine allows a comma while any alternative the prefix
+    still fits has a property left, and then its last, open property is among them)."""
+    leaves = _concrete_leaves(u, ctx, 0)
+    if not leaves:
+        return False
+    opened = [leaf for leaf in leaves if _open_leaf(leaf, ctx)]
+    closing = [leaf for leaf in leaves if leaf not in opened and _closing_object_leaf(leaf, ctx)]
+    return bool(closing) and all(leaf in opened or leaf in closing or _literal_leaf(leaf) or _subsumed_enum(leaf, opened, ctx)
+                                 for leaf in leaves)
 
 
 def _open_property_last(kw: dict, ctx) -> dict | None:
@@ -125,9 +139,14 @@ def _fully_open(u: U, ctx) -> bool:
 
 def _closing_guarded_object(u: U, ctx) -> bool:
     leaves = _concrete_leaves(u, ctx, 0)
-    if not leaves or len(leaves) != 1 or leaves[0] is ANY or leaves[0].kind != "object":
+    return bool(leaves) and len(leaves) == 1 and _closing_object_leaf(leaves[0], ctx)
+
+
+def _closing_object_leaf(leaf, ctx) -> bool:
+    """A closed object leaf whose last property takes only open values."""
+    if leaf is ANY or leaf.kind != "object":
         return False
-    kw = leaves[0].kw
+    kw = leaf.kw
     closed = kw["additional"] is not None and kw["additional"].is_none
     if not kw["props"] or not closed or kw["pprops"] or kw["max"] is not None or kw["names"]:
         return False
