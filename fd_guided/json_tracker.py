@@ -59,15 +59,18 @@ class _Unique:
     """One guarded array's finished items (both key forms), where its current item began, and,
     for a finite item domain, the spellings of the values not used yet (`unused`)."""
 
-    __slots__ = ("judged", "exact", "strings", "start", "unused", "domain")
+    __slots__ = ("judged", "exact", "strings", "start", "unused", "domain", "language", "literals")
 
     def __init__(self, judged: frozenset = frozenset(), exact: frozenset = frozenset(), strings: frozenset = frozenset(),
-                 start: int = -1, unused: tuple[bytes, ...] | None = None, domain: tuple[bytes, ...] | None = None):
+                 start: int = -1, unused: tuple[bytes, ...] | None = None, domain: tuple[bytes, ...] | None = None,
+                 language=None, literals: tuple = ()):
         self.judged, self.exact, self.strings, self.start, self.unused = judged, exact, strings, start, unused
         self.domain = domain if domain is not None else unused  # the whole finite domain, sorted
+        self.language = language  # string items that can run out (`UniquePaths.item_strings`), or None
+        self.literals = literals  # and the literals beside them ("null")
 
     def starting(self, at: int) -> "_Unique":
-        return _Unique(self.judged, self.exact, self.strings, at, self.unused, self.domain)
+        return _Unique(self.judged, self.exact, self.strings, at, self.unused, self.domain, self.language, self.literals)
 
     def adding(self, judged, exact) -> "_Unique":
         strings = self.strings | {exact[1].encode("utf-8", "surrogatepass")} if exact[0] == "s" else self.strings
@@ -75,15 +78,33 @@ class _Unique:
         if unused is not None:
             spelled = _domain_keys(self.domain).get(judged)
             unused = tuple(text for text in unused if text != spelled)  # stays sorted
-        return _Unique(self.judged | {judged}, self.exact | {exact}, strings, -1, unused, self.domain)
+        return _Unique(self.judged | {judged}, self.exact | {exact}, strings, -1, unused, self.domain, self.language, self.literals)
 
     def live(self, written: bytes) -> bool:
-        """For a finite domain: can the item whose bytes so far are `written` still become a value
-        not used yet? (Always true for an open domain.)"""
-        if self.unused is None:
+        """Can the item whose bytes so far are `written` still become a value not used yet? For a
+        finite domain, some unused spelling begins so; for strings that can run out, the strings
+        of the language beginning so outnumber the used ones that do. (Always true for an open
+        domain, and for a string item holding an escape or a split character: not judged.)"""
+        if self.unused is not None:
+            at = bisect.bisect_left(self.unused, written)  # sorted: the texts that start so follow it
+            return at < len(self.unused) and self.unused[at].startswith(written)
+        if self.language is None or written[:1] != b'"' or b"\\" in written:
             return True
-        at = bisect.bisect_left(self.unused, written)  # sorted: the texts that start so follow it
-        return at < len(self.unused) and self.unused[at].startswith(written)
+        prefix = written[1:]
+        try:
+            state = self.language.state_after(prefix.decode("utf-8"))
+        except UnicodeDecodeError:
+            return True
+        if state is None:
+            return True  # not a prefix the language knows: the engine decides
+        used = sum(1 for text in self.strings if text.startswith(prefix))
+        return self.language.completions(state, used + 1) > used
+
+    def exhausted(self) -> bool:
+        """Strings that can run out: every one is used (another item could only repeat one)."""
+        if self.language is None or any(json_key(None) not in self.judged for name in self.literals if name == "null"):
+            return False
+        return self.language.completions(0, len(self.strings) + 1) <= len(self.strings)
 
 
 class JsonTracker:
@@ -162,6 +183,29 @@ class JsonTracker:
             classes |= CLOSE  # an enclosing guarded array's item ends with a bracket
         return classes
 
+    def counted_candidates(self) -> list[bytes]:
+        """Inside a guarded array of strings that can run out (`_Unique.language`): the token texts
+        that keep the item a prefix of some used string (only those can lead it where every string
+        left is used); the guard tries these besides the tokens that finish an item."""
+        unique = self._top_unique()
+        if unique is None or unique.language is None or not unique.strings:
+            return []
+        if unique.start >= 0 and self.mode == _STRING and not self.is_key and unique.start == self.start:
+            written = bytes(self.buffer[unique.start:])
+        elif self.mode == _NONE and self.stack[-1][3] == "value":
+            written = b""
+        else:
+            return []
+        out = []
+        for text in unique.strings:
+            target = b'"' + text
+            if target.startswith(written) and len(target) > len(written):
+                rest = target[len(written):]
+                out.extend(rest[:end] for end in range(1, len(rest) + 1))
+                if not written:
+                    out.extend(space + rest[:end] for space in (b" ", b"\n", b"\t", b"  ") for end in range(1, len(rest) + 1))
+        return out
+
     def _top_unique(self) -> "_Unique | None":
         """The items of the innermost container when it is a guarded array."""
         return _unique_of(self.stack[-1]) if self.stack else None
@@ -195,6 +239,12 @@ class JsonTracker:
                 # the machine.
                 if b"\\" not in data and quote in (-1, len(data) - 1):
                     return not unique.live(b'"' + written + data)
+            elif unique.language is not None:
+                # Strings that can run out: the same, the closing quote being a plain duplicate test.
+                if b"\\" not in data and quote == -1:
+                    return not unique.live(b'"' + written + data)
+                if b"\\" not in data and quote == len(data) - 1:
+                    return written + data[:quote] in unique.strings
             elif not goes_on:
                 if quote < 0:
                     return False  # the string goes on
@@ -234,7 +284,7 @@ class JsonTracker:
         """False when the item being written in a finite-domain guarded array can no longer end as
         a value the array does not hold yet (every way on is a duplicate: a dead end)."""
         unique = self._top_unique()
-        if unique is None or unique.unused is None or unique.start < 0 or self.mode == _NONE:
+        if unique is None or (unique.unused is None and unique.language is None) or unique.start < 0 or self.mode == _NONE:
             return True
         return unique.live(bytes(self.buffer[unique.start:]))
 
@@ -295,7 +345,7 @@ class JsonTracker:
             if byte == ord("{"):
                 self.stack += (("o", nodes, None, "key"),)
             else:
-                unique = _Unique(unused=_sorted(self.paths.item_domain(nodes))) if self.paths.unique(nodes) else None
+                unique = self._unique_for(nodes) if self.paths.unique(nodes) else None
                 self.stack += (("a", nodes, 0, "value", unique),)
         elif byte == ord("}") or byte == ord("]"):
             if self.stack:
@@ -305,6 +355,13 @@ class JsonTracker:
             self._next_member()
         elif byte == ord(":") and self.stack and self.stack[-1][0] == "o":
             self.stack = self.stack[:-1] + (self.stack[-1][:3] + ("value",),)
+
+    def _unique_for(self, nodes: NodeSet) -> "_Unique":
+        domain = self.paths.item_domain(nodes)
+        if domain is not None:
+            return _Unique(unused=_sorted(domain))
+        strings = self.paths.item_strings(nodes)
+        return _Unique(language=strings[0], literals=strings[1]) if strings else _Unique()
 
     def _value_start(self, at: int) -> None:
         """A value begins at `at` in the top frame: a guarded array notes where its item began."""
@@ -364,8 +421,8 @@ class JsonTracker:
             self.stack = self.stack[:-1] + (("o", frame[1], None, "key"),)
         else:
             unique = frame[4]
-            if unique is not None and unique.unused == ():
-                self.duplicate = True  # a finite domain used up: any further item repeats one
+            if unique is not None and (unique.unused == () or unique.exhausted()):
+                self.duplicate = True  # a finite domain (or strings that run out) used up: any further item repeats one
             self.stack = self.stack[:-1] + (("a", frame[1], frame[2] + 1, "value", unique),)
 
 

@@ -36,6 +36,14 @@ filled, and rolled back). Where only the ``}`` may follow, the token is refused:
 property's value can still go on to a value no earlier item has. This costs a fill only on the
 way to a repeat.
 
+String items whose language can run out (a ``maxLength``, a pattern that ends such as
+``^\\d+x$``; `unique_items._counted_strings`) are guarded with a count: the tracker walks the item's
+characters through the language's automaton (`UniquePaths.item_strings`,
+`languages.CountedLanguage`) and refuses a token after which the strings the item can still
+become are all used, and a comma once every string (and ``null``, where allowed) is used. Only
+the tokens that keep the item a prefix of a used string can do that, so only those are tried
+beside the ones that finish an item (`JsonTracker.counted_candidates`).
+
 Liveness: with open items some other item always remains (a string can go on, a number can take
 more digits, an object another key, and a literal already held is never begun), and with a
 finite domain no token is allowed that leaves the item without an unused value to become, so the
@@ -89,8 +97,20 @@ class TokenClasses:
             if any(b in text[text.index(b'"'):] for b in b",]}"):
                 flags[token] |= AFTER_QUOTE
         self.flags = flags
+        self._texts = texts
+        self._by_text: dict[bytes, list[int]] | None = None
         self.comma_ids = np.array([i for i, text in enumerate(texts) if text.lstrip(b" \t\n\r").startswith(b",")], dtype=np.int64)
         self._ids: dict[int, np.ndarray] = {}
+
+    def ids_of(self, texts: Sequence[bytes]) -> np.ndarray:
+        """The ids of the tokens spelled exactly as one of `texts`."""
+        if not texts:
+            return np.zeros(0, dtype=np.int64)
+        if self._by_text is None:
+            self._by_text = {}
+            for token, text in enumerate(self._texts):
+                self._by_text.setdefault(text, []).append(token)
+        return np.array(sorted({token for text in texts for token in self._by_text.get(text, ())}), dtype=np.int64)
 
     def ids(self, classes: int) -> np.ndarray:
         if classes not in self._ids:
@@ -194,6 +214,9 @@ class UniqueItemsGrammar(Grammar):
             allowed = np.nonzero(bits)[0]
         else:
             ids = self.classes.ids(tracker.finishing_classes())  # token ids < vocab_size: inside the row
+            extra = self.classes.ids_of(tracker.counted_candidates())
+            if extra.size:
+                ids = np.union1d(ids, extra[extra < words.size * 32])
             allowed = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
         flags = self.classes.flags
         for token in allowed.tolist():

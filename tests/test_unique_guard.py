@@ -136,11 +136,7 @@ def test_open_item_domains_are_admitted(name, items):
 @pytest.mark.parametrize("schema", [
     {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},  # 0 cannot go on
     {"type": "array", "items": {"type": ["integer", "boolean"]}, "uniqueItems": True},
-    {"type": "array", "items": {"type": "string", "maxLength": 3}, "uniqueItems": True},
-    {"type": "array", "items": {"type": "string", "pattern": "^[ab]$"}, "uniqueItems": True},
-    {"type": "array", "items": {"type": "string", "pattern": "^(a|b+)$"}, "uniqueItems": True},  # "a" cannot go on
-    {"type": "array", "items": {"type": "string", "format": "date"}, "uniqueItems": True},
-    {"type": "array", "items": {"type": "string", "format": "uri", "pattern": "^h"}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "string", "format": "uri", "pattern": "^h"}, "uniqueItems": True},  # too large to count
     {"type": "array", "items": {"type": "number", "maximum": 3}, "uniqueItems": True},
     {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 2}}}, "uniqueItems": True},  # strict: closed
     {"type": "array", "items": {"anyOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"enum": ["Multi line"]}]}, "uniqueItems": True},
@@ -407,3 +403,52 @@ def test_properties_in_any_order_refuse_object_items():
     parse_guided_request({"guided_json": schema}, GuidedConfig(backend="xgrammar"))
     with pytest.raises(InvalidGrammarError, match="uniqueItems"):
         parse_guided_request({"guided_json": schema, "guided_any_order": True}, GuidedConfig(backend="xgrammar"))
+
+
+# ----- strings that can run out: a maxLength, a pattern that ends ---------------------------------
+
+AB = {"type": "array", "uniqueItems": True, "minItems": 6, "items": {"type": "string", "pattern": "^[ab]+$", "maxLength": 2}}
+
+
+@pytest.mark.parametrize("name", ("llguidance", "auto"))  # xgrammar refuses maxLength beside a pattern
+@pytest.mark.parametrize("schema, preferences", [
+    (AB, [b'"', b"a", b"b", b",", b"["]),  # a, aa, ab, b, ba, bb: each begun where every way on is used is refused
+    ({**AB, "minItems": 0}, [b'"', b"a", b"b", b",", b"["]),  # ends only when none is left
+    ({"type": "array", "uniqueItems": True, "minItems": 4, "items": {"type": ["string", "null"], "maxLength": 1, "pattern": "^[xy]*$"}},
+     [b'"', b"x", b"null", b",", b"["]),
+])
+def test_strings_that_run_out_stay_live_and_unique(backends, tokenizer, name, schema, preferences):
+    text = adversarial_output(backends[name], tokenizer, schema, preferences, max_steps=300)
+    value = json.loads(text)
+    jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(value)
+    assert len(value) == len(set(map(json.dumps, value)))
+    if schema["items"].get("pattern") == "^[ab]+$":
+        assert sorted(value) == ["a", "aa", "ab", "b", "ba", "bb"]
+
+
+def test_a_string_begun_where_every_way_on_is_used_is_refused():
+    tracker = tracker_for(AB)
+    assert pushes(tracker, "[", '"a"', ",", '"aa"', ",", '"ab"', ",") == [True] * 7
+    assert pushes(tracker, '"a') == [False]  # a, aa, ab: all used
+    assert pushes(tracker, '"b', '"', ",", '"ba"', ",", '"bb"') == [True] * 6
+    assert pushes(tracker, ",") == [False]  # all six used: another item could only repeat one
+
+
+@pytest.mark.parametrize("name", ("llguidance", "auto"))
+@pytest.mark.parametrize("items, admitted", [
+    ({"type": "string", "maxLength": 40}, True),
+    ({"type": ["string", "null"], "minLength": 1, "maxLength": 40}, True),
+    ({"type": "string", "pattern": r"^\d+(\.\d+)?x$"}, True),
+    ({"type": "string", "pattern": "^[0-9A-F]{8}$"}, True),
+    ({"type": "string", "maxLength": 3}, True),
+    ({"type": "string", "pattern": "^[ab]$"}, True),
+    ({"type": "string", "pattern": "^(a|b+)$"}, True),  # "a" cannot go on: counted, not open
+    ({"type": "string", "format": "date"}, True),
+])
+def test_strings_that_can_run_out_are_admitted(name, items, admitted):
+    parse_guided_request({"guided_json": {"type": "array", "uniqueItems": True, "items": items}}, GuidedConfig(backend=name))
+
+
+def test_more_items_than_strings_is_refused():
+    with pytest.raises(InvalidGrammarError):
+        parse_guided_request({"guided_json": {**AB, "minItems": 7}}, GuidedConfig(backend="llguidance"))

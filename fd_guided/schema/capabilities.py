@@ -34,7 +34,8 @@ _BOTH_NORMALISED = {
     "uniqueItems": ("dropped for at most one item; the distinct arrays enumerated over a finite item domain (at most 256); "
                     "over open item domains (strings without maxLength, with at most one pattern or format that never dead-ends; numbers without bounds; "
                     "any value; objects that admit undeclared properties of any value), over closed objects whose last property takes such "
-                    "open values (properties in the schema's order, not guided_any_order; inline items have their last open property moved to the end), and over finite domains of plain literals past "
+                    "open values (properties in the schema's order, not guided_any_order; inline items have their last open property moved to the end), over strings that can run out (a maxLength, a pattern "
+                    "that ends: the guard counts the strings left), and over finite domains of plain literals past "
                     "256 arrays, in a json_schema request: enforced while decoding by the uniqueness guard (fd_guided.unique_guard); "
                     "refused otherwise"),
     "$dynamicRef": "a plain $ref when the document has a single matching $dynamicAnchor; refused otherwise",

@@ -10,6 +10,7 @@ bound the answer is a Refusal (or False), never an approximation.
 """
 from __future__ import annotations
 
+import bisect
 from typing import Iterable
 
 from .automaton import MAX_DFA_STATES, Alphabet, Dfa, Work, minimise, product, to_dfa, to_tree
@@ -141,3 +142,70 @@ def combine(rest: tuple, ahead: tuple, negative: bool, any_char: tuple) -> tuple
     except Refusal as refusal:
         raise Refusal(f"a look-ahead in a pattern ({refusal.feature})") from None
     return ("set", ()) if result is None else result
+
+
+class CountedLanguage:
+    """A string language (a full-match tree: a pattern, a format, length bounds intersected) that
+    can say how many of its strings begin with a given prefix, counting only strings of `plain`
+    characters (the ones every engine writes raw), capped: the uniqueness guard's liveness test for
+    items whose strings can run out (`json_tracker._Unique.live`: ``maxLength``, ``^\\d+x$``)."""
+
+    def __init__(self, tree: tuple, plain: tuple):
+        self.alphabet = Alphabet([tree, ("set", plain)])
+        self.dfa = to_dfa(tree, self.alphabet, Work())
+        plain_set = self.alphabet.classes(plain)
+        bounds = self.alphabet.bounds
+        self._weights = {cls: _plain_size(bounds[cls], bounds[cls + 1] - 1, plain) for cls in plain_set}
+        self._infinite = self._states_with_infinitely_many()
+        self._memo: dict[tuple[int, int], int] = {}
+
+    def state_after(self, text: str) -> int | None:
+        """The state after `text` from the start, None when no string of the language begins so."""
+        state = 0
+        for char in text:
+            cls = self._class_of(ord(char))
+            state = self.dfa.moves[state].get(cls) if cls is not None else None
+            if state is None:
+                return None
+        return state
+
+    def completions(self, state: int, cap: int) -> int:
+        """How many strings (of plain characters, the empty one included) lead from `state` to a
+        match, or `cap` if at least that many."""
+        if state in self._infinite:
+            return cap
+        key = (state, cap)
+        if key not in self._memo:
+            total = 1 if state in self.dfa.accepting else 0
+            for cls, target in self.dfa.moves[state].items():
+                weight = self._weights.get(cls, 0)
+                if weight and total < cap:
+                    total += weight * self.completions(target, cap)
+            self._memo[key] = min(total, cap)
+        return self._memo[key]
+
+    def _class_of(self, point: int) -> int | None:
+        index = bisect.bisect_right(self.alphabet.bounds, point) - 1
+        return index if 0 <= index < len(self.alphabet.bounds) - 1 else None
+
+    def _states_with_infinitely_many(self) -> set[int]:
+        """States from which a cycle of plain edges that can still reach a match is reachable by
+        plain edges: infinitely many completions."""
+        n = len(self.dfa.moves)
+        plain_edges = [[t for cls, t in row.items() if cls in self._weights] for row in self.dfa.moves]
+        reverse_plain: list[list[int]] = [[] for _ in range(n)]
+        for state, targets in enumerate(plain_edges):
+            for target in targets:
+                reverse_plain[target].append(state)
+        plain_live = _backward(self.dfa.accepting, reverse_plain)
+        on_cycle = {s for s in plain_live if _on_plain_cycle(s, plain_edges, plain_live)}
+        return _backward(on_cycle, [[a for a in sources if a in plain_live] for sources in reverse_plain])
+
+
+def _plain_size(lo: int, hi: int, plain: tuple) -> int:
+    return sum(max(0, min(hi, b) - max(lo, a) + 1) for a, b in plain)
+
+
+def intersection(first: tuple, second: tuple, any_char: tuple) -> tuple:
+    """The strings both full-match trees match, as one tree (``("set", ())`` when none)."""
+    return combine(first, second, False, any_char)

@@ -371,3 +371,19 @@ def python_compiles(pattern: str) -> bool:
     except (re.error, RecursionError, OverflowError, ValueError):
         return False
     return True
+
+
+@functools.lru_cache(maxsize=256)
+def string_language(patterns: tuple, full_patterns: tuple, low: int, high: int | None):
+    """The strings a string schema admits as a `languages.CountedLanguage`: every pattern of
+    `patterns` (``re.search``) and `full_patterns` (full matches: formats) and a length in
+    [`low`, `high`] code points; None when it cannot be built within bounds."""
+    try:
+        tree = ("rep", low, high, ("set", _ALL))
+        for pattern in patterns:
+            tree = languages.intersection(tree, full_match_tree(parse(pattern)[0], _ALL), _ALL)
+        for pattern in full_patterns:
+            tree = languages.intersection(tree, _full_match_reading(pattern), _ALL)
+        return languages.CountedLanguage(tree, PLAIN_JSON_CHARS)
+    except (Refusal, RecursionError):
+        return None

@@ -12,10 +12,10 @@
 """
 from __future__ import annotations
 
-from .formats import format_pattern
+from .formats import FORMAT_PATTERNS, format_pattern
 from .leaves import ANY, U, Leaf, item_at, json_key
 from .refusal import Refusal
-from .regex import extendable
+from .regex import extendable, string_language
 from .unique_paths import literal_text
 
 MAX_UNIQUE_ARRAYS = 256
@@ -30,7 +30,7 @@ def finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
     if kw["max"] is not None and kw["max"] <= 1:
         return [plain]
     location = f"{leaf.origin}.uniqueItems"
-    if ctx.unique_guard and (_open_array(kw, ctx) or _closing_guarded_objects(kw, ctx)):
+    if ctx.unique_guard and (_open_array(kw, ctx) or _closing_guarded_objects(kw, ctx) or _counted_strings(kw, ctx)):
         return [plain]
     if ctx.unique_guard and ctx.ordered_objects and (moved := _open_property_last(kw, ctx)) is not None:
         return [Leaf("array", {**moved, "unique": False}, leaf.origin, leaf.weak)]
@@ -110,6 +110,27 @@ def _closing_guarded_position(u: U, ctx) -> bool:
     closing = [leaf for leaf in leaves if leaf not in opened and _closing_object_leaf(leaf, ctx)]
     return bool(closing) and all(leaf in opened or leaf in closing or _literal_leaf(leaf) or _subsumed_enum(leaf, opened, ctx)
                                  for leaf in leaves)
+
+
+def _counted_strings(kw: dict, ctx) -> bool:
+    """Items are strings whose language can run out (a ``maxLength``, a pattern that ends: ``^\\d+x$``),
+    maybe beside literals, with room for ``minItems`` of them. The guard reads the same language
+    (`UniquePaths.item_strings`) and refuses any token after which the strings the item can still
+    become are all used (`json_tracker._Unique.live`), and a comma once no string is left."""
+    if kw["prefix"] or kw["items"] is None:
+        return False
+    leaves = _concrete_leaves(kw["items"], ctx, 0)
+    if not leaves or any(leaf is ANY for leaf in leaves):
+        return False
+    strings = [leaf for leaf in leaves if leaf.kind == "string"]
+    if len(strings) != 1 or not all(leaf.kind == "string" or _literal_leaf(leaf) for leaf in leaves):
+        return False
+    string = strings[0].kw
+    language = string_language(tuple(string["patterns"]), tuple(FORMAT_PATTERNS[f] for f in string["formats"]), string["min"], string["max"])
+    literals = sum(1 if leaf.kind == "null" else 2 if leaf.kind == "boolean" else len(leaf.kw["values"])
+                   for leaf in leaves if leaf.kind != "string")
+    needed = max(kw["min"] - literals, 1)
+    return language is not None and language.completions(0, needed) >= needed
 
 
 def _open_property_last(kw: dict, ctx) -> dict | None:

@@ -27,9 +27,12 @@ import json
 from typing import Any
 
 from .drafts import Document, base_uri
+from .formats import FORMAT_PATTERNS
 from .refusal import Refusal
+from .regex import string_language
 
 MAX_NODES = 4096
+_STRING_KEYWORDS = frozenset({"type", "pattern", "format", "minLength", "maxLength"})
 IN_PLACE = ("allOf", "anyOf", "oneOf")
 _ITEM_KEYWORDS = frozenset({"items", "prefixItems", "contains", "unevaluatedItems"})
 _JSON_TYPES = {"string": str, "boolean": bool, "null": type(None), "integer": int}
@@ -102,6 +105,45 @@ class UniquePaths:
             return None
         texts = [literal_text(value) for value in values]
         return None if any(text is None for text in texts) else tuple(dict.fromkeys(texts))
+
+    def item_strings(self, nodes: NodeSet):
+        """The language of the string items of an array at `nodes` (`regex.string_language`) and the
+        literals (``"null"``) beside them, when
+        exactly one schema of the set constrains items, with ``items``, and the item schema
+        (through plain ``$ref``s) is a string (or string-or-null) schema of ``pattern``,
+        ``format``, ``minLength`` and ``maxLength`` only; None otherwise. The guard uses it to keep
+        a request live where the strings can run out (`json_tracker._Unique.live`)."""
+        if nodes.unbounded:
+            return None
+        constraining = [(kw, resolver) for kw, resolver in ((self._keywords(node), resolver) for node, resolver in nodes)
+                        if kw.keys() & _ITEM_KEYWORDS]
+        if len(constraining) != 1 or set(constraining[0][0]) & _ITEM_KEYWORDS != {"items"}:
+            return None
+        node, resolver = constraining[0][0]["items"], constraining[0][1]
+        for _ in range(32):
+            if not isinstance(node, dict):
+                return None
+            resolver = self.doc.enter(node, resolver)
+            kw = self._keywords(node)
+            if set(kw) != {"$ref"} or not isinstance(kw["$ref"], str):
+                break
+            try:
+                node, resolver = self.doc.lookup(kw["$ref"], resolver, "$")
+            except Refusal:
+                return None
+        else:
+            return None
+        types = _types_of(kw)
+        if set(kw) - _STRING_KEYWORDS or types is None or "string" not in types or not types <= {"string", "null"}:
+            return None
+        pattern, fmt = kw.get("pattern"), kw.get("format")
+        if (pattern is not None and not isinstance(pattern, str)) or (fmt is not None and fmt not in FORMAT_PATTERNS):
+            return None
+        low, high = kw.get("minLength", 0), kw.get("maxLength")
+        if not isinstance(low, int) or not (high is None or isinstance(high, int)):
+            return None
+        language = string_language((pattern,) if pattern else (), (FORMAT_PATTERNS[fmt],) if fmt else (), low, high)
+        return None if language is None else (language, ("null",) if "null" in types else ())
 
     def _literal_values(self, node: Any, resolver, depth: int) -> list | None:
         """The values `node` admits when it fixes them to a finite list (see `item_domain`)."""
