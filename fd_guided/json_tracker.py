@@ -90,15 +90,7 @@ class _Unique:
             return at < len(self.unused) and self.unused[at].startswith(written)
         if self.language is None or written[:1] != b'"' or b"\\" in written:
             return True
-        prefix = written[1:]
-        try:
-            state = self.language.state_after(prefix.decode("utf-8"))
-        except UnicodeDecodeError:
-            return True
-        if state is None:
-            return True  # not a prefix the language knows: the engine decides
-        used = sum(1 for text in self.strings if text.startswith(prefix))
-        return self.language.completions(state, used + 1) > used
+        return _strings_left(self.language, self.strings, written[1:])
 
     def exhausted(self) -> bool:
         """Strings that can run out: every one is used (another item could only repeat one)."""
@@ -424,6 +416,20 @@ class JsonTracker:
             if unique is not None and (unique.unused == () or unique.exhausted()):
                 self.duplicate = True  # a finite domain (or strings that run out) used up: any further item repeats one
             self.stack = self.stack[:-1] + (("a", frame[1], frame[2] + 1, "value", unique),)
+
+
+@functools.lru_cache(maxsize=4096)
+def _strings_left(language, used: frozenset, prefix: bytes) -> bool:
+    """Does `language` hold a string beginning with `prefix` (UTF-8) that is not in `used`?
+    Cached: a fill asks it for many tokens with the same prefix (those that start with a quote)."""
+    try:
+        state = language.state_after(prefix.decode("utf-8"))
+    except UnicodeDecodeError:
+        return True  # a split character: judged once it is whole
+    if state is None:
+        return True  # not a prefix the language knows: the engine decides
+    count = sum(1 for text in used if text.startswith(prefix))
+    return language.completions(state, count + 1) > count
 
 
 def _sorted(texts: tuple[bytes, ...] | None) -> tuple[bytes, ...] | None:
