@@ -136,7 +136,7 @@ def test_open_item_domains_are_admitted(name, items):
 @pytest.mark.parametrize("schema", [
     {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},  # 0 cannot go on
     {"type": "array", "items": {"type": ["integer", "boolean"]}, "uniqueItems": True},
-    {"type": "array", "items": {"type": "string", "format": "uri", "pattern": "^h"}, "uniqueItems": True},  # too large to count
+    {"type": "array", "items": {"type": "string", "maxLength": 100000}, "uniqueItems": True},  # too large to count
     {"type": "array", "items": {"type": "number", "maximum": 3}, "uniqueItems": True},
     {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 2}}}, "uniqueItems": True},  # strict: closed
     {"type": "array", "items": {"anyOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"enum": ["Multi line"]}]}, "uniqueItems": True},
@@ -444,6 +444,7 @@ def test_a_string_begun_where_every_way_on_is_used_is_refused():
     ({"type": "string", "pattern": "^[ab]$"}, True),
     ({"type": "string", "pattern": "^(a|b+)$"}, True),  # "a" cannot go on: counted, not open
     ({"type": "string", "format": "date"}, True),
+    ({"type": "string", "format": "uri", "pattern": "^h"}, True),  # two languages, joined as automata
 ])
 def test_strings_that_can_run_out_are_admitted(name, items, admitted):
     parse_guided_request({"guided_json": {"type": "array", "uniqueItems": True, "items": items}}, GuidedConfig(backend=name))

@@ -150,9 +150,15 @@ class CountedLanguage:
     characters (the ones every engine writes raw), capped: the uniqueness guard's liveness test for
     items whose strings can run out (`json_tracker._Unique.live`: ``maxLength``, ``^\\d+x$``)."""
 
-    def __init__(self, tree: tuple, plain: tuple):
-        self.alphabet = Alphabet([tree, ("set", plain)])
-        self.dfa = to_dfa(tree, self.alphabet, Work())
+    def __init__(self, trees: list[tuple], plain: tuple):
+        """`trees`: full-match trees whose intersection is the language (a pattern, a format, the
+        length bounds), joined as automata (no tree is written back)."""
+        self.alphabet = Alphabet(list(trees) + [("set", plain)])
+        work = Work()
+        dfa = to_dfa(trees[0], self.alphabet, work)
+        for tree in trees[1:]:
+            dfa = minimise(product(dfa, to_dfa(tree, self.alphabet, work), True, work), work)
+        self.dfa = dfa
         plain_set = self.alphabet.classes(plain)
         bounds = self.alphabet.bounds
         self._weights = {cls: _plain_size(bounds[cls], bounds[cls + 1] - 1, plain) for cls in plain_set}
@@ -161,6 +167,8 @@ class CountedLanguage:
 
     def state_after(self, text: str) -> int | None:
         """The state after `text` from the start, None when no string of the language begins so."""
+        if not self.dfa.moves:
+            return None
         state = 0
         for char in text:
             cls = self._class_of(ord(char))
@@ -205,7 +213,3 @@ class CountedLanguage:
 def _plain_size(lo: int, hi: int, plain: tuple) -> int:
     return sum(max(0, min(hi, b) - max(lo, a) + 1) for a, b in plain)
 
-
-def intersection(first: tuple, second: tuple, any_char: tuple) -> tuple:
-    """The strings both full-match trees match, as one tree (``("set", ())`` when none)."""
-    return combine(first, second, False, any_char)

@@ -379,11 +379,9 @@ def string_language(patterns: tuple, full_patterns: tuple, low: int, high: int |
     `patterns` (``re.search``) and `full_patterns` (full matches: formats) and a length in
     [`low`, `high`] code points; None when it cannot be built within bounds."""
     try:
-        tree = ("rep", low, high, ("set", _ALL))
-        for pattern in patterns:
-            tree = languages.intersection(tree, full_match_tree(parse(pattern)[0], _ALL), _ALL)
-        for pattern in full_patterns:
-            tree = languages.intersection(tree, _full_match_reading(pattern), _ALL)
-        return languages.CountedLanguage(tree, PLAIN_JSON_CHARS)
+        trees = [("rep", low, high, ("set", _ALL))]
+        trees += [full_match_tree(parse(pattern)[0], _ALL) for pattern in patterns]
+        trees += [_full_match_reading(pattern) for pattern in full_patterns]
+        return languages.CountedLanguage(trees, PLAIN_JSON_CHARS)
     except (Refusal, RecursionError):
         return None

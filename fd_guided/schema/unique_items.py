@@ -116,19 +116,22 @@ def _counted_strings(kw: dict, ctx) -> bool:
     """Items are strings whose language can run out (a ``maxLength``, a pattern that ends: ``^\\d+x$``),
     maybe beside literals, with room for ``minItems`` of them. The guard reads the same language
     (`UniquePaths.item_strings`) and refuses any token after which the strings the item can still
-    become are all used (`json_tracker._Unique.live`), and a comma once no string is left."""
+    become are all used (`json_tracker._Unique.live`), and a comma once no string is left. Where
+    the guard cannot read it from the schema as written (a string schema composed with allOf, say)
+    it guards as for open strings: never a duplicate, but an adversarial token choice could end
+    the request with "allows no token" (as for finite domains, `_guardable_finite`)."""
     if kw["prefix"] or kw["items"] is None:
         return False
     leaves = _concrete_leaves(kw["items"], ctx, 0)
     if not leaves or any(leaf is ANY for leaf in leaves):
         return False
     strings = [leaf for leaf in leaves if leaf.kind == "string"]
-    if len(strings) != 1 or not all(leaf.kind == "string" or _literal_leaf(leaf) for leaf in leaves):
+    literal = [leaf for leaf in leaves if leaf.kind != "string" and _literal_leaf(leaf)]
+    if len(strings) != 1 or not all(leaf in strings or leaf in literal for leaf in leaves):
         return False
     string = strings[0].kw
     language = string_language(tuple(string["patterns"]), tuple(FORMAT_PATTERNS[f] for f in string["formats"]), string["min"], string["max"])
-    literals = sum(1 if leaf.kind == "null" else 2 if leaf.kind == "boolean" else len(leaf.kw["values"])
-                   for leaf in leaves if leaf.kind != "string")
+    literals = sum(1 if leaf.kind == "null" else 2 if leaf.kind == "boolean" else len(leaf.kw["values"]) for leaf in literal)
     needed = max(kw["min"] - literals, 1)
     return language is not None and language.completions(0, needed) >= needed
 
