@@ -25,6 +25,7 @@ _LITERAL_LENGTH = {ord("t"): 4, ord("f"): 5, ord("n"): 4}
 # A literal item is decided by its first byte: starting one that its array holds already is a
 # dead end (``true`` cannot go on into another value), so it counts as a duplicate at once.
 _LITERAL_KEY = {ord("t"): json_key(True), ord("f"): json_key(False), ord("n"): json_key(None)}
+_ZERO = json_key(0)
 # Token classes: bytes that can finish an item in a given state.
 QUOTE, NUMBER_END, LITERAL_END, CLOSE, AFTER_QUOTE, LITERAL_START = 1, 2, 4, 8, 16, 32
 CLASS_BYTES = {QUOTE: b'"', NUMBER_END: b",]}" + _WS, LITERAL_END: b"el", CLOSE: b"]}", LITERAL_START: b"tfn"}
@@ -59,18 +60,24 @@ class _Unique:
     """One guarded array's finished items (both key forms), where its current item began, and,
     for a finite item domain, the spellings of the values not used yet (`unused`)."""
 
-    __slots__ = ("judged", "exact", "strings", "start", "unused", "domain", "language", "literals")
+    __slots__ = ("judged", "exact", "strings", "start", "unused", "domain", "language", "literals", "integers")
 
     def __init__(self, judged: frozenset = frozenset(), exact: frozenset = frozenset(), strings: frozenset = frozenset(),
                  start: int = -1, unused: tuple[bytes, ...] | None = None, domain: tuple[bytes, ...] | None = None,
-                 language=None, literals: tuple = ()):
+                 language=None, literals: tuple = (), integers: bool = False):
         self.judged, self.exact, self.strings, self.start, self.unused = judged, exact, strings, start, unused
         self.domain = domain if domain is not None else unused  # the whole finite domain, sorted
         self.language = language  # string items that can run out (`UniquePaths.item_strings`), or None
         self.literals = literals  # and the literals beside them ("null")
+        self.integers = integers  # numbers are integers only: a 0 item cannot go on (`UniquePaths.item_integers`)
+
+    def _with(self, **changes) -> "_Unique":
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        fields.update(changes)
+        return _Unique(**fields)
 
     def starting(self, at: int) -> "_Unique":
-        return _Unique(self.judged, self.exact, self.strings, at, self.unused, self.domain, self.language, self.literals)
+        return self._with(start=at)
 
     def adding(self, judged, exact) -> "_Unique":
         strings = self.strings | {exact[1].encode("utf-8", "surrogatepass")} if exact[0] == "s" else self.strings
@@ -78,7 +85,7 @@ class _Unique:
         if unused is not None:
             spelled = _domain_keys(self.domain).get(judged)
             unused = tuple(text for text in unused if text != spelled)  # stays sorted
-        return _Unique(self.judged | {judged}, self.exact | {exact}, strings, -1, unused, self.domain, self.language, self.literals)
+        return self._with(judged=self.judged | {judged}, exact=self.exact | {exact}, strings=strings, start=-1, unused=unused)
 
     def live(self, written: bytes) -> bool:
         """Can the item whose bytes so far are `written` still become a value not used yet? For a
@@ -88,6 +95,8 @@ class _Unique:
         if self.unused is not None:
             at = bisect.bisect_left(self.unused, written)  # sorted: the texts that start so follow it
             return at < len(self.unused) and self.unused[at].startswith(written)
+        if self.integers and written in (b"0", b"-0"):
+            return _ZERO not in self.judged  # an integer 0 is final: begun again, it repeats
         if self.language is None or written[:1] != b'"' or b"\\" in written:
             return True
         return _strings_left(self.language, self.strings, written[1:])
@@ -180,6 +189,12 @@ class JsonTracker:
         that keep the item a prefix of some used string (only those can lead it where every string
         left is used); the guard tries these besides the tokens that finish an item."""
         unique = self._top_unique()
+        if unique is not None and unique.integers and _ZERO in unique.judged:
+            # a 0 (or -0) item repeats once begun: the tokens that begin one are tried
+            if self.mode == _NONE and self.stack[-1][3] == "value":
+                return [space + zero for space in (b"", b" ", b"\n", b"  ") for zero in (b"0", b"-0")]
+            if self.mode == _NUMBER and bytes(self.buffer[self.start:]) == b"-":
+                return [b"0"]
         if unique is None or unique.language is None or not unique.strings:
             return []
         if unique.start >= 0 and self.mode == _STRING and not self.is_key and unique.start == self.start:
@@ -276,7 +291,9 @@ class JsonTracker:
         """False when the item being written in a finite-domain guarded array can no longer end as
         a value the array does not hold yet (every way on is a duplicate: a dead end)."""
         unique = self._top_unique()
-        if unique is None or (unique.unused is None and unique.language is None) or unique.start < 0 or self.mode == _NONE:
+        if unique is None or unique.start < 0 or self.mode == _NONE:
+            return True
+        if unique.unused is None and unique.language is None and not (unique.integers and self.mode == _NUMBER):
             return True
         return unique.live(bytes(self.buffer[unique.start:]))
 
@@ -353,7 +370,8 @@ class JsonTracker:
         if domain is not None:
             return _Unique(unused=_sorted(domain))
         strings = self.paths.item_strings(nodes)
-        return _Unique(language=strings[0], literals=strings[1]) if strings else _Unique()
+        integers = self.paths.item_integers(nodes)
+        return _Unique(language=strings[0], literals=strings[1], integers=integers) if strings else _Unique(integers=integers)
 
     def _value_start(self, at: int) -> None:
         """A value begins at `at` in the top frame: a guarded array notes where its item began."""

@@ -44,6 +44,10 @@ become are all used, and a comma once every string (and ``null``, where allowed)
 the tokens that keep the item a prefix of a used string can do that, so only those are tried
 beside the ones that finish an item (`JsonTracker.counted_candidates`).
 
+Integer items (`UniquePaths.item_integers`: integers, not numbers) are open but for 0: an item
+``0`` (or ``-0``) cannot go on, so one begun again when the array holds 0 is refused at once, as a
+literal is (those tokens are tried besides the finishing ones).
+
 Liveness: with open items some other item always remains (a string can go on, a number can take
 more digits, an object another key, and a literal already held is never begun), and with a
 finite domain no token is allowed that leaves the item without an unused value to become, so the

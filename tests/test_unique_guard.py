@@ -134,8 +134,8 @@ def test_open_item_domains_are_admitted(name, items):
 
 @pytest.mark.parametrize("name", BACKENDS)
 @pytest.mark.parametrize("schema", [
-    {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},  # 0 cannot go on
-    {"type": "array", "items": {"type": ["integer", "boolean"]}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "integer", "maximum": 9}, "uniqueItems": True},  # 9 cannot go on
+    {"type": "array", "items": {"type": "integer", "minimum": 0}, "uniqueItems": True},  # 0 cannot go on, nor be refused
     {"type": "array", "items": {"type": "string", "maxLength": 100000}, "uniqueItems": True},  # too large to count
     {"type": "array", "items": {"type": "number", "maximum": 3}, "uniqueItems": True},
     {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 2}}}, "uniqueItems": True},  # strict: closed
@@ -195,6 +195,9 @@ def adversarial_output(backend, tokenizer, schema, preferences: list[bytes], max
     ({"type": "array", "uniqueItems": True, "minItems": 6}, [b"true", b"null", b"false", b",", b"1", b"[", b"{", b"}", b"]"]),
     ({**STRINGS, "items": {"anyOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"enum": ["a", "ab"]}]}}, [b'"', b"a", b"b", b",", b"["]),
     ({**STRINGS, "items": {"type": "string", "pattern": "^/?([^/]+/)*[^/]+/?$"}}, [b'"', b"a", b"/", b",", b"["]),  # open by its automaton
+    ({**NUMBERS, "items": {"type": "integer"}}, [b",", b"0", b"-", b"1", b"["]),  # 0, then 0 and -0 begun again are refused
+    ({**NUMBERS, "items": {"type": ["integer", "boolean"]}}, [b",", b"0", b"true", b"-", b"1", b"["]),
+    ({**NUMBERS, "items": {"type": "integer", "not": {"const": 0}}}, [b",", b"-", b"1", b"["]),  # bounded away from 0
     ({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 4}},
       "required": ["t"]}, [b'"', b"t", b"a", b":", b",", b"[", b"{"]),
 ])
@@ -370,7 +373,7 @@ def test_object_items_with_an_open_last_property_are_admitted(name, items):
     {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "string", "maxLength": 3}}},  # nothing open
     {"$ref": "#/$defs/x"},  # behind a $ref the properties are not reordered (a definition may be shared)
     {"type": "object", "properties": {"a": {"type": "string"}}, "maxProperties": 0},
-    {"type": ["object", "integer"], "properties": {"a": {"type": "string"}}},  # an integer can end at 0
+    {"type": ["object", "integer"], "maximum": 5, "properties": {"a": {"type": "string"}}},  # 5 cannot go on
 ])
 def test_object_items_that_can_dead_end_stay_refused(items):
     defs = {"x": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"}}}}

@@ -32,7 +32,8 @@ _BOTH_NORMALISED = {
     "minContains": "see contains",
     "maxContains": "see contains",
     "uniqueItems": ("dropped for at most one item; the distinct arrays enumerated over a finite item domain (at most 256); "
-                    "over open item domains (strings without maxLength, with at most one pattern or format that never dead-ends; numbers without bounds; "
+                    "over open item domains (strings without maxLength, with at most one pattern or format that never dead-ends; numbers without bounds; integers "
+                    "without steps, unbounded or bounded away from 0 (a 0 begun again is refused); "
                     "any value; objects that admit undeclared properties of any value), over closed objects whose last property takes such "
                     "open values (properties in the schema's order, not guided_any_order; inline items have their last open property moved to the end), over strings that can run out (a maxLength, a pattern "
                     "that ends: the guard counts the strings left), and over finite domains of plain literals past "

@@ -185,7 +185,8 @@ def open_domain(u: U, ctx) -> bool:
     guard refuses to start a literal the array holds already). Open: any value; a string with no
     maximum length and at most one `pattern` or `format` whose language never dead-ends
     (`regex.extendable`: ``^[a-z]+$``, ``uri``; not ``^(a|b+)$``, ``date``); a number with no
-    bounds or steps (an integer is not: ``0`` cannot go on); an object that admits undeclared
+    bounds or steps; an integer with no steps bounded only away from 0 (``minimum >= 1``), or
+    unbounded (``0`` cannot go on: the guard refuses to begin a 0 the array holds); an object that admits undeclared
     properties of any value (another key can always be added); an array of open items with no maximum."""
     leaves = _concrete_leaves(u, ctx, 0)
     if leaves is None:
@@ -223,6 +224,14 @@ def _open_leaf(leaf, ctx) -> bool:
         return _open_string(kw)
     if leaf.kind == "number":
         return kw["lo"] is None and kw["hi"] is None and not kw["steps"]
+    if leaf.kind == "integer":  # away from 0 every prefix can take another digit; 0 itself is final
+        if kw["steps"] or (kw["lo"] is not None and kw["hi"] is not None):
+            return False
+        if kw["lo"] is not None:
+            return kw["lo"][0] >= 1
+        if kw["hi"] is not None:
+            return kw["hi"][0] <= -1
+        return True  # the guard refuses to begin a 0 the array holds (`JsonTracker`, integer items)
     if leaf.kind == "object":  # another property can always be added (after the declared ones)
         return not kw["pprops"] and (kw["additional"] is None or kw["additional"].is_any) and kw["max"] is None and not kw["names"]
     if leaf.kind == "array":

@@ -113,6 +113,37 @@ class UniquePaths:
         (through plain ``$ref``s) is a string (or string-or-null) schema of ``pattern``,
         ``format``, ``minLength`` and ``maxLength`` only; None otherwise. The guard uses it to keep
         a request live where the strings can run out (`json_tracker._Unique.live`)."""
+        kw = self._item_schema(nodes)
+        if kw is None:
+            return None
+        types = _types_of(kw)
+        if set(kw) - _STRING_KEYWORDS or types is None or "string" not in types or not types <= {"string", "null"}:
+            return None
+        pattern, fmt = kw.get("pattern"), kw.get("format")
+        if (pattern is not None and not isinstance(pattern, str)) or (fmt is not None and fmt not in FORMAT_PATTERNS):
+            return None
+        low, high = kw.get("minLength", 0), kw.get("maxLength")
+        if not isinstance(low, int) or not (high is None or isinstance(high, int)):
+            return None
+        language = string_language((pattern,) if pattern else (), (FORMAT_PATTERNS[fmt],) if fmt else (), low, high)
+        return None if language is None else (language, ("null",) if "null" in types else ())
+
+    def item_integers(self, nodes: NodeSet) -> bool:
+        """True when the numbers an item of an array at `nodes` may be are integers only (its
+        schema, through plain ``$ref``s, types ``integer`` and not ``number``, with string keywords
+        at most beside): a ``0`` item is then final, and the guard refuses to begin one the array
+        holds (`json_tracker`)."""
+        found = self._item_schema(nodes)
+        if found is None:
+            return False
+        kw = found
+        types = _types_of(kw)
+        return (types is not None and "integer" in types and "number" not in types
+                and not set(kw) - (_STRING_KEYWORDS | {"type"}))
+
+    def _item_schema(self, nodes: NodeSet) -> dict | None:
+        """The keywords of the one item schema of an array at `nodes` (through plain ``$ref``s),
+        when exactly one schema of the set constrains items, with ``items``; None otherwise."""
         if nodes.unbounded:
             return None
         constraining = [(kw, resolver) for kw, resolver in ((self._keywords(node), resolver) for node, resolver in nodes)
@@ -126,24 +157,12 @@ class UniquePaths:
             resolver = self.doc.enter(node, resolver)
             kw = self._keywords(node)
             if set(kw) != {"$ref"} or not isinstance(kw["$ref"], str):
-                break
+                return kw
             try:
                 node, resolver = self.doc.lookup(kw["$ref"], resolver, "$")
             except Refusal:
                 return None
-        else:
-            return None
-        types = _types_of(kw)
-        if set(kw) - _STRING_KEYWORDS or types is None or "string" not in types or not types <= {"string", "null"}:
-            return None
-        pattern, fmt = kw.get("pattern"), kw.get("format")
-        if (pattern is not None and not isinstance(pattern, str)) or (fmt is not None and fmt not in FORMAT_PATTERNS):
-            return None
-        low, high = kw.get("minLength", 0), kw.get("maxLength")
-        if not isinstance(low, int) or not (high is None or isinstance(high, int)):
-            return None
-        language = string_language((pattern,) if pattern else (), (FORMAT_PATTERNS[fmt],) if fmt else (), low, high)
-        return None if language is None else (language, ("null",) if "null" in types else ())
+        return None
 
     def _literal_values(self, node: Any, resolver, depth: int) -> list | None:
         """The values `node` admits when it fixes them to a finite list (see `item_domain`)."""
