@@ -27,6 +27,9 @@ MAX_COUNT = 2**31 - 1
 MAX_EMITTED_NODES = 200_000
 MAX_PATTERN_PROPERTIES = 64
 MAX_OVERLAPPING_PATTERNS = 4  # regions: at most 15
+# llguidance proves patternProperties disjoint itself, within a budget: measured, region patterns of
+# ~650 characters pass and of ~1,400 fail at compile ("can't determine"), so longer ones are refused here.
+MAX_REGION_PATTERN = 1000
 MAX_SPELLED_NUMBERS = 16  # enum numbers xgrammar is given as one-value ranges (`Emitter._xgrammar_enum`)
 _XGRAMMAR_PLAIN_CHAR = '[^"\\\\\\x00-\\x1f]'  # a character a JSON string holds without an escape
 _XGRAMMAR_BAD_KEY_CHARS = frozenset('"\\') | frozenset(map(chr, range(0x20)))
@@ -347,7 +350,10 @@ class Emitter:
                 child = children[min(subset)]
                 for index in sorted(subset)[1:]:
                     child = intersect(child, children[index], self.normaliser)
-                out[regex.print_full_match(tree, self.engine)] = self.union(child, where)
+                key = regex.print_full_match(tree, self.engine)
+                if len(key) > MAX_REGION_PATTERN:
+                    raise Refusal("a region pattern too long for llguidance to prove the regions disjoint")
+                out[key] = self.union(child, where)
         except Refusal as refusal:
             raise Refusal(f"patternProperties whose patterns overlap ({refusal.feature})", where) from None
         return out
