@@ -26,7 +26,7 @@ PATTERN_PROPERTIES = {"type": "object", "patternProperties": {"^x-[a-z]{1,3}$": 
                       "additionalProperties": False, "maxProperties": 2}
 TYPE_BESIDE_ANY_OF = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                       "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
-NEITHER = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+NEITHER = {"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": True}
 BOUNDED_STRING = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}
 
 

@@ -31,7 +31,7 @@ def test_bad_requests_fail_alone_on_llguidance():
     engine = ReferenceEngine.default(preset="tiny", max_num_seqs=8, guided_config=GuidedConfig(backend="llguidance"))
     requests = [
         {"prompt": "ok", "guided_choice": ["red", "green"]},
-        {"prompt": "bad", "guided_json": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+        {"prompt": "bad", "guided_json": {"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": True}},
         {"prompt": "bad", "guided_regex": "(unclosed"},
         {"prompt": "ok", "guided_json": {"allOf": [{"type": "integer", "minimum": 3}, {"maximum": 5}]}},
     ]

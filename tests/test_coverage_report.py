@@ -16,7 +16,7 @@ def test_report_on_a_small_folder(tmp_path):
     (schemas / "nested").mkdir(parents=True)
     (schemas / "plain.json").write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
     (schemas / "nested" / "all_of.json").write_text(json.dumps({"allOf": [{"type": "integer", "minimum": 1}, {"maximum": 3}]}))
-    (schemas / "unique.json").write_text(json.dumps({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}))
+    (schemas / "unique.json").write_text(json.dumps({"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": True}))
     (schemas / "broken.json").write_text("{not json")
     out_json, out_md = tmp_path / "report.json", tmp_path / "report.md"
     run = subprocess.run([sys.executable, str(TOOL), str(schemas), "--backends", "llguidance", "--generate", "5",

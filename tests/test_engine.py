@@ -78,7 +78,7 @@ def test_bad_requests_fail_alone_in_a_mixed_batch(engine):
         {"prompt": "ok", "guided_choice": ["red", "green"]},
         {"prompt": "bad", "guided_json": "{not json"},
         {"prompt": "ok", "guided_json": SCHEMAS["enum_status"]},
-        {"prompt": "bad", "guided_json": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+        {"prompt": "bad", "guided_json": {"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": True}},
         {"prompt": "bad", "guided_regex": "(unclosed"},
         {"prompt": "bad", "guided_choice": []},
         {"prompt": "ok", "guided_regex": REGEXES["hex_color"]},

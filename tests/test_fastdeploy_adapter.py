@@ -217,7 +217,7 @@ def test_cli_strings_of_the_whitespace_flag_are_parsed():
 
 
 @pytest.mark.parametrize("schema, keyword", [
-    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": True}, "uniqueItems"),
     ({"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.5}}}, "multipleOf"),
     ({"type": "object", "patternProperties": {"^a": {"type": "integer"}}}, "patternProperties"),
     ({"type": "array", "contains": {"const": 1}}, "contains"),
@@ -291,13 +291,13 @@ def test_a_compile_failure_fails_the_request_instead_of_a_none_processor(tokeniz
     config = fd_config(max_num_seqs=2)
     backend = get_guided_backend(config, tokenizer=tokenizer)
     # Grammar syntax is judged by the engines' parsers, in the compile workers: it fails the future.
-    for key in [("json", '{"type": "array", "items": {"type": "integer"}, "uniqueItems": true}'), ("xml", "<a/>"), ("regex", "("), ("grammar", "root ::= ")]:
+    for key in [("json", '{"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": true}'), ("xml", "<a/>"), ("regex", "("), ("grammar", "root ::= ")]:
         future = backend.get_logits_processor(key)
         with pytest.raises(InvalidGrammarError):
             future.result(timeout=10)
     backend.close()
     # Not admitted (FastDeploy's offline path skipped its checker): the worker refuses it.
-    request = make_request(tokenizer, "bad", "Number:", guided_json='{"type": "array", "items": {"type": "integer"}, "uniqueItems": true}')
+    request = make_request(tokenizer, "bad", "Number:", guided_json='{"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": true}')
     runner = MiniFastDeployRunner(config)
     try:
         runner.run([request])

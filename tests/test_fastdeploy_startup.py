@@ -129,7 +129,7 @@ def engine_checker(cfg):
 
 BAD = [
     ({"guided_regex": "(unclosed"}, "guided_regex"),
-    ({"guided_json": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}, "uniqueItems"),
+    ({"guided_json": {"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": True}}, "uniqueItems"),
     ({"guided_json": json.dumps({"type": "array", "contains": {"const": 1}})}, "contains"),
     ({"structural_tag": json.dumps({"structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}]})}, "triggers"),
     ({"guided_choice": ["a", 1]}, "guided_choice[1]"),

@@ -144,7 +144,7 @@ def test_replay_with_a_rejected_token_fails_the_request(manager, tokenizer):
 
 def test_compile_failure_fails_only_its_slot(manager):
     json_format = parse_guided_request({"guided_json": {"type": "integer"}}).json_format
-    bad = GrammarSpec("json_schema", '{"type":"array","items":{"type":"integer"},"uniqueItems":true}', json_format)  # bypasses admission
+    bad = GrammarSpec("json_schema", '{"type":"array","items":{"type":"integer","maximum":5},"uniqueItems":true}', json_format)  # bypasses admission
     add_ready(manager, 0, bad, prefill_done=True)
     add_ready(manager, 1, CHOICE, prefill_done=True)
     logits, finishes = step(manager, [0, 1], [EOS, token_of(manager.backend.tokenizer, "yes")])

@@ -121,7 +121,7 @@ def test_rejections_name_the_offending_part(fields, part, words):
 @pytest.mark.parametrize(
     "schema, location, feature",
     [
-        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "$.uniqueItems", "uniqueItems"),
+        ({"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": True}, "$.uniqueItems", "uniqueItems"),
         ({"type": "array", "contains": {"type": "integer"}}, "$.contains", "contains"),
         ({"type": "number", "multipleOf": 0.5}, "$.multipleOf", "multipleOf 0.5"),
         ({"type": "string", "format": "credit-card"}, "$.format", "format 'credit-card'"),
@@ -129,7 +129,7 @@ def test_rejections_name_the_offending_part(fields, part, words):
         ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}}, "$.patternProperties", "patternProperties"),
         ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "$.maxLength", "minLength/maxLength"),
         ({"type": "string", "pattern": "^a(?!a)b$"}, "$.pattern", "look-ahead"),
-        ({"$defs": {"x": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}, "$ref": "#/$defs/x"}, "$.$defs.x.uniqueItems", "uniqueItems"),
+        ({"$defs": {"x": {"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": True}}, "$ref": "#/$defs/x"}, "$.$defs.x.uniqueItems", "uniqueItems"),
     ],
 )
 def test_keywords_xgrammar_cannot_enforce_are_refused(schema, location, feature):
@@ -157,7 +157,7 @@ def test_uniqueitems_false_and_integer_multipleof_are_fine():
 
 
 def test_structural_tag_schema_keywords_are_checked():
-    bad = {"structures": [{"begin": "<f>", "schema": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "end": "</f>"}], "triggers": ["<f"]}
+    bad = {"structures": [{"begin": "<f>", "schema": {"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": True}, "end": "</f>"}], "triggers": ["<f"]}
     with pytest.raises(InvalidGrammarError, match="uniqueItems"):
         admit_and_compile({"structural_tag": bad})  # neither engine enforces uniqueItems
 

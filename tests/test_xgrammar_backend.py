@@ -155,7 +155,7 @@ def test_compile_error_is_invalid_grammar(backend):
     from fd_guided.spec import GrammarSpec
 
     with pytest.raises(InvalidGrammarError, match="uniqueItems"):
-        backend.compile(GrammarSpec("json_schema", '{"type":"array","items":{"type":"integer"},"uniqueItems":true}', xgr_spec({"guided_json": {}}).json_format))
+        backend.compile(GrammarSpec("json_schema", '{"type":"array","items":{"type":"integer","maximum":5},"uniqueItems":true}', xgr_spec({"guided_json": {}}).json_format))
 
 
 def test_qwen_tiktoken_vocabulary():
