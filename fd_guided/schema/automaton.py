@@ -13,6 +13,7 @@ import bisect
 from typing import Iterable
 
 from .refusal import Refusal
+from .regex_parse import normalise
 
 MAX_NFA_STATES = 20_000
 MAX_DFA_STATES = 2_000
@@ -155,6 +156,17 @@ class _Nfa:
         return frozenset(seen)
 
 
+def state_of(key, index: dict, order: list) -> int:
+    """The number of the DFA state `key` (a set of NFA states, a tuple of states), a new one at
+    the end of `order` the first time; Refusal past `MAX_DFA_STATES`."""
+    if key not in index:
+        if len(order) >= MAX_DFA_STATES:
+            raise Refusal("an automaton past its state bound")
+        index[key] = len(order)
+        order.append(key)
+    return index[key]
+
+
 class Dfa:
     """`moves[s]`: class -> state (a missing class is the dead state); `accepting`: a set of states."""
 
@@ -179,13 +191,7 @@ def to_dfa(tree: tuple, alphabet: Alphabet, work: Work) -> Dfa:
                     targets.setdefault(cls, set()).add(target)
         row: dict[int, int] = {}
         for cls, reached in targets.items():
-            closed = nfa.closure(reached)
-            if closed not in index:
-                if len(order) >= MAX_DFA_STATES:
-                    raise Refusal("an automaton past its state bound")
-                index[closed] = len(order)
-                order.append(closed)
-            row[cls] = index[closed]
+            row[cls] = state_of(nfa.closure(reached), index, order)
         moves.append(row)
     return Dfa(moves, {i for i, subset in enumerate(order) if end in subset})
 
@@ -206,12 +212,7 @@ def product(first: Dfa, second: Dfa, keep_second: bool, work: Work) -> Dfa:
             pair = (target, second_row.get(cls))
             if keep_second and pair[1] is None:
                 continue
-            if pair not in index:
-                if len(order) >= MAX_DFA_STATES:
-                    raise Refusal("an automaton past its state bound")
-                index[pair] = len(order)
-                order.append(pair)
-            row[cls] = index[pair]
+            row[cls] = state_of(pair, index, order)
         moves.append(row)
     accepting = {i for i, (a, b) in enumerate(order)
                  if a in first.accepting and ((b in second.accepting) if keep_second else (b is None or b not in second.accepting))}
@@ -271,7 +272,7 @@ def _alt(parts: list) -> tuple | None:
         elif part not in others:
             others.append(part)
     if sets:
-        others.insert(0, ("set", _merge_ranges(r for node in sets for r in node[1])))
+        others.insert(0, ("set", normalise(r for node in sets for r in node[1])))
     unique: list = []
     for part in others:
         if part not in unique:
@@ -279,16 +280,6 @@ def _alt(parts: list) -> tuple | None:
     if not unique:
         return None
     return unique[0] if len(unique) == 1 else ("alt", unique)
-
-
-def _merge_ranges(ranges) -> tuple:
-    out: list[list[int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return tuple((lo, hi) for lo, hi in out)
 
 
 def _cat(parts: list) -> tuple | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 from typing import Iterable
 
-from .automaton import MAX_DFA_STATES, Alphabet, Dfa, Work, minimise, product, to_dfa, to_tree
+from .automaton import Alphabet, Dfa, Work, minimise, product, state_of, to_dfa, to_tree
 from .refusal import Refusal
 
 
@@ -101,12 +101,7 @@ def regions(trees: list[tuple], any_char: tuple) -> dict[frozenset, tuple]:
         work.spend(len(classes) * len(dfas))
         for cls in classes:
             target = tuple(None if state is None else dfa.moves[state].get(cls) for dfa, state in zip(dfas, states))
-            if target not in index:
-                if len(order) >= MAX_DFA_STATES:
-                    raise Refusal("an automaton past its state bound")
-                index[target] = len(order)
-                order.append(target)
-            row[cls] = index[target]
+            row[cls] = state_of(target, index, order)
         moves.append(row)
     members = [frozenset(i for i, (dfa, state) in enumerate(zip(dfas, states)) if state is not None and state in dfa.accepting)
                for states in order]

@@ -93,14 +93,10 @@ class UniquePaths:
         on the way makes it unknown. The guard uses it to keep a request live (`json_tracker`),
         never to admit a value.
         """
-        if nodes.unbounded:
+        found = self._items_of(nodes)
+        if found is None:
             return None
-        constraining = [(kw, resolver) for kw, resolver in ((self._keywords(node), resolver) for node, resolver in nodes)
-                        if kw.keys() & _ITEM_KEYWORDS]
-        if len(constraining) != 1 or set(constraining[0][0]) & _ITEM_KEYWORDS != {"items"}:
-            return None
-        kw, resolver = constraining[0]
-        values = self._literal_values(kw["items"], resolver, 0)
+        values = self._literal_values(found[0], found[1], 0)
         if values is None:
             return None
         texts = [literal_text(value) for value in values]
@@ -141,16 +137,24 @@ class UniquePaths:
         return (types is not None and "integer" in types and "number" not in types
                 and not set(kw) - (_STRING_KEYWORDS | {"type"}))
 
-    def _item_schema(self, nodes: NodeSet) -> dict | None:
-        """The keywords of the one item schema of an array at `nodes` (through plain ``$ref``s),
-        when exactly one schema of the set constrains items, with ``items``; None otherwise."""
+    def _items_of(self, nodes: NodeSet) -> tuple | None:
+        """(the ``items`` schema, its resolver) when exactly one schema of `nodes` constrains
+        items, with ``items`` alone (no ``prefixItems``/``contains``/``unevaluatedItems``)."""
         if nodes.unbounded:
             return None
         constraining = [(kw, resolver) for kw, resolver in ((self._keywords(node), resolver) for node, resolver in nodes)
                         if kw.keys() & _ITEM_KEYWORDS]
         if len(constraining) != 1 or set(constraining[0][0]) & _ITEM_KEYWORDS != {"items"}:
             return None
-        node, resolver = constraining[0][0]["items"], constraining[0][1]
+        return constraining[0][0]["items"], constraining[0][1]
+
+    def _item_schema(self, nodes: NodeSet) -> dict | None:
+        """The keywords of the one item schema of an array at `nodes` (through plain ``$ref``s),
+        when exactly one schema of the set constrains items, with ``items``; None otherwise."""
+        found = self._items_of(nodes)
+        if found is None:
+            return None
+        node, resolver = found
         for _ in range(32):
             if not isinstance(node, dict):
                 return None
