@@ -103,12 +103,12 @@ class UniquePaths:
         return None if any(text is None for text in texts) else tuple(dict.fromkeys(texts))
 
     def item_strings(self, nodes: NodeSet):
-        """The language of the string items of an array at `nodes` (`regex.string_language`) and the
-        literals (``"null"``) beside them, when
-        exactly one schema of the set constrains items, with ``items``, and the item schema
-        (through plain ``$ref``s) is a string (or string-or-null) schema of ``pattern``,
-        ``format``, ``minLength`` and ``maxLength`` only; None otherwise. The guard uses it to keep
-        a request live where the strings can run out (`json_tracker._Unique.live`)."""
+        """The language of the string items of an array at `nodes` (`regex.string_language`) and
+        the literals (``"null"``) beside them, when exactly one schema of the set constrains items,
+        with ``items``, and the item schema (through plain ``$ref``s) is a string (or
+        string-or-null) schema of ``pattern``, ``format``, ``minLength`` and ``maxLength`` only;
+        None otherwise. The guard uses it to keep a request live where the strings can run out
+        (`json_tracker._Unique.live`)."""
         kw = self._item_schema(nodes)
         if kw is None:
             return None
