@@ -28,22 +28,26 @@ def extendable(tree: tuple, plain: tuple) -> bool:
         dfa = to_dfa(tree, alphabet, work)
     except Refusal:
         return False
-    plain_classes = alphabet.classes(plain)
-    n = len(dfa.moves)
-    plain_edges = [[t for cls, t in row.items() if cls in plain_classes] for row in dfa.moves]
-    reverse_all: list[list[int]] = [[] for _ in range(n)]
-    reverse_plain: list[list[int]] = [[] for _ in range(n)]
+    reverse_all: list[list[int]] = [[] for _ in dfa.moves]
     for state, row in enumerate(dfa.moves):
-        for cls, target in row.items():
+        for target in row.values():
             reverse_all[target].append(state)
-            if cls in plain_classes:
-                reverse_plain[target].append(state)
     live = _backward(dfa.accepting, reverse_all)
+    good = _infinitely_many(dfa, alphabet.classes(plain))
+    return all(state in good for state in _forward(0, dfa.moves) & live)
+
+
+def _infinitely_many(dfa: Dfa, plain_classes) -> set[int]:
+    """States from which a cycle of plain edges that can still reach a match is reachable by
+    plain edges: infinitely many plain completions."""
+    plain_edges = [[t for cls, t in row.items() if cls in plain_classes] for row in dfa.moves]
+    reverse_plain: list[list[int]] = [[] for _ in dfa.moves]
+    for state, targets in enumerate(plain_edges):
+        for target in targets:
+            reverse_plain[target].append(state)
     plain_live = _backward(dfa.accepting, reverse_plain)
     on_cycle = {s for s in plain_live if _on_plain_cycle(s, plain_edges, plain_live)}
-    good = _backward(on_cycle, [[a for a in sources if a in plain_live] for sources in reverse_plain])
-    reachable = _forward(0, dfa.moves)
-    return all(state in good for state in reachable & live)
+    return _backward(on_cycle, [[a for a in sources if a in plain_live] for sources in reverse_plain])
 
 
 def _backward(targets: Iterable[int], reverse: list[list[int]]) -> set[int]:
@@ -157,7 +161,7 @@ class CountedLanguage:
         plain_set = self.alphabet.classes(plain)
         bounds = self.alphabet.bounds
         self._weights = {cls: _plain_size(bounds[cls], bounds[cls + 1] - 1, plain) for cls in plain_set}
-        self._infinite = self._states_with_infinitely_many()
+        self._infinite = _infinitely_many(self.dfa, set(self._weights))
         self._memo: dict[tuple[int, int], int] = {}
 
     def state_after(self, text: str) -> int | None:
@@ -190,19 +194,6 @@ class CountedLanguage:
     def _class_of(self, point: int) -> int | None:
         index = bisect.bisect_right(self.alphabet.bounds, point) - 1
         return index if 0 <= index < len(self.alphabet.bounds) - 1 else None
-
-    def _states_with_infinitely_many(self) -> set[int]:
-        """States from which a cycle of plain edges that can still reach a match is reachable by
-        plain edges: infinitely many completions."""
-        n = len(self.dfa.moves)
-        plain_edges = [[t for cls, t in row.items() if cls in self._weights] for row in self.dfa.moves]
-        reverse_plain: list[list[int]] = [[] for _ in range(n)]
-        for state, targets in enumerate(plain_edges):
-            for target in targets:
-                reverse_plain[target].append(state)
-        plain_live = _backward(self.dfa.accepting, reverse_plain)
-        on_cycle = {s for s in plain_live if _on_plain_cycle(s, plain_edges, plain_live)}
-        return _backward(on_cycle, [[a for a in sources if a in plain_live] for sources in reverse_plain])
 
 
 def _plain_size(lo: int, hi: int, plain: tuple) -> int:
