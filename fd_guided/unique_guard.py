@@ -188,7 +188,7 @@ class UniqueItemsGrammar(Grammar):
         words = host_words(self._scratch)[0].view(np.uint32)
         ids = self.classes.comma_ids
         ids = ids[ids < words.size * 32]
-        return bool(((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).any())
+        return bool(_allowed(words, ids).any())
 
     def _closes_as_duplicate(self, token: int) -> bool:
         """After `token` (which the tracker found leaves an object item that closing repeats):
@@ -221,7 +221,7 @@ class UniqueItemsGrammar(Grammar):
             extra = self.classes.ids_of(tracker.counted_candidates())
             if extra.size:
                 ids = np.union1d(ids, extra[extra < words.size * 32])
-            allowed = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
+            allowed = ids[_allowed(words, ids)]
         flags = self.classes.flags
         for token in allowed.tolist():
             goes_on = finite or bool(flags[token] & AFTER_QUOTE)
@@ -242,6 +242,11 @@ class UniqueItemsGrammar(Grammar):
     def forced_bytes(self) -> bytes:
         # Forced bytes could finish a duplicate; inside guarded arrays nothing is forced.
         return b"" if self.tracker.guarded() else self.inner.forced_bytes()
+
+
+def _allowed(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Which of token `ids` (inside the row) bitmask row `words` (uint32) allows."""
+    return ((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)
 
 
 def with_unique_guard(matcher: Grammar, spec, token_bytes: Sequence[bytes | None], vocab_size: int | None = None) -> Grammar:
