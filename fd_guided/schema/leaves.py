@@ -95,6 +95,10 @@ class U:
 
 ANY = U(None)
 NONE = U(())
+# No value *as far as a subset knows*: strict mode's closure of an object (``additionalProperties``
+# absent read as false) or a tuple, or an emptiness that rests on an inexact part. It behaves as
+# NONE for emission, but a complement or a disjointness proof must not read it as "truly no value".
+NONE_APPROX = U((), exact=False)
 
 
 def defaults(kind: str) -> dict:
@@ -126,6 +130,57 @@ def union(parts) -> U:
         exact = exact and part.exact
     _check_size(leaves)
     return U(leaves, exact)
+
+
+def children(kw: dict):
+    """The schemas nested directly in a leaf's keywords (properties, items, contains, ...)."""
+    for key in ("props", "pprops"):
+        yield from kw.get(key, {}).values()
+    for key in ("additional", "items"):
+        if kw.get(key) is not None:
+            yield kw[key]
+    yield from kw.get("prefix", ())
+    yield from kw.get("names", ())
+    for child, _low, _high in kw.get("contains", ()):
+        yield child
+
+
+def emptied(kw: dict, ctx: "Context") -> U:
+    """The union for an array or object leaf that `check_array`/`check_object` found to have no
+    value: exactly empty (NONE) when an exact part proves it (counts that clash, a required
+    property or a needed position that truly admits nothing), else empty only as far as the
+    subsets it was judged by know (`NONE_APPROX`)."""
+    if kw["max"] is not None and kw["min"] > kw["max"]:
+        return NONE
+    if "props" in kw:
+        if kw["max"] is not None and len(kw["required"]) > kw["max"]:
+            return NONE
+        proofs = [schema_for(kw, name, ctx) for name in kw["required"]]
+    else:
+        proofs = list(kw["prefix"][:kw["min"]])
+        if kw["items"] is not None and len(kw["prefix"]) < kw["min"]:
+            proofs.append(kw["items"])
+    return NONE if any(proof.is_none and proof.exact for proof in proofs) else NONE_APPROX
+
+
+def deeply_exact(u: U, ctx: "Context", seen: set | None = None) -> bool:
+    """True when `u` and every schema nested in it, through refs, is exact: a value `accepts`
+    rejects against it is then truly invalid (a closed object's extra key, say, is not)."""
+    if not u.exact:
+        return False
+    if u.leaves is None:
+        return True
+    seen = set() if seen is None else seen
+    for leaf in u.leaves:
+        if leaf.kind == "ref":
+            key = leaf.kw["target"]
+            if key not in seen:
+                seen.add(key)
+                if not deeply_exact(ctx.expand(leaf), ctx, seen):
+                    return False
+        elif not all(deeply_exact(child, ctx, seen) for child in children(leaf.kw)):
+            return False
+    return True
 
 
 def _check_size(leaves) -> None:
@@ -164,14 +219,18 @@ def intersect(a: U, b: U, ctx: Context) -> U:
     if b.is_any:
         return a
     if a.is_none or b.is_none:
-        return NONE
+        truly_empty = (a.is_none and a.exact) or (b.is_none and b.exact)
+        return NONE if truly_empty else NONE_APPROX
     out: list[Leaf] = []
+    exact = a.exact and b.exact
     for left in a.leaves:
         for right in b.leaves:
             ctx.spend()
-            out.extend(merge(left, right, ctx).leaves)
+            merged = merge(left, right, ctx)
+            out.extend(merged.leaves)
+            exact = exact and merged.exact
     _check_size(out)
-    return U(out, a.exact and b.exact)
+    return U(out, exact)
 
 
 def merge(a: Leaf, b: Leaf, ctx: Context) -> U:
@@ -191,7 +250,11 @@ def merge(a: Leaf, b: Leaf, ctx: Context) -> U:
     if a.kind == "enum" or b.kind == "enum":
         values, other = (a, b) if a.kind == "enum" else (b, a)
         kept = tuple(v for v in values.kw["values"] if ctx.accepts(U([other]), v))
-        return U([Leaf("enum", {"values": kept}, values.origin, a.weak or b.weak)]) if kept else NONE
+        # A value the other leaf rejects is truly invalid only when that leaf is exact all the way down.
+        exact = len(kept) == len(values.kw["values"]) or deeply_exact(U([other]), ctx)
+        if not kept:
+            return NONE if exact else NONE_APPROX
+        return U([Leaf("enum", {"values": kept}, values.origin, a.weak or b.weak)], exact)
     kinds = {a.kind, b.kind}
     if kinds == {"integer", "number"}:
         kind = "integer"
@@ -200,7 +263,11 @@ def merge(a: Leaf, b: Leaf, ctx: Context) -> U:
     else:
         return NONE
     merged = _MERGERS.get(kind, lambda x, y, c: {})(a.kw, b.kw, ctx)
-    return NONE if merged is None else U([Leaf(kind, merged, a.origin, a.weak or b.weak)])
+    if merged is None:
+        return NONE
+    if isinstance(merged, U):  # an array or object with no value (`emptied`)
+        return merged
+    return U([Leaf(kind, merged, a.origin, a.weak or b.weak)])
 
 
 def _tighter(first, second, lower: bool):
@@ -265,7 +332,7 @@ def _position(kw: dict, index: int) -> U:
     return ANY if kw["items"] is None else kw["items"]
 
 
-def _merge_arrays(a: dict, b: dict, ctx: Context) -> dict | None:
+def _merge_arrays(a: dict, b: dict, ctx: Context) -> "dict | U":
     low, high = _min_max(a, b)
     length = max(len(a["prefix"]), len(b["prefix"]))
     prefix = tuple(intersect(_position(a, i), _position(b, i), ctx) for i in range(length))
@@ -276,7 +343,8 @@ def _merge_arrays(a: dict, b: dict, ctx: Context) -> dict | None:
     kw = {"prefix": prefix, "items": items, "min": low, "max": high, "unique": a["unique"] or b["unique"],
           "contains": a["contains"] + b["contains"], "ann_prefix": max(a["ann_prefix"], b["ann_prefix"]),
           "ann_items": a["ann_items"] or b["ann_items"], "declared": a["declared"] or b["declared"]}
-    return check_array(kw)
+    checked = check_array(kw)
+    return emptied(kw, ctx) if checked is None else checked
 
 
 def check_array(kw: dict) -> dict | None:
@@ -309,7 +377,7 @@ def schema_for(kw: dict, name: str, ctx: Context) -> U:
     return result
 
 
-def _merge_objects(a: dict, b: dict, ctx: Context) -> dict | None:
+def _merge_objects(a: dict, b: dict, ctx: Context) -> "dict | U":
     for one, other in ((a, b), (b, a)):
         rest_free = other["additional"] is None or other["additional"].is_any
         if not rest_free and any(p not in other["pprops"] for p in one["pprops"]):
@@ -329,7 +397,8 @@ def _merge_objects(a: dict, b: dict, ctx: Context) -> dict | None:
           "required": tuple(dict.fromkeys(a["required"] + b["required"])), "min": low, "max": high,
           "names": a["names"] + b["names"], "ann": a["ann"] | b["ann"], "ann_pp": a["ann_pp"] | b["ann_pp"],
           "ann_rest": a["ann_rest"] or b["ann_rest"], "declared": a["declared"] or b["declared"]}
-    return check_object(kw, ctx)
+    checked = check_object(kw, ctx)
+    return emptied(kw, ctx) if checked is None else checked
 
 
 def check_object(kw: dict, ctx: Context) -> dict | None:

@@ -25,8 +25,8 @@ from .complement import complement
 from .drafts import Document, base_uri
 from .formats import FORMAT_PATTERNS, UNSUPPORTED_FORMATS
 from .instance import accepts
-from .leaves import (ALL_KINDS, ANY, BARE_KINDS, NONE, U, Context, Leaf, bounds_empty, check_array, check_object,
-                     intersect, kind_of, make_integer, unique_values)
+from .leaves import (ALL_KINDS, ANY, BARE_KINDS, NONE, NONE_APPROX, U, Context, Leaf, bounds_empty, check_array, check_object,
+                     deeply_exact, emptied, intersect, kind_of, make_integer, unique_values)
 from .refusal import Refusal, Unsatisfiable
 
 MAX_DEPTH = 150
@@ -242,14 +242,16 @@ class Normaliser(Context):
             kinds = [declared] if isinstance(declared, str) else list(declared)
             if "number" in kinds and "integer" in kinds:
                 kinds.remove("integer")
-        leaves = []
+        leaves, exact = [], True
         for kind in dict.fromkeys(kinds):
             leaf = self._leaf(kind, kw, resolver, path)
-            if leaf is not None:
+            if isinstance(leaf, U):  # an array or object with no value (`emptied`)
+                exact = exact and leaf.exact
+            elif leaf is not None:
                 leaves.append(leaf)
-        return U(leaves)
+        return U(leaves, exact)
 
-    def _leaf(self, kind: str, kw: dict, resolver, path: str) -> Leaf | None:
+    def _leaf(self, kind: str, kw: dict, resolver, path: str) -> "Leaf | U | None":
         if kind in ("null", "boolean"):
             return Leaf(kind, None, path)
         if kind in ("integer", "number"):
@@ -302,7 +304,7 @@ class Normaliser(Context):
             return None
         return Leaf("string", {"min": low, "max": high, "patterns": patterns, "formats": formats}, path)
 
-    def _array_leaf(self, kw: dict, resolver, path: str) -> Leaf | None:
+    def _array_leaf(self, kw: dict, resolver, path: str) -> "Leaf | U":
         prefix = tuple(self.value(child, resolver, f"{path}.prefixItems[{i}]") for i, child in enumerate(kw.get("prefixItems") or []))
         items = self.value(kw["items"], resolver, f"{path}.items") if "items" in kw else None
         contains = ()
@@ -314,10 +316,10 @@ class Normaliser(Context):
         leaf_kw = {"prefix": prefix, "items": items, "min": int(kw.get("minItems", 0)), "max": None if high is None else int(high),
                    "unique": kw.get("uniqueItems") is True, "contains": contains,
                    "ann_prefix": len(prefix), "ann_items": "items" in kw, "declared": "prefixItems" in kw}
-        leaf_kw = check_array(leaf_kw)
-        return None if leaf_kw is None else Leaf("array", leaf_kw, path)
+        checked = check_array(leaf_kw)
+        return emptied(leaf_kw, self) if checked is None else Leaf("array", checked, path)
 
-    def _object_leaf(self, kw: dict, resolver, path: str) -> Leaf | None:
+    def _object_leaf(self, kw: dict, resolver, path: str) -> "Leaf | U":
         props = {name: self.value(child, resolver, f"{path}.properties.{name}") for name, child in (kw.get("properties") or {}).items()}
         pprops = {}
         if len(kw.get("patternProperties") or ()) > MAX_PATTERN_PROPERTIES:  # before compiling them all
@@ -333,8 +335,8 @@ class Normaliser(Context):
                    "max": None if high is None else int(high), "names": names, "ann": frozenset(props),
                    "ann_pp": frozenset(pprops), "ann_rest": "additionalProperties" in kw,
                    "declared": "properties" in kw or "patternProperties" in kw}
-        leaf_kw = check_object(leaf_kw, self)
-        return None if leaf_kw is None else Leaf("object", leaf_kw, path)
+        checked = check_object(leaf_kw, self)
+        return emptied(leaf_kw, self) if checked is None else Leaf("object", checked, path)
 
     # ----- value positions ------------------------------------------------------------------------
 
@@ -343,7 +345,7 @@ class Normaliser(Context):
         mode, closes: a declared object admits no undeclared property, a declared tuple no extra item."""
         if u.leaves is None:
             return u
-        out = []
+        out, exact = [], u.exact
         for leaf in u.leaves:
             kw = leaf.kw
             if leaf.kind == "ref":
@@ -352,20 +354,23 @@ class Normaliser(Context):
             if not self.strict:
                 out.append(leaf)
                 continue
+            # The closure is `NONE_APPROX`: strict mode narrows, and a complement or a disjointness
+            # proof over this value must not read it as JSON Schema's `false`.
             if leaf.kind == "object" and kw["declared"] and kw["additional"] is None and not kw["ann_rest"]:
                 # Required names count as declared: strictness closes the object to the others.
                 props = dict(kw["props"])
                 for name in kw["required"]:
                     if name not in props and not any(re.search(p, name) for p in kw["pprops"]):
                         props[name] = ANY
-                leaf = leaf.replace(props=props, additional=NONE)
+                leaf = leaf.replace(props=props, additional=NONE_APPROX)
             elif leaf.kind == "array" and kw["declared"] and kw["items"] is None and not kw["ann_items"]:
-                checked = check_array({**kw, "items": NONE})
+                checked = check_array({**kw, "items": NONE_APPROX})
                 if checked is None:
+                    exact = False  # a tuple with too few positions for minItems: empty only when closed
                     continue
                 leaf = Leaf("array", checked, leaf.origin, leaf.weak)
             out.append(leaf)
-        return U(out, u.exact)
+        return U(out, exact)
 
     def finish(self, u: U) -> U:
         """Rewrites that need the final leaf (see `rules.finish_leaf`); weak leaves that cannot be
@@ -375,11 +380,15 @@ class Normaliser(Context):
         out, exact = [], u.exact
         for leaf in u.leaves:
             try:
-                out.extend(rules.finish_leaf(leaf, self))
+                finished = rules.finish_leaf(leaf, self)
             except Refusal:
                 if not leaf.weak:
                     raise
                 exact = False
+                continue
+            if not finished and not deeply_exact(U([leaf]), self):
+                exact = False  # found empty by judging a subset (a closed child, say)
+            out.extend(finished)
         return U(out, exact)
 
 

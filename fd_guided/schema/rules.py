@@ -28,8 +28,8 @@ import itertools
 import re
 
 from .complement import complement
-from .leaves import (ALL_KINDS, ANY, BARE_KINDS, NONE, U, Leaf, bare, check_array, check_object, intersect, item_at,
-                     kind_of, schema_for, union)
+from .leaves import (ALL_KINDS, ANY, BARE_KINDS, NONE, U, Leaf, bare, check_array, check_object, deeply_exact, intersect,
+                     item_at, kind_of, schema_for, union)
 from .refusal import Refusal
 from .unique_items import finish_unique
 
@@ -71,60 +71,53 @@ def any_of(branches: list[U], ctx, annotations_matter: bool) -> U:
 
 def one_of(branches: list[U], ctx, location: str) -> U:
     """``oneOf`` as a union of each branch minus the others. Only branches that may overlap need
-    the subtraction: a branch provably disjoint from another (their intersection is empty) already
-    excludes it, so ``B_i and not B_j`` is ``B_i``. The branches are grouped into the connected
-    components of the "may overlap" relation and each branch is intersected with the complements of
-    the others in its own component; components larger than `MAX_ONE_OF_EXPANDED` are refused."""
+    the subtraction: a branch provably disjoint from another (their intersection is exactly empty)
+    already excludes it, so ``B_i and not B_j`` is ``B_i``. Each branch is intersected with the
+    complements of the branches it may overlap (`_overlaps`); a branch that may overlap more than
+    `MAX_ONE_OF_EXPANDED` - 1 others is refused."""
     if len(branches) == 1:
         return branches[0]
     if len(branches) > MAX_ONE_OF_DISJOINT:
         raise Refusal(f"oneOf with more than {MAX_ONE_OF_DISJOINT} branches", location)
-    groups = _overlap_groups(branches, ctx)
-    if max(len(group) for group in groups) > MAX_ONE_OF_EXPANDED:
+    overlapping = _overlaps(branches, ctx)
+    if max(len(others) for others in overlapping) >= MAX_ONE_OF_EXPANDED:
         raise Refusal(f"oneOf whose branches may overlap (more than {MAX_ONE_OF_EXPANDED} branches)", location)
-    parts: list[U] = [NONE] * len(branches)
-    for group in groups:
-        negated = {index: complement(branches[index], ctx, location) for index in group} if len(group) > 1 else {}
-        for index in group:
-            part = branches[index]
-            for other in group:
-                if other != index:
-                    part = intersect(part, negated[other], ctx)
-            parts[index] = part
+    negated: dict[int, U] = {}
+    parts = []
+    for index, branch in enumerate(branches):
+        part = branch
+        for other in overlapping[index]:
+            if other not in negated:
+                negated[other] = complement(branches[other], ctx, location)
+            part = intersect(part, negated[other], ctx)
+        parts.append(part)
     return union(parts)
 
 
-def _overlap_groups(branches: list[U], ctx) -> list[list[int]]:
-    """Connected components (branch indexes) of "the two branches may share a value": an empty
-    intersection proves them disjoint; an intersection that cannot be computed counts as overlap."""
-    group_of = list(range(len(branches)))
-
-    def find(index: int) -> int:
-        while group_of[index] != index:
-            group_of[index] = group_of[group_of[index]]
-            index = group_of[index]
-        return index
-
+def _overlaps(branches: list[U], ctx) -> list[list[int]]:
+    """For each branch, the other branches it may share a value with. Disjoint: of different types
+    (read through $refs), or an intersection that is exactly empty; an intersection that cannot be
+    computed, or is empty only as far as a subset knows, counts as overlap."""
+    overlapping: list[list[int]] = [[] for _ in branches]
+    kinds = [_kinds(branch, ctx) for branch in branches]
     for first, second in itertools.combinations(range(len(branches)), 2):
-        if find(first) == find(second):
+        if not kinds[first] & kinds[second]:
             continue
-        if not _kinds(branches[first], ctx) & _kinds(branches[second], ctx):
-            continue  # of different types (read through $refs, recursive ones too): disjoint
         try:
-            overlap = not intersect(branches[first], branches[second], ctx).is_none
+            common = intersect(branches[first], branches[second], ctx)
+            overlap = not (common.is_none and common.exact)
         except Refusal:
             overlap = True
         if overlap:
-            group_of[find(first)] = find(second)
-    groups: dict[int, list[int]] = {}
-    for index in range(len(branches)):
-        groups.setdefault(find(index), []).append(index)
-    return list(groups.values())
+            overlapping[first].append(second)
+            overlapping[second].append(first)
+    return overlapping
 
 
 def _kinds(u: U, ctx) -> frozenset:
-    """The JSON types `u`'s values may have (an over-approximation)."""
-    if u.is_any:
+    """The JSON types `u`'s values may have (an over-approximation). An inexact union may have
+    left out a type its schema admits, so it may have any."""
+    if u.is_any or not u.exact:
         return ALL_KINDS
     kinds: set[str] = set()
     for leaf in u.leaves:
@@ -178,7 +171,7 @@ def apply_unevaluated(kw: dict, result: U, resolver, ctx, path: str) -> U:
             continue
         rest = ctx.value(kw[keyword], resolver, f"{path}.{keyword}")
         leaves = bare(BARE_KINDS, path).leaves if result.is_any else result.leaves
-        out = []
+        out, exact = [], result.exact
         for leaf in leaves:
             expanded = ctx.expand(leaf).leaves if leaf.kind == "ref" else (leaf,)
             if expanded is None:
@@ -187,7 +180,9 @@ def apply_unevaluated(kw: dict, result: U, resolver, ctx, path: str) -> U:
                 changed = apply(item, rest, ctx, f"{path}.{keyword}") if item.kind in (kind, "enum") else item
                 if changed is not None:
                     out.append(changed)
-        result = U(out, result.exact)
+                elif not (deeply_exact(rest, ctx) and deeply_exact(U([item]), ctx)):
+                    exact = False  # found empty by judging a subset
+        result = U(out, exact)
     return result
 
 
@@ -262,6 +257,8 @@ def _property_names(kw: dict, names: U, ctx, origin: str) -> dict | None:
     strings = intersect(names, bare(("string",), origin), ctx)
     if strings.is_any or (len(strings.leaves) == 1 and strings.leaves[0].is_bare()):
         return kw
+    if not deeply_exact(strings, ctx):  # names it rejects might be valid ones: no exact rewrite
+        raise Refusal("propertyNames that could only be approximated (a not/oneOf inside it)", f"{origin}.propertyNames")
     props = {n: (c if ctx.accepts(strings, n) else NONE) for n, c in kw["props"].items()}
     if strings.is_none:
         return {**kw, "props": props, "pprops": {}, "additional": NONE, "max": 0}
