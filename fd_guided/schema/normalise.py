@@ -183,7 +183,10 @@ class Normaliser(Context):
             parts.append(rules.any_of(branches, self, self._reads_annotations))
         if "oneOf" in kw:
             branches = [self.norm(b, resolver, f"{path}.oneOf[{i}]") for i, b in enumerate(kw["oneOf"])]
-            parts.append(rules.one_of(branches, self, f"{path}.oneOf"))
+            context = ANY  # what the keywords so far require: the branches are judged inside it
+            for part in parts:
+                context = intersect(context, part, self)
+            parts = [rules.one_of(branches, self, f"{path}.oneOf", context)]
         if "not" in kw:
             parts.append(complement(self.norm(kw["not"], resolver, f"{path}.not"), self, f"{path}.not"))
         if "if" in kw:

@@ -69,29 +69,43 @@ def any_of(branches: list[U], ctx, annotations_matter: bool) -> U:
     return union(parts)
 
 
-def one_of(branches: list[U], ctx, location: str) -> U:
-    """``oneOf`` as a union of each branch minus the others. Only branches that may overlap need
-    the subtraction: a branch provably disjoint from another (their intersection is exactly empty)
-    already excludes it, so ``B_i and not B_j`` is ``B_i``. Each branch is intersected with the
-    complements of the branches it may overlap (`_overlaps`); a branch that may overlap more than
-    `MAX_ONE_OF_EXPANDED` - 1 others is refused."""
-    if len(branches) == 1:
-        return branches[0]
+def one_of(branches: list[U], ctx, location: str, context: U = ANY) -> U:
+    """``context ∧ oneOf(B1..Bn)``, where `context` is what the node's other keywords already
+    require (its ``type``, ``required``, ``$ref``, ...), as a union of each branch minus the others.
+
+    Only branches that may overlap need the subtraction: a branch provably disjoint from another
+    (their intersection is exactly empty) already excludes it, so ``B_i ∧ ¬B_j`` is ``B_i``.
+    Disjointness is judged inside the context: ``S ∧ oneOf(B_i) = oneOf(S ∧ B_i)`` (a value of S
+    matches exactly one ``S ∧ B_i`` iff it matches exactly one ``B_i``), so branches that share
+    values only outside S (say, a discriminator the branches give a ``const`` while the parent
+    makes it ``required``) need no subtraction; where they still may overlap, ``S ∧ B_i ∧ ¬B_j``
+    subtracts the plain branch. A branch that may overlap `MAX_ONE_OF_EXPANDED` or more others
+    is refused."""
     if len(branches) > MAX_ONE_OF_DISJOINT:
         raise Refusal(f"oneOf with more than {MAX_ONE_OF_DISJOINT} branches", location)
+    if len(branches) == 1:
+        return intersect(context, branches[0], ctx)
     overlapping = _overlaps(branches, ctx)
+    narrowed = branches
+    if any(overlapping) and not context.is_any:
+        try:
+            narrowed = [intersect(context, branch, ctx) for branch in branches]
+            overlapping = _overlaps(narrowed, ctx)
+        except Refusal:
+            narrowed = branches  # the context cannot be merged into the branches: judge them alone
     if max(len(others) for others in overlapping) >= MAX_ONE_OF_EXPANDED:
         raise Refusal(f"oneOf whose branches may overlap (more than {MAX_ONE_OF_EXPANDED} branches)", location)
     negated: dict[int, U] = {}
     parts = []
-    for index, branch in enumerate(branches):
+    for index, branch in enumerate(narrowed):
         part = branch
         for other in overlapping[index]:
             if other not in negated:
                 negated[other] = complement(branches[other], ctx, location)
             part = intersect(part, negated[other], ctx)
         parts.append(part)
-    return union(parts)
+    result = union(parts)
+    return result if narrowed is not branches else intersect(context, result, ctx)
 
 
 def _overlaps(branches: list[U], ctx) -> list[list[int]]:

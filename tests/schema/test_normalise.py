@@ -6,6 +6,7 @@ valid value must be accepted. Then the named rules, one by one.
 """
 import json
 
+import jsonschema
 import pytest
 
 from fd_guided.conformance import load_cases, suite_root
@@ -87,6 +88,20 @@ def test_one_of_with_discriminators_becomes_any_of():
                 {"type": "object", "properties": {"k": {"const": "b"}, "n": {"type": "integer"}}, "required": ["k", "n"]}]
     out = value_of({"oneOf": branches})
     assert len(out["anyOf"]) == 2 and "oneOf" not in json.dumps(out)
+
+
+def test_one_of_branches_are_judged_inside_what_the_parent_requires():
+    """The discriminator is required by the parent (here through a $ref), the branches only give it
+    a const: without the parent they overlap (an object without ``kind`` matches both), inside it
+    they are disjoint, so no branch needs another's complement."""
+    branch = lambda kind, name, kind_of: {"properties": {"kind": {"const": kind}, name: {"type": kind_of}}}  # noqa: E731
+    schema = {"$defs": {"base": {"type": "object", "required": ["kind"], "properties": {"kind": {"type": "string"}}}},
+              "$ref": "#/$defs/base", "oneOf": [branch(f"k{i}", f"p{i}", "integer") for i in range(12)]}
+    out = value_of(schema)
+    assert len(out["anyOf"]) == 12 and all(part["required"] == ["kind"] for part in out["anyOf"])
+    validator = jsonschema.Draft202012Validator(out)
+    assert validator.is_valid({"kind": "k3", "p3": 1}) and not validator.is_valid({"kind": "k3", "p3": "x"})
+    assert not validator.is_valid({"p3": 1}) and not validator.is_valid({"kind": "other"})
 
 
 def test_dependent_required_and_dependencies():
