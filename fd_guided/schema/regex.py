@@ -48,7 +48,7 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
     """A tree whose full matches are strings that ``re.search`` of `tree` accepts (anchors resolved)."""
     if tree[0] == "alt":
         return ("alt", [full_match_tree(branch, any_char) for branch in tree[1]])
-    items = list(tree[1]) if tree[0] == "cat" else [tree]
+    items = _spliced(list(tree[1]) if tree[0] == "cat" else [tree])
     if len(items) == 1 and items[0][0] in ("alt", "cat"):
         return full_match_tree(items[0], any_char)
     if items and items[-1][0] == "alt" and any(_ends_with(branch, "eol") for branch in items[-1][1]) \
@@ -74,6 +74,15 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
     for _, negative, body in looks:
         tree = languages.combine(tree, _prefix_language(body, any_char), negative, any_char)
     return tree
+
+
+def _spliced(items: list) -> list:
+    """A sequence with the sequences nested in it (a group's content) spliced in: concatenation is
+    associative, and ``^(a$)|(^b$)`` then shows its anchors at the ends of each branch."""
+    out = []
+    for item in items:
+        out.extend(_spliced(list(item[1])) if item[0] == "cat" else [item])
+    return out
 
 
 def _lift_anchors(items: list) -> list:

@@ -133,6 +133,8 @@ LOOK_AHEADS = [
     r"^(?!.*(cb|\{a\}))[a-c{}]*\.[bB]$", r"^(?=.*b)(?!.*c)[abc]{2,5}$",
     # anchors Python's parser moves inside a group when it factors a common prefix out
     r"^ab$|^ac$|^b$", r"^a|^b$", r"^ab$|^ac", r"x(a|b$)", r"^(?:^[a-c]+:)?[^\s]*$", r"^$|^\./[a-c]+\.b$",
+    # anchors written inside a group (its sequence spliced into the branch)
+    r"^(a(b)?$)|(^c[ab]*$)", r"(^ab$)|(^b)", r"^(a(bc$))",
 ]
 
 
