@@ -41,7 +41,9 @@ _BOTH_NORMALISED = {
                     "refused otherwise"),
     "$dynamicRef": "a plain $ref when the document has a single matching $dynamicAnchor; refused otherwise",
     "$recursiveRef": "a plain $ref when the document has no $recursiveAnchor; refused otherwise",
-    "format": "an exact (or documented-subset) pattern per format; unknown formats refused unless unknown_formats='annotate'",
+    "format": ("an exact (or documented-subset) pattern per format, also color, byte (base64), draft 3's host-name/ip-address, "
+               "url/datetime read as uri/date-time; binary, password, int-or-string constrain nothing; "
+               "unknown formats refused unless unknown_formats='annotate'"),
     "const": "an enum of one value, filtered against its sibling keywords",
     "enum": "filtered against its sibling keywords (e.g. type), emitted alone",
     "items": "draft 4-2019-09 array form read as prefixItems (additionalItems as items)",

@@ -129,6 +129,14 @@ def _re_alternation(depth: int) -> str:
 
 REGEX = _re_alternation(3)
 
+# CSS 2.1 colours as jsonschema's "color" checker reads them: one of the 17 names (any case) or
+# #rgb / #rrggbb (rgb() forms are left out: the checker refuses them).
+_CSS21_NAMES = ("aqua", "black", "blue", "fuchsia", "gray", "green", "lime", "maroon", "navy", "olive", "orange",
+                "purple", "red", "silver", "teal", "white", "yellow")
+COLOR = "(" + "|".join("".join(f"[{c.lower()}{c.upper()}]" for c in name) for name in _CSS21_NAMES) + rf"|#({_HEX}{{3}}|{_HEX}{{6}}))"
+# OpenAPI "byte": base64 (RFC 4648 section 4) with its padding.
+BASE64 = r"([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
+
 FORMAT_PATTERNS = {
     "date": DATE,
     "time": TIME,
@@ -148,7 +156,20 @@ FORMAT_PATTERNS = {
     "json-pointer": JSON_POINTER,
     "relative-json-pointer": RELATIVE_JSON_POINTER,
     "regex": REGEX,
+    # Formats outside JSON Schema's list with one clear meaning elsewhere. jsonschema checks only
+    # "color" of these (its CSS 2.1 checker, in FormatChecker()); the others no validator checks,
+    # so any string is valid and the pattern narrows to what the name means (sound, documented).
+    "color": COLOR,
+    "byte": BASE64,
+    "host-name": HOSTNAME,
+    "ip-address": IPV4,
+    "url": _URI["absolute"],
+    "datetime": DATE_TIME,
 }
+
+# OpenAPI/Kubernetes formats that only describe a string (a UI hint, raw octets, the string side
+# of an IntOrString): no validator checks them and they name no syntax, so they constrain nothing.
+ANNOTATION_FORMATS = frozenset({"binary", "password", "int-or-string"})
 
 # Formats JSON Schema defines that no regular expression captures (refused unless annotated).
 UNSUPPORTED_FORMATS = {"uri-template": "no exact pattern is implemented"}
@@ -165,6 +186,11 @@ SUBSET_NOTES = {
     "iri": "non-ASCII characters from the Basic Multilingual Plane only; no private-use characters",
     "iri-reference": "as iri",
     "relative-json-pointer": "no 0 before another digit in the prefix (jsonschema's checker refuses 106)",
+    "color": "the 17 CSS 2.1 names and #rgb/#rrggbb (jsonschema's checker); no rgb() forms",
+    "host-name": "draft 3's name for hostname: as hostname",
+    "ip-address": "draft 3's name for ipv4: as ipv4",
+    "url": "read as uri (no validator checks 'url')",
+    "datetime": "read as date-time (no validator checks 'datetime')",
     "regex": ("valid in both Python's re and ECMA-262; groups nest at most 3 deep; no look-around, "
               "back-references, named groups, flags or \\u/\\x escapes; ranges only within digits or one "
               "letter case; {n,m} with a one-digit n"),

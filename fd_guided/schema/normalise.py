@@ -23,7 +23,7 @@ from typing import Any
 from . import rules
 from .complement import complement
 from .drafts import Document, base_uri
-from .formats import FORMAT_PATTERNS, UNSUPPORTED_FORMATS
+from .formats import ANNOTATION_FORMATS, FORMAT_PATTERNS, UNSUPPORTED_FORMATS
 from .instance import accepts
 from .leaves import (ALL_KINDS, ANY, BARE_KINDS, NONE, NONE_APPROX, U, Context, Leaf, bounds_empty, check_array, check_object,
                      deeply_exact, emptied, intersect, kind_of, make_integer, unique_values)
@@ -291,7 +291,7 @@ class Normaliser(Context):
     def _string_leaf(self, kw: dict, path: str) -> Leaf | None:
         formats: tuple = ()
         fmt = kw.get("format")
-        if isinstance(fmt, str):
+        if isinstance(fmt, str) and fmt not in ANNOTATION_FORMATS:
             if fmt in FORMAT_PATTERNS:
                 formats = (fmt,)
             elif fmt in STANDARD_FORMATS:
