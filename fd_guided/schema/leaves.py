@@ -128,8 +128,35 @@ def union(parts) -> U:
             return U(None, exact and all(p.exact for p in parts))
         leaves.extend(part.leaves)
         exact = exact and part.exact
+    leaves = _absorbed(leaves)
     _check_size(leaves)
     return U(leaves, exact)
+
+
+def _absorbed(leaves: list) -> list:
+    """The same union without leaves a bare leaf already covers: every other leaf of a scalar type
+    (``number`` covers ``integer``), enum values of that type, and repeats of a bare array or
+    object leaf (other array/object leaves stay: they may carry annotations). Exact. An untyped
+    branch normalises to one leaf per type, so ``anyOf`` of 14 ``required`` alternatives had 13
+    copies of each non-object type."""
+    bare_kinds = {leaf.kind for leaf in leaves if leaf.is_bare()}
+    if not bare_kinds:
+        return leaves
+    if "number" in bare_kinds:
+        bare_kinds.add("integer")
+    out, kept_bare = [], set()
+    for leaf in leaves:
+        if leaf.is_bare():
+            if leaf.kind not in kept_bare and not (leaf.kind == "integer" and "number" in bare_kinds):
+                kept_bare.add(leaf.kind)
+                out.append(leaf)
+        elif leaf.kind == "enum":
+            values = tuple(v for v in leaf.kw["values"] if value_kind(v) not in bare_kinds and kind_of(v) not in bare_kinds)
+            if values:
+                out.append(leaf if len(values) == len(leaf.kw["values"]) else leaf.replace(values=values))
+        elif leaf.kind in ("array", "object", "ref") or leaf.kind not in bare_kinds:
+            out.append(leaf)
+    return out
 
 
 def children(kw: dict):

@@ -104,6 +104,16 @@ def test_one_of_branches_are_judged_inside_what_the_parent_requires():
     assert not validator.is_valid({"p3": 1}) and not validator.is_valid({"kind": "other"})
 
 
+def test_bare_leaves_absorb_what_they_cover():
+    """Untyped ``required`` alternatives normalise to one leaf per type each; the repeats go, so
+    20 of them fit in the alternatives budget, and the union is the same."""
+    schema = {"anyOf": [{"required": [f"p{i}"]} for i in range(20)] + [{"enum": [1, "x", None]}, {"type": "integer"}]}
+    out = value_of(schema)
+    validator, original = jsonschema.Draft202012Validator(out), jsonschema.Draft202012Validator(schema)
+    for value in (None, True, 1, 2.5, "x", "y", [], {}, {"p3": 0}, {"q": 1}):
+        assert validator.is_valid(value) == original.is_valid(value), value
+
+
 def test_dependent_required_and_dependencies():
     out = value_of({"type": "object", "dependentRequired": {"a": ["b"]}})
     assert {"type": "object", "properties": {"a": False}} in out["anyOf"]
