@@ -371,12 +371,12 @@ def test_object_items_with_an_open_last_property_are_admitted(name, items):
 
 @pytest.mark.parametrize("items", [
     {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "string", "maxLength": 3}}},  # nothing open
-    {"$ref": "#/$defs/x"},  # behind a $ref the properties are not reordered (a definition may be shared)
+    {"$ref": "#/$defs/y"},  # behind a $ref too, and nothing to move last
     {"type": "object", "properties": {"a": {"type": "string"}}, "maxProperties": 0},
     {"type": ["object", "integer"], "maximum": 5, "properties": {"a": {"type": "string"}}},  # 5 cannot go on
 ])
 def test_object_items_that_can_dead_end_stay_refused(items):
-    defs = {"x": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"}}}}
+    defs = {"y": {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "string", "maxLength": 3}}}}
     with pytest.raises(InvalidGrammarError, match="uniqueItems"):
         parse_guided_request({"guided_json": {"type": "array", "uniqueItems": True, "items": items, "$defs": defs}})
 
@@ -392,12 +392,19 @@ def test_the_last_open_property_is_moved_to_the_end(name):
     assert list(for_engine(name, {**ENABLED, "uniqueItems": False}, unique_guard=True)["items"]["properties"]) == ["name", "enabled"]
 
 
+# The same items behind a $ref: the array gets an inlined copy with the open property last (the
+# definition itself, which other places may share, keeps its order).
+ENABLED_BY_REF = {"$defs": {"entry": ENABLED["items"]}, "type": "array", "uniqueItems": True, "minItems": 4,
+                  "items": {"$ref": "#/$defs/entry"}}
+
+
 @pytest.mark.parametrize("name", BACKENDS)
-def test_object_items_with_the_open_property_moved_last_stay_live(backends, tokenizer, name):
-    text = adversarial_output(backends[name], tokenizer, ENABLED, [b'"', b"}", b"true", b"a", b"name", b"enable", b"d", b":", b",", b"{", b"["],
+@pytest.mark.parametrize("schema", [ENABLED, ENABLED_BY_REF], ids=["inline", "by-ref"])
+def test_object_items_with_the_open_property_moved_last_stay_live(backends, tokenizer, name, schema):
+    text = adversarial_output(backends[name], tokenizer, schema, [b'"', b"}", b"true", b"a", b"name", b"enable", b"d", b":", b",", b"{", b"["],
                               max_steps=300)
     value = json.loads(text)
-    jsonschema.Draft202012Validator(ENABLED, format_checker=jsonschema.FormatChecker()).validate(value)
+    jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(value)
     assert len(value) >= 4
 
 

@@ -137,33 +137,36 @@ def _counted_strings(kw: dict, ctx) -> bool:
 
 
 def _open_property_last(kw: dict, ctx) -> dict | None:
-    """The array with its (inline, closed) object items' last open property moved to the end of
-    their properties, when that makes them `_closing_guarded_object`s: the set of valid items is the
-    same, only the order the engines write the properties in changes (``{"name": string,
-    "enabled": boolean}`` is then written enabled first). None when that does not help."""
+    """The array with each of its object items' last open property moved to the end of their
+    properties, when that makes the items `_closing_guarded_position`: the set of valid items is
+    the same, only the order the engines write the properties in changes (``{"name": string,
+    "enabled": boolean}`` is then written enabled first). Items behind a ``$ref`` are inlined (the
+    reference's finished union, exactly what it stands for). None when that does not help."""
     items = kw["items"]
-    if kw["prefix"] or items is None or items.is_any or len(items.leaves) != 1 or items.leaves[0].kind != "object":
+    if kw["prefix"] or items is None or items.is_any:
         return None
-    leaf = items.leaves[0]
+    leaves = _concrete_leaves(items, ctx, 0)
+    if not leaves or any(leaf is ANY for leaf in leaves) or not any(leaf.kind == "object" for leaf in leaves):
+        return None
+    moved = U([_open_last(leaf, ctx) if leaf.kind == "object" else leaf for leaf in leaves], items.exact)
+    return {**kw, "items": moved} if _closing_guarded_position(moved, ctx) else None
+
+
+def _open_last(leaf: Leaf, ctx) -> Leaf:
+    """`leaf` with its last fully open property moved to the end (unchanged when it has none)."""
     names = list(leaf.kw["props"])
     open_names = [name for name in names if _fully_open(leaf.kw["props"][name], ctx)]
     if not open_names:
-        return None
+        return leaf
     last = open_names[-1]
     props = {name: leaf.kw["props"][name] for name in names if name != last}
     props[last] = leaf.kw["props"][last]
-    moved = U([leaf.replace(props=props)], items.exact)
-    return {**kw, "items": moved} if _closing_guarded_object(moved, ctx) else None
+    return leaf.replace(props=props)
 
 
 def _fully_open(u: U, ctx) -> bool:
     leaves = _concrete_leaves(u, ctx, 0)
     return bool(leaves) and all(_open_leaf(leaf, ctx) for leaf in leaves)
-
-
-def _closing_guarded_object(u: U, ctx) -> bool:
-    leaves = _concrete_leaves(u, ctx, 0)
-    return bool(leaves) and len(leaves) == 1 and _closing_object_leaf(leaves[0], ctx)
 
 
 def _closing_object_leaf(leaf, ctx) -> bool:
