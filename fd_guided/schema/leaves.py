@@ -46,6 +46,7 @@ def kind_of(value: Any) -> str:
         return "string"
     return "array" if isinstance(value, list) else "object"
 MAX_LEAVES = 64
+MAX_ANY_OF_LEAVES = 256  # a plain anyOf only lists its branches: no product, so a longer list is cheap
 MAX_MERGE_EXPANSIONS = 24
 
 
@@ -121,16 +122,33 @@ def bare(kinds=BARE_KINDS, origin: str = "$") -> U:
     return U([Leaf(kind, None, origin) for kind in kinds])
 
 
-def union(parts) -> U:
+def union(parts, limit: int = MAX_LEAVES) -> U:
     leaves, exact = [], True
     for part in parts:
         if part.is_any:
             return U(None, exact and all(p.exact for p in parts))
         leaves.extend(part.leaves)
         exact = exact and part.exact
-    leaves = _absorbed(leaves)
-    _check_size(leaves)
+    leaves = _enums_joined(_absorbed(leaves))
+    _check_size(leaves, limit)
     return U(leaves, exact)
+
+
+def _enums_joined(leaves: list) -> list:
+    """The enum leaves of a union as one, where the first stood (``anyOf`` of 200 ``const``s is one
+    enum of 200 values, not 200 alternatives). Exact."""
+    enums = [leaf for leaf in leaves if leaf.kind == "enum"]
+    if len(enums) < 2:
+        return leaves
+    joined = Leaf("enum", {"values": unique_values(v for leaf in enums for v in leaf.kw["values"])}, enums[0].origin,
+                  all(leaf.weak for leaf in enums))
+    out = []
+    for leaf in leaves:
+        if leaf is enums[0]:
+            out.append(joined)
+        elif leaf.kind != "enum":
+            out.append(leaf)
+    return out
 
 
 def _absorbed(leaves: list) -> list:
@@ -210,9 +228,9 @@ def deeply_exact(u: U, ctx: "Context", seen: set | None = None) -> bool:
     return True
 
 
-def _check_size(leaves) -> None:
-    if len(leaves) > MAX_LEAVES:
-        raise Refusal(f"a combination of anyOf/oneOf/not/if/dependencies with more than {MAX_LEAVES} alternatives")
+def _check_size(leaves, limit: int = MAX_LEAVES) -> None:
+    if len(leaves) > limit:
+        raise Refusal(f"a combination of anyOf/oneOf/not/if/dependencies with more than {limit} alternatives")
 
 
 # ----- intersection --------------------------------------------------------------------------------

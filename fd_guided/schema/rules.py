@@ -28,7 +28,7 @@ import itertools
 import re
 
 from .complement import complement
-from .leaves import (ALL_KINDS, ANY, BARE_KINDS, NONE, U, Leaf, bare, check_array, check_object, deeply_exact, intersect,
+from .leaves import (ALL_KINDS, ANY, BARE_KINDS, MAX_ANY_OF_LEAVES, NONE, U, Leaf, bare, check_array, check_object, deeply_exact, intersect,
                      item_at, kind_of, schema_for, union)
 from .refusal import Refusal
 from .unique_items import finish_unique
@@ -54,7 +54,7 @@ def any_of(branches: list[U], ctx, annotations_matter: bool) -> U:
     """The union; when something reads annotations (unevaluated*), instances matching several
     branches carry all their annotations, so the pairwise-and-more intersections are added."""
     if not annotations_matter:
-        return union(branches)
+        return union(branches, MAX_ANY_OF_LEAVES)
     # `true` beside an annotating branch must not swallow it: its leaves carry annotations.
     branches = [bare(BARE_KINDS) if branch.is_any else branch for branch in branches]
     if not 1 < len(branches) <= MAX_ANY_OF_COMBINED:

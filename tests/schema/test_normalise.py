@@ -114,6 +114,17 @@ def test_bare_leaves_absorb_what_they_cover():
         assert validator.is_valid(value) == original.is_valid(value), value
 
 
+def test_long_any_of_lists_are_admitted_and_consts_join_one_enum():
+    consts = value_of({"anyOf": [{"const": f"v{i}"} for i in range(200)]})
+    assert consts["enum"] == [f"v{i}" for i in range(200)]
+    tasks = {"anyOf": [{"type": "object", "properties": {"type": {"const": f"t{i}"}, "arg": {"type": "integer"}},
+                        "required": ["type"]} for i in range(150)]}
+    assert len(value_of(tasks)["anyOf"]) == 150
+    with pytest.raises(InvalidGrammarError, match="more than 64 alternatives"):  # products keep the smaller cap
+        value_of({"allOf": [{"anyOf": [{"type": "object", "required": [f"a{i}"]} for i in range(9)]},
+                            {"anyOf": [{"type": "object", "required": [f"b{i}"]} for i in range(9)]}]})
+
+
 def test_dependent_required_and_dependencies():
     out = value_of({"type": "object", "dependentRequired": {"a": ["b"]}})
     assert {"type": "object", "properties": {"a": False}} in out["anyOf"]
