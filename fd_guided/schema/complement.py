@@ -154,12 +154,14 @@ def _object(kw: dict, origin: str, ctx, location):
     if kw["max"] is not None:
         leaves.append(Leaf("object", {**base, "min": kw["max"] + 1}, origin))
     additional = kw["additional"]
-    if additional is not None and additional.is_none and not kw["pprops"]:
+    if additional is not None and additional.is_none and additional.exact and not kw["pprops"]:
         # Closed: a value outside is one with a key beyond the declared ones. More keys than
         # declared certainly has one (exactly that set when nothing is declared).
         leaves.append(Leaf("object", {**base, "min": len(kw["props"]) + 1}, origin))
         exact = exact and not kw["props"]
     elif kw["pprops"] or (additional is not None and not additional.is_any):
+        # Includes strict mode's closure (`NONE_APPROX`): JSON Schema admits the extra keys, so
+        # an object with one is not outside; nothing is added and the result is a subset.
         exact = False
     if kw["names"]:
         exact = False

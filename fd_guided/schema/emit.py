@@ -16,7 +16,7 @@ from typing import Any
 from . import languages, regex
 from .capabilities import REFUSED, how
 from .formats import FORMAT_PATTERNS
-from .leaves import BARE_KINDS, Leaf, U, intersect
+from .leaves import BARE_KINDS, Leaf, U, array_max, intersect
 from .numbers import (LLGUIDANCE_EXACT_LIMIT, XGRAMMAR_INT_LIMIT, XGRAMMAR_MAX_MULTIPLE_OF, binary_fraction, bounded,
                       enumerate_multiples, every_integer_is_multiple, has_big_integer, step_feature)
 from .refusal import Refusal, Unsatisfiable
@@ -261,7 +261,7 @@ class Emitter:
         if kw["unique"] or kw["contains"]:
             raise Refusal("uniqueItems/contains that could not be rewritten", origin)
         out: dict[str, Any] = {"type": "array"}
-        high = kw["max"]
+        high = array_max(kw)
         prefix = []
         for index, child in enumerate(kw["prefix"]):
             emitted = self.union(child, f"{origin}.prefixItems[{index}]")

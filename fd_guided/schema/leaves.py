@@ -408,6 +408,15 @@ def check_array(kw: dict) -> dict | None:
     return {**kw, "max": high}
 
 
+def array_max(kw: dict) -> int | None:
+    """An array leaf's length bound: its ``maxItems`` and, when ``items`` admits nothing (``false``
+    or strict mode's closure, which `close` leaves implicit), the number of prefix items."""
+    high = kw["max"]
+    if kw["items"] is not None and kw["items"].is_none:
+        high = len(kw["prefix"]) if high is None else min(high, len(kw["prefix"]))
+    return high
+
+
 def schema_for(kw: dict, name: str, ctx: Context) -> U:
     """What an object leaf requires of the value of property `name`: its ``properties`` entry and
     every matching ``patternProperties`` entry, or else ``additionalProperties``."""

@@ -367,11 +367,12 @@ class Normaliser(Context):
                         props[name] = ANY
                 leaf = leaf.replace(props=props, additional=NONE_APPROX)
             elif leaf.kind == "array" and kw["declared"] and kw["items"] is None and not kw["ann_items"]:
-                checked = check_array({**kw, "items": NONE_APPROX})
-                if checked is None:
+                if check_array({**kw, "items": NONE_APPROX}) is None:
                     exact = False  # a tuple with too few positions for minItems: empty only when closed
                     continue
-                leaf = Leaf("array", checked, leaf.origin, leaf.weak)
+                # The length bound the closure implies stays implicit: a maxItems written here would
+                # read as the schema's own to a complement.
+                leaf = leaf.replace(items=NONE_APPROX)
             out.append(leaf)
         return U(out, exact)
 

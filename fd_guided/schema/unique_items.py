@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from .formats import FORMAT_PATTERNS, format_pattern
-from .leaves import ANY, U, Leaf, item_at, json_key
+from .leaves import ANY, U, Leaf, array_max, item_at, json_key
 from .refusal import Refusal
 from .regex import extendable, string_language
 from .unique_paths import literal_text
@@ -27,7 +27,8 @@ def finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
     if not kw["unique"]:
         return [leaf]
     plain = Leaf("array", {**kw, "unique": False}, leaf.origin, leaf.weak)
-    if kw["max"] is not None and kw["max"] <= 1:
+    high = array_max(kw)
+    if high is not None and high <= 1:
         return [plain]
     location = f"{leaf.origin}.uniqueItems"
     if ctx.unique_guard and (_open_array(kw, ctx) or _closing_guarded_objects(kw, ctx) or _counted_strings(kw, ctx)):
@@ -36,13 +37,13 @@ def finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
         return [Leaf("array", {**moved, "unique": False}, leaf.origin, leaf.weak)]
     rest = _domain(ANY if kw["items"] is None else kw["items"], ctx)
     if rest is None:
-        limit = kw["max"] if kw["max"] is not None else len(kw["prefix"]) if kw["items"] is not None and kw["items"].is_none else None
+        limit = high
         if limit is None:
             raise Refusal("uniqueItems over items that are not from a small finite set", location)
     else:
         limit = len(kw["prefix"]) + len(rest)
-        if kw["max"] is not None:
-            limit = min(limit, kw["max"])
+        if high is not None:
+            limit = min(limit, high)
     domains = []
     for index in range(limit):
         domain = _domain(item_at(kw, index), ctx)

@@ -30,13 +30,17 @@ CASES = {
     "not of allOf merging two closed nested objects": {
         "type": "object", "not": {"allOf": [{"properties": {"a": {"properties": {"b": {}}}}},
                                             {"properties": {"a": {"properties": {"c": {}}}}}], "required": ["a"]}},
+    "not of a nested object strict mode closes with no property declared": {
+        "type": "object", "required": ["a"], "not": {"required": ["a"], "properties": {"a": {"type": "object", "properties": {}}}}},
+    "not of a nested empty tuple strict mode closes": {
+        "type": "object", "required": ["a"], "not": {"required": ["a"], "properties": {"a": {"type": "array", "prefixItems": []}}}},
     "oneOf whose branches differ only under closure": {
         "oneOf": [{"type": "object", "required": ["cfg"], "properties": {"cfg": {"type": "object", "properties": {"a": {}}}}},
                   {"type": "object", "required": ["cfg"], "properties": {"cfg": {"type": "object", "properties": {"b": {}}}}}]},
 }
 
 PROBES = [None, True, 0, 1.5, "", "a", "ab", "abc", "xyz", "xyzw", [], [1], [1, 2], {}, {"a": "xyz"}, {"a": "abc"},
-          {"a": 1}, {"a": [1]}, {"a": [1, 2]}, {"a": {}}, {"a": {"b": 1}}, {"a": {"c": 1}}, {"a": {"b": 1, "c": 1}},
+          {"a": 1}, {"a": [1]}, {"a": [1, 2]}, {"a": {}}, {"a": {"x": 1}}, {"a": [0]}, {"a": {"b": 1}}, {"a": {"c": 1}}, {"a": {"b": 1, "c": 1}},
           {"x": {"a": 1, "b": 2}}, {"x": {"a": 1}}, {"cfg": {}}, {"cfg": {"a": 1}}, {"cfg": {"b": 1}}, {"cfg": {"a": 1, "b": 1}}]
 
 
