@@ -75,7 +75,12 @@ class Document:
         """The resolver inside `node` (a node with its own ``$id`` changes the base URI)."""
         if not isinstance(node, dict):
             return resolver
-        return resolver.in_subresource(self.specification.create_resource(node))
+        try:
+            return resolver.in_subresource(self.specification.create_resource(node))
+        except Exception as error:  # noqa: BLE001 - malformed identifiers in user input
+            # e.g. draft 4's "id" holding an object (a property named "id" one level too high):
+            # jsonschema itself fails on it, so no output could be checked against the schema.
+            raise Refusal(f"an identifier (id/$id/$anchor) that is not a string ({type(error).__name__})") from None
 
     def lookup(self, ref: str, resolver, location: str):
         """(target node, its resolver) for a reference; Refusal if it leaves the document."""

@@ -36,6 +36,17 @@ def test_admission_is_typed_and_bounded(name):
     assert time.perf_counter() - start < 20  # generous on a loaded 2-core machine; typically well under 1 s
 
 
+def test_an_identifier_that_is_not_a_string_is_a_typed_refusal():
+    """Draft 4 reads "id" as the base URI; an object there made the reference library raise
+    AttributeError through `for_engine` (jsonschema fails on the same schema)."""
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+              "properties": {"a": {"type": "object", "id": {"type": "string"}}}}
+    with pytest.raises(InvalidGrammarError, match="identifier"):
+        for_engine("llguidance", schema)
+    later = {"type": "object", "properties": {"a": {"type": "object", "id": {"type": "string"}}}}  # 2020-12: not an identifier
+    assert for_engine("llguidance", later)["properties"]["a"]["type"] == "object"
+
+
 def test_a_3000_link_reference_chain_is_followed_without_recursion():
     chain = {"$defs": {f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(3000)}, "$ref": "#/$defs/a0"}
     chain["$defs"]["a3000"] = {"type": "object", "patternProperties": {"^x": {"type": "integer"}}}
