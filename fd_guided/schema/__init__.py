@@ -101,6 +101,11 @@ def _cached(engine: str, text: str, strict: bool, unknown: str, part: str, uniqu
     except RecursionError:
         raise InvalidGrammarError(f"{engine} cannot enforce a schema nested this deeply", part=part,
                                   feature="schema nesting too deep to normalise") from None
+    except (TypeError, ValueError, AttributeError) as error:
+        # A keyword value of the wrong type ("minLength": "#/x"). Admission meta-validates first
+        # (`meta.check_schema`), so this is for direct callers: a typed refusal, never a crash.
+        raise InvalidGrammarError(f"{engine} cannot read this schema: a keyword value of the wrong type ({type(error).__name__})",
+                                  part=part) from None
     return json.dumps(document, ensure_ascii=False), emitter.narrowed
 
 

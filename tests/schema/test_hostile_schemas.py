@@ -47,6 +47,17 @@ def test_an_identifier_that_is_not_a_string_is_a_typed_refusal():
     assert for_engine("llguidance", later)["properties"]["a"]["type"] == "object"
 
 
+@pytest.mark.parametrize("schema", [{"type": "string", "minLength": "#/x"}, {"type": "object", "required": 5},
+                                    {"type": "array", "maxItems": [1]}, {"enum": 3}])
+def test_malformed_keyword_values_are_typed_refusals_even_past_admission(schema):
+    """Admission meta-validates; `for_engine` called directly must not raise ValueError/TypeError."""
+    for engine in ("llguidance", "xgrammar"):
+        try:
+            for_engine(engine, schema)
+        except InvalidGrammarError:
+            pass
+
+
 def test_a_3000_link_reference_chain_is_followed_without_recursion():
     chain = {"$defs": {f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(3000)}, "$ref": "#/$defs/a0"}
     chain["$defs"]["a3000"] = {"type": "object", "patternProperties": {"^x": {"type": "integer"}}}
