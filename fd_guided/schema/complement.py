@@ -56,7 +56,17 @@ def complement_leaf(leaf: Leaf, ctx: Context, location: str) -> U:
             return U((), exact=False)
         active.add(key)
         try:
-            return complement(ctx.expand(leaf), ctx, location)
+            target = ctx.expand(leaf)
+        except Refusal:
+            # The target cannot be normalised here (it is the definition being normalised, reached
+            # again through a oneOf/not inside it): its complement is left out, a subset as above.
+            # Used positively that is sound; complementing the result again is refused (inexact).
+            return U((), exact=False)
+        finally:
+            active.discard(key)
+        active.add(key)
+        try:
+            return complement(target, ctx, location)
         finally:
             active.discard(key)
     if kind == "enum":
@@ -114,20 +124,23 @@ def _array(kw: dict, origin: str, ctx, location):
         leaves.append(Leaf("array", {**base, "min": kw["max"] + 1}, origin))
     for index, child in enumerate(kw["prefix"]):
         negated = complement(child, ctx, location) if child.exact else NONE
-        exact = exact and child.exact
+        exact = exact and child.exact and negated.exact  # a part left out below is a subset
         if not negated.is_none:
             prefix = (ANY,) * index + (negated,)
             leaves.append(Leaf("array", {**base, "prefix": prefix, "min": index + 1}, origin))
     if kw["items"] is not None and not kw["items"].is_any:
         if not kw["prefix"] and kw["items"].exact:
             negated = complement(kw["items"], ctx, location)
+            exact = exact and negated.exact
             if not negated.is_none:
                 leaves.append(Leaf("array", {**base, "contains": ((negated, 1, None),)}, origin))
         else:
             exact = False
     for child, low, high in kw["contains"]:
         if low >= 1 and high is None and not kw["prefix"] and child.exact:
-            leaves.append(Leaf("array", {**base, "items": complement(child, ctx, location)}, origin))
+            negated = complement(child, ctx, location)
+            exact = exact and negated.exact
+            leaves.append(Leaf("array", {**base, "items": negated}, origin))
         else:
             exact = False
     if kw["unique"]:
@@ -147,6 +160,7 @@ def _object(kw: dict, origin: str, ctx, location):
             exact = False
             continue
         negated = complement(child, ctx, location)
+        exact = exact and negated.exact
         if not negated.is_none:
             leaves.append(Leaf("object", {**base, "props": {name: negated}, "required": (name,)}, origin))
     if kw["min"] > 0:

@@ -393,27 +393,31 @@ def _merge_arrays(a: dict, b: dict, ctx: Context) -> "dict | U":
 
 
 def check_array(kw: dict) -> dict | None:
-    """None when no array fits: too few positions can hold a value for ``minItems``."""
-    high = kw["max"]
-    for index, position in enumerate(kw["prefix"]):
+    """None when no array fits: too few positions can hold a value for ``minItems``. Otherwise
+    the keywords with ``max`` tightened by the positions that *exactly* admit nothing; one that
+    admits nothing only as far as a subset knows (strict closure, a `NONE_APPROX`) bounds the
+    length too, but a complement must not read that bound as the schema's (`array_max`)."""
+    high = exact_high = kw["max"]
+    positions = list(kw["prefix"]) + ([kw["items"]] if kw["items"] is not None else [])
+    for index, position in enumerate(positions):
         if position.is_none:
             high = index if high is None else min(high, index)
-            break
-    else:
-        if kw["items"] is not None and kw["items"].is_none:
-            length = len(kw["prefix"])
-            high = length if high is None else min(high, length)
+            if position.exact:
+                exact_high = index if exact_high is None else min(exact_high, index)
     if high is not None and kw["min"] > high:
         return None
-    return {**kw, "max": high}
+    return {**kw, "max": exact_high}
 
 
 def array_max(kw: dict) -> int | None:
-    """An array leaf's length bound: its ``maxItems`` and, when ``items`` admits nothing (``false``
-    or strict mode's closure, which `close` leaves implicit), the number of prefix items."""
+    """An array leaf's length bound: its ``maxItems`` and the first position that admits nothing
+    (a prefix item or ``items``; ``false``, or strict mode's closure, which `check_array` keeps
+    out of ``max``)."""
     high = kw["max"]
-    if kw["items"] is not None and kw["items"].is_none:
-        high = len(kw["prefix"]) if high is None else min(high, len(kw["prefix"]))
+    positions = list(kw["prefix"]) + ([kw["items"]] if kw["items"] is not None else [])
+    for index, position in enumerate(positions):
+        if position.is_none:
+            return index if high is None else min(high, index)
     return high
 
 

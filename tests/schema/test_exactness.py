@@ -34,12 +34,18 @@ CASES = {
         "type": "object", "required": ["a"], "not": {"required": ["a"], "properties": {"a": {"type": "object", "properties": {}}}}},
     "not of a nested empty tuple strict mode closes": {
         "type": "object", "required": ["a"], "not": {"required": ["a"], "properties": {"a": {"type": "array", "prefixItems": []}}}},
+    "not of a recursive array whose items subtract the definition": {
+        "not": {"$ref": "#/$defs/d"}, "$defs": {"d": {"type": "array", "items": {"oneOf": [{}, {"$ref": "#/$defs/d"}]}}}},
+    "not of an if over a recursive oneOf": {
+        "not": {"if": {"$ref": "#/$defs/d"}, "then": {"allOf": [{"type": "null"}, {"type": "string"}]}, "else": {}},
+        "$defs": {"d": {"oneOf": [{"type": "array", "items": {"enum": [1, "b", None]}},
+                                  {"type": "object", "properties": {"a": {"$ref": "#/$defs/d"}}, "required": ["a"]}]}}},
     "oneOf whose branches differ only under closure": {
         "oneOf": [{"type": "object", "required": ["cfg"], "properties": {"cfg": {"type": "object", "properties": {"a": {}}}}},
                   {"type": "object", "required": ["cfg"], "properties": {"cfg": {"type": "object", "properties": {"b": {}}}}}]},
 }
 
-PROBES = [None, True, 0, 1.5, "", "a", "ab", "abc", "xyz", "xyzw", [], [1], [1, 2], {}, {"a": "xyz"}, {"a": "abc"},
+PROBES = [None, True, 0, 1.5, [[]], [1, [2]], {"a": []}, {"a": [1]}, {"a": {"a": [1]}}, "", "a", "ab", "abc", "xyz", "xyzw", [], [1], [1, 2], {}, {"a": "xyz"}, {"a": "abc"},
           {"a": 1}, {"a": [1]}, {"a": [1, 2]}, {"a": {}}, {"a": {"x": 1}}, {"a": [0]}, {"a": {"b": 1}}, {"a": {"c": 1}}, {"a": {"b": 1, "c": 1}},
           {"x": {"a": 1, "b": 2}}, {"x": {"a": 1}}, {"cfg": {}}, {"cfg": {"a": 1}}, {"cfg": {"b": 1}}, {"cfg": {"a": 1, "b": 1}}]
 
