@@ -31,3 +31,13 @@ def test_report_on_a_small_folder(tmp_path):
     assert any("uniqueItems" in r for r in reasons) and any(r.startswith("malformed JSON") for r in reasons)
     markdown = out_md.read_text()
     assert "| llguidance | 2 | 2 | 0 | 0 |" in markdown and "uniqueItems" in markdown
+
+
+def test_the_engines_alone_are_counted_beside(tmp_path):
+    """llguidance counts as refusing only on an error or a warning (`not` is unimplemented there);
+    xgrammar converts what it only partly enforces; malformed JSON counts for neither."""
+    sys.path.insert(0, str(TOOL.parent))
+    from raw_engines import raw_counts
+
+    counts = raw_counts([json.dumps({"type": "integer"}), json.dumps({"type": "string", "not": {"const": "a"}}), "{not json"])
+    assert counts == {"schemas": 3, "llguidance": 1, "xgrammar": 2, "failed": 0}

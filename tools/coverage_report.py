@@ -285,6 +285,12 @@ def markdown(summaries: list[dict], meta: dict, runs: list[dict]) -> str:
         lines.append(f"| {s['backend']} | {s['accepted']} | {s['rejected']} | {s['crashed']} | {s['timed_out']} | {times} | "
                      f"{s['generated']} ({s['generated_schemas']} schemas) | {s['valid']} | {s['invalid']} ({s['schemas_with_invalid']} schemas) | "
                      f"{s['length_cut']} | {s['generation_errors']} |")
+    raw = meta.get("raw_engines")
+    if raw:
+        lines += ["", f"The engines alone on the same {raw['schemas']} files (`tools/raw_engines.py`, no normaliser): llguidance as a "
+                  f"refusing engine (no error and no warning) takes {raw['llguidance']}; xgrammar converts {raw['xgrammar']}, "
+                  "but ignores the keywords it does not support, so that counts what it accepts, not what it enforces"
+                  + (f"; {raw['failed']} crashed or timed out" if raw["failed"] else "") + "."]
     auto = next((s for s in summaries if s["backend"] == "auto"), None)
     if auto:
         lines += ["", f"`auto` chose: {', '.join(f'{k} {v}' for k, v in sorted(auto['engines'].items()))}."]
@@ -377,6 +383,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per schema compile before it counts as timed out")
     parser.add_argument("--limit", type=int, default=None, help="only the first N schema files")
+    parser.add_argument("--raw-engines", action="store_true", help="also count what the engines take without the normaliser")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
@@ -397,6 +404,12 @@ def main(argv=None) -> int:
         "source": source, "schemas": len(schemas), "versions": versions(), "tokenizer": args.tokenizer,
         "max_tokens": args.max_tokens, "generate": args.generate, "samples": args.samples,
     }
+    if args.raw_engines:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from raw_engines import raw_counts
+
+        meta["raw_engines"] = raw_counts([read_text(path) for path in schemas])
+        print(json.dumps({"raw_engines": meta["raw_engines"]}), flush=True)
     for s in summaries:
         print(json.dumps({k: v for k, v in s.items() if k != "top_rejections"}), flush=True)
     if args.json:
