@@ -197,6 +197,8 @@ def _complement_enum(values: tuple, origin: str) -> U:
         listed = by_kind.get(kind)
         if not listed:
             leaves.append(Leaf(kind, None, origin))
+        elif kind == "null":
+            continue  # its one value is listed: no null is left, exactly
         elif kind == "boolean":
             rest = [b for b in (True, False) if not any(v is b for v in listed)]
             if rest:
