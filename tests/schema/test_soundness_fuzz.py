@@ -110,3 +110,26 @@ def test_normal_forms_accept_only_valid_values(seed, strict):
             unsound.append((schema, wrong[:3]))
     assert normalised > 2000
     assert not unsound, unsound[:3]
+
+
+@pytest.mark.parametrize("backend, count", [("llguidance", 300), ("xgrammar", 120)])
+@pytest.mark.parametrize("strict", [True, False])
+def test_compiled_grammars_accept_only_valid_values(backend, count, strict):
+    """The same schemas end to end: admitted, emitted for the engine, compiled, and every probe fed
+    byte by byte through the `Grammar` interface (`fd_guided.conformance`): a probe the grammar
+    accepts must be valid under jsonschema."""
+    from fd_guided.conformance import Case, run_cases
+
+    rng = random.Random(100 + count)
+    cases = []
+    for _ in range(count):
+        schema = {**random_schema(rng, 3), "$defs": {"d": random_definition(rng)}}
+        try:
+            tests = [{"description": repr(value), "data": value, "valid": _valid(schema, value)} for value in PROBES]
+        except RecursionError:
+            continue
+        cases.append(Case("fuzz", repr(schema), schema, tests))
+    results = run_cases(backend, cases, strict=strict)
+    assert sum(result.compiled for result in results) > count // 3
+    unsound = [(result.case.schema, result.unsound[:3]) for result in results if result.unsound]
+    assert not unsound, unsound[:3]
