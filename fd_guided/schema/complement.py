@@ -23,6 +23,15 @@ MAX_EXCLUDED_LENGTH = 200
 
 
 def complement(u: U, ctx: Context, location: str) -> U:
+    if u.negation_of is not None and not any(leaf.kind == "ref" for leaf in u.negation_of.leaves or ()):
+        # (A top-level ref would carry its target's annotations into an unevaluated* reading.)
+        # u is (a subset of) ¬V for an exact V: ¬u is V (or, u being a subset, contains V). Given
+        # back as leaves a complement made, so an engine that cannot take one may drop it.
+        original = u.negation_of
+        given = U(None if original.leaves is None else [_unannotated(leaf) for leaf in original.leaves],
+                  original.exact and u.exact)
+        given.negation_of = u if u.exact else None
+        return given
     if not u.exact:
         raise Refusal("a not/if/oneOf over a schema that could only be approximated", location)
     if u.is_any:
@@ -39,7 +48,20 @@ def complement(u: U, ctx: Context, location: str) -> U:
             result = intersect(result, complement_leaf(leaf, ctx, location), ctx)
     finally:
         ctx.complement_depth = depth
-    return U([Leaf(l.kind, l.kw, l.origin, True) for l in result.leaves], result.exact) if result.leaves else result
+    negated = U(None if result.leaves is None else [Leaf(l.kind, l.kw, l.origin, True) for l in result.leaves], result.exact)
+    negated.negation_of = u
+    return negated
+
+
+def _unannotated(leaf: Leaf) -> Leaf:
+    """`leaf` as a complement gives it: weak, evaluating nothing (``not`` drops annotations, so
+    ``not: {not: X}`` is X for validation but evaluates no property or item of X)."""
+    kw = leaf.kw
+    if leaf.kind == "object":
+        kw = {**kw, "ann": frozenset(), "ann_pp": frozenset(), "ann_rest": False}
+    elif leaf.kind == "array":
+        kw = {**kw, "ann_prefix": 0, "ann_items": False}
+    return Leaf(leaf.kind, kw, leaf.origin, True)
 
 
 def _others(kind: str, origin: str) -> list[Leaf]:

@@ -76,11 +76,15 @@ class Leaf:
 class U:
     """A union of leaves; ``leaves is None`` means any value, ``()`` no value."""
 
-    __slots__ = ("leaves", "exact")
+    __slots__ = ("leaves", "exact", "negation_of")
 
     def __init__(self, leaves, exact: bool = True):
         self.leaves = None if leaves is None else tuple(leaves)
         self.exact = exact
+        # Set by `complement.complement` on what it returns: the (exact) union this one is the
+        # complement of, so complementing again gives it back (``not: {not: X}``, an ``if`` over a
+        # ``not``) where writing the complement out again could only be done in part.
+        self.negation_of: "U | None" = None
 
     @property
     def is_any(self) -> bool:

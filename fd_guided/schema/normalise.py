@@ -374,7 +374,7 @@ class Normaliser(Context):
                 # read as the schema's own to a complement.
                 leaf = leaf.replace(items=NONE_APPROX)
             out.append(leaf)
-        return U(out, exact)
+        return _same_or_new(u, out, exact)
 
     def finish(self, u: U) -> U:
         """Rewrites that need the final leaf (see `rules.finish_leaf`); weak leaves that cannot be
@@ -393,7 +393,16 @@ class Normaliser(Context):
             if not finished and not deeply_exact(U([leaf]), self):
                 exact = False  # found empty by judging a subset (a closed child, say)
             out.extend(finished)
-        return U(out, exact)
+        return _same_or_new(u, out, exact)
+
+
+def _same_or_new(u: U, leaves: list, exact: bool) -> U:
+    """`u` itself when closing/finishing changed nothing (it keeps what it knows, such as
+    `negation_of`), else a union of the new leaves."""
+    if exact == u.exact and len(leaves) == len(u.leaves) and all(
+            a is b or (a.kind == b.kind and a.weak == b.weak and a.kw == b.kw) for a, b in zip(leaves, u.leaves)):
+        return u
+    return U(leaves, exact)
 
 
 def _ref_path(ref: str) -> str:

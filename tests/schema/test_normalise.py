@@ -125,6 +125,17 @@ def test_long_any_of_lists_are_admitted_and_consts_join_one_enum():
                             {"anyOf": [{"type": "object", "required": [f"b{i}"]} for i in range(9)]}]})
 
 
+def test_a_complement_of_a_complement_gives_the_schema_back():
+    """``if: {properties: {rule: {not: {const: A}}}}``: its else side needs ¬¬const, which written
+    out again would be a pattern's complement (only in part); the union it came from is exact."""
+    schema = {"type": "object", "required": ["rule"], "properties": {"rule": {"enum": ["A", "B"]}},
+              "if": {"properties": {"rule": {"not": {"const": "A"}}}}, "then": {"properties": {"x": {"type": "null"}}}}
+    out = value_of(schema)
+    validator, original = jsonschema.Draft202012Validator(out), jsonschema.Draft202012Validator(schema)
+    for value in ({"rule": "A"}, {"rule": "A", "x": 1}, {"rule": "B"}, {"rule": "B", "x": None}, {"rule": "B", "x": 1}):
+        assert validator.is_valid(value) == original.is_valid(value), value
+
+
 def test_dependent_required_and_dependencies():
     out = value_of({"type": "object", "dependentRequired": {"a": ["b"]}})
     assert {"type": "object", "properties": {"a": False}} in out["anyOf"]

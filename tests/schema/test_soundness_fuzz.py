@@ -20,7 +20,8 @@ from fd_guided.schema.refusal import Refusal, Unsatisfiable
 
 LEAVES = [{"type": "string"}, {"type": "integer"}, {"type": "string", "maxLength": 2}, {"type": "string", "pattern": "^a"},
           {"const": "a"}, {"enum": [1, "b", None]}, {"type": "integer", "minimum": 1}, {"type": "boolean"}, {"type": "null"},
-          {"type": "array", "maxItems": 1}, {"type": "object"}, {"minLength": 1}, {"not": {"pattern": "^a"}}, {}]
+          {"type": "array", "maxItems": 1}, {"type": "object"}, {"minLength": 1}, {"not": {"pattern": "^a"}}, {},
+          {"not": {"const": "a"}}, {"not": {"enum": [1, "b", None]}}, {"not": {"type": "string", "maxLength": 1}}]
 
 PROBES = [None, True, False, 0, 1, 2, -1, 1.5, "", "a", "b", "ab", "ba", "abc", [], [1], ["a"], [1, 2], ["a", "b"], [None],
           [[]], [{}], {}, {"a": 1}, {"a": "a"}, {"a": "b"}, {"b": 1}, {"a": None}, {"c": []}, {"a": {}}, {"a": {"b": 1}},
