@@ -29,7 +29,7 @@ import re
 
 from .complement import complement
 from .leaves import (ALL_KINDS, ANY, BARE_KINDS, MAX_ANY_OF_LEAVES, NONE, U, Leaf, bare, check_array, check_object, deeply_exact, intersect,
-                     item_at, kind_of, schema_for, union)
+                     item_at, json_key, kind_of, schema_for, union)
 from .refusal import Refusal
 from .unique_items import finish_unique
 
@@ -87,13 +87,15 @@ def one_of(branches: list[U], ctx, location: str, context: U = ANY) -> U:
         return intersect(context, branches[0], ctx)
     overlapping = _overlaps(branches, ctx)
     narrowed = branches
-    if any(overlapping) and not context.is_any:
+    if (overlapping is None or any(overlapping)) and not context.is_any:
         try:
-            narrowed = [intersect(context, branch, ctx) for branch in branches]
-            overlapping = _overlaps(narrowed, ctx)
+            judged = [intersect(context, branch, ctx) for branch in branches]
+            inside = _overlaps(judged, ctx)
+            if inside is not None:
+                narrowed, overlapping = judged, inside
         except Refusal:
-            narrowed = branches  # the context cannot be merged into the branches: judge them alone
-    if max(len(others) for others in overlapping) >= MAX_ONE_OF_EXPANDED:
+            pass  # the context cannot be merged into the branches: judge them alone
+    if overlapping is None:
         raise Refusal(f"oneOf whose branches may overlap (more than {MAX_ONE_OF_EXPANDED} branches)", location)
     negated: dict[int, U] = {}
     parts = []
@@ -108,14 +110,16 @@ def one_of(branches: list[U], ctx, location: str, context: U = ANY) -> U:
     return result if narrowed is not branches else intersect(context, result, ctx)
 
 
-def _overlaps(branches: list[U], ctx) -> list[list[int]]:
-    """For each branch, the other branches it may share a value with. Disjoint: of different types
-    (read through $refs), or an intersection that is exactly empty; an intersection that cannot be
-    computed, or is empty only as far as a subset knows, counts as overlap."""
+def _overlaps(branches: list[U], ctx) -> list[list[int]] | None:
+    """For each branch, the other branches it may share a value with; None as soon as one may
+    overlap `MAX_ONE_OF_EXPANDED` - 1 others (refused: no need to judge the remaining pairs).
+    Disjoint: of different types (read through $refs), or an intersection that is exactly empty;
+    an intersection that cannot be computed, or is empty only as far as a subset knows, counts as
+    overlap."""
     overlapping: list[list[int]] = [[] for _ in branches]
     kinds = [_kinds(branch, ctx) for branch in branches]
     for first, second in itertools.combinations(range(len(branches)), 2):
-        if not kinds[first] & kinds[second]:
+        if not kinds[first] & kinds[second] or _discriminated(branches[first], branches[second], ctx):
             continue
         try:
             common = intersect(branches[first], branches[second], ctx)
@@ -125,7 +129,39 @@ def _overlaps(branches: list[U], ctx) -> list[list[int]]:
         if overlap:
             overlapping[first].append(second)
             overlapping[second].append(first)
+            if max(len(overlapping[first]), len(overlapping[second])) >= MAX_ONE_OF_EXPANDED:
+                return None
     return overlapping
+
+
+def _discriminated(a: U, b: U, ctx) -> bool:
+    """A quick disjointness proof, before intersecting: every pair of leaves differs in type or
+    is a pair of objects where one requires a property both give disjoint finite values (a
+    ``kind`` discriminator). Exact unions only (a subset's leaves prove nothing)."""
+    if a.is_any or b.is_any or not (a.exact and b.exact):
+        return False
+    return all(_leaves_discriminated(left, right, ctx) for left in a.leaves for right in b.leaves)
+
+
+def _leaves_discriminated(left: Leaf, right: Leaf, ctx) -> bool:
+    if "ref" in (left.kind, right.kind):
+        return False
+    if left.kind != right.kind:
+        return {left.kind, right.kind} not in ({"integer", "number"},) and "enum" not in (left.kind, right.kind)
+    if left.kind != "object":
+        return False
+    for name in set(left.kw["required"]) | set(right.kw["required"]):
+        mine, theirs = _finite_values(schema_for(left.kw, name, ctx)), _finite_values(schema_for(right.kw, name, ctx))
+        if mine is not None and theirs is not None and not mine & theirs:
+            return True
+    return False
+
+
+def _finite_values(u: U) -> set | None:
+    """The JSON-equality keys of an exact union of enum leaves, else None."""
+    if u.is_any or not u.exact or any(leaf.kind != "enum" for leaf in u.leaves):
+        return None
+    return {json_key(value) for leaf in u.leaves for value in leaf.kw["values"]}
 
 
 def _kinds(u: U, ctx) -> frozenset:

@@ -26,7 +26,7 @@ LEAVES = [{"type": "string"}, {"type": "integer"}, {"type": "string", "maxLength
 PROBES = [None, True, False, 0, 1, 2, -1, 1.5, "", "a", "b", "ab", "ba", "abc", [], [1], ["a"], [1, 2], ["a", "b"], [None],
           [[]], [{}], {}, {"a": 1}, {"a": "a"}, {"a": "b"}, {"b": 1}, {"a": None}, {"c": []}, {"a": {}}, {"a": {"b": 1}},
           {"a": {"x": 1}}, {"a": [1, 2]}, {"a": [1]}, {"a": 1, "b": 2}, {"a": "a", "b": "b"}, {"x": 1}, {"a": {}, "b": {}},
-          {"a": [], "c": 1}, {"a": 1, "b": 2, "c": 3}]
+          {"a": [], "c": 1}, {"a": 1, "b": 2, "c": 3}, {"a": "a", "b": []}, {"a": "b", "c": "a"}, {"a": 1, "c": 1}]
 
 
 def random_schema(rng: random.Random, depth: int):
@@ -70,6 +70,9 @@ def random_schema(rng: random.Random, depth: int):
         {"type": "object", "propertyNames": {"maxLength": 1}},
         {"enum": [{"a": 1}, {"a": "a", "b": 2}, [1], "a"]},
         {"type": "object", "dependentSchemas": {"a": random_schema(rng, depth - 1)}},
+        {"oneOf": [{"type": "object", "properties": {"a": {"const": "a"}, "b": random_schema(rng, depth - 1)}, "required": ["a"]},
+                   {"type": "object", "properties": {"a": {"enum": rng.choice([["b"], ["a", "b"], [1]])}, "c": random_schema(rng, depth - 1)},
+                    "required": rng.choice([["a"], []])}]},
     ])
 
 
