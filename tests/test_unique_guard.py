@@ -141,6 +141,9 @@ def test_open_item_domains_are_admitted(name, items):
     {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 2}}}, "uniqueItems": True},  # strict: closed
     {"type": "array", "items": {"anyOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"enum": ["Multi line"]}]}, "uniqueItems": True},
     {"type": "array", "items": {"anyOf": [{"type": "number"}, {"enum": ["x"]}]}, "uniqueItems": True},  # "x" cannot go on
+    {"type": "array", "items": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}, "uniqueItems": True},  # finite
+    {"type": "array", "items": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, "uniqueItems": True},  # at most 2 long
+    {"type": "array", "items": {"type": "object", "additionalProperties": False}, "uniqueItems": True},  # only {}
 ])
 def test_item_domains_that_can_dead_end_stay_refused(name, schema):
     with pytest.raises(InvalidGrammarError, match="uniqueItems") as refused:
@@ -200,6 +203,10 @@ def adversarial_output(backend, tokenizer, schema, preferences: list[bytes], max
     ({**NUMBERS, "items": {"type": "integer", "not": {"const": 0}}}, [b",", b"-", b"1", b"["]),  # bounded away from 0
     ({"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 4}},
       "required": ["t"]}, [b'"', b"t", b"a", b":", b",", b"[", b"{"]),
+    # open because another item can always be appended (and lengths are unbounded)
+    ({**STRINGS, "items": {"type": "array", "items": {"type": "boolean"}}}, [b"]", b"[", b"true", b","]),
+    # the first item has nothing to repeat: a closed first position before open ones
+    ({**STRINGS, "prefixItems": [{"enum": ["a"]}], "items": {"type": "string"}}, [b'"', b"a", b",", b"["]),
 ])
 def test_an_adversarial_decoder_cannot_repeat_an_item(backends, tokenizer, name, schema, preferences):
     text = adversarial_output(backends[name], tokenizer, schema, preferences)
@@ -207,6 +214,17 @@ def test_an_adversarial_decoder_cannot_repeat_an_item(backends, tokenizer, name,
     jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(value)
     items = value if isinstance(value, list) else value["t"]
     assert len(items) >= 4 and len(set(map(json.dumps, items))) == len(items)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_objects_with_typed_additional_properties_are_open_items(backends, tokenizer, name):
+    """Another key (with a boolean value) can always be added, so a repeated object is refused
+    at its close and the decoder goes on with a key: {} first, then never {} again."""
+    schema = {"type": "array", "uniqueItems": True, "minItems": 2, "items": {"type": "object", "additionalProperties": {"type": "boolean"}}}
+    text = adversarial_output(backends[name], tokenizer, schema, [b"}", b"]", b"false", b'"', b"a", b":", b",", b"{", b"["])
+    value = json.loads(text)
+    jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(value)
+    assert len(value) == 2 and value[0] == {} and value[1] != {}
 
 
 # Twelve values where "a1" begins "a10" and "a11": an item can be begun and left with no unused

@@ -77,10 +77,12 @@ def _guardable_finite(kw: dict, values: list | None) -> bool:
 
 
 def _open_array(kw: dict, ctx) -> bool:
-    """Every position of the array (its prefix items and its items; absent items are any value)
-    holds an open domain (`open_domain`)."""
+    """Every position of the array after the first (its prefix items and its items; absent items
+    are any value) holds an open domain (`open_domain`): the first item has no earlier one to repeat."""
     positions = list(kw["prefix"]) + ([] if kw["items"] is not None and kw["items"].is_none else [kw["items"] or ANY])
-    return bool(positions) and all(open_domain(u, ctx) for u in positions)
+    # The first item has no earlier one to repeat: only the later positions need open domains.
+    later = positions[1:] if kw["prefix"] else positions
+    return bool(positions) and all(open_domain(u, ctx) for u in later)
 
 
 def _closing_guarded_objects(kw: dict, ctx) -> bool:
@@ -191,7 +193,9 @@ def open_domain(u: U, ctx) -> bool:
     (`regex.extendable`: ``^[a-z]+$``, ``uri``; not ``^(a|b+)$``, ``date``); a number with no
     bounds or steps; an integer with no steps bounded only away from 0 (``minimum >= 1``), or
     unbounded (``0`` cannot go on: the guard refuses to begin a 0 the array holds); an object that admits undeclared
-    properties of any value (another key can always be added); an array of open items with no maximum."""
+    properties (of any value, or of some schema that has one: another key can always be added); an
+    array with no maximum whose items admit a value (another can always be appended, and lengths are
+    unbounded), open items if it is unique itself."""
     leaves = _concrete_leaves(u, ctx, 0)
     if leaves is None:
         return False
@@ -236,11 +240,14 @@ def _open_leaf(leaf, ctx) -> bool:
         if kw["hi"] is not None:
             return kw["hi"][0] <= -1
         return True  # the guard refuses to begin a 0 the array holds (`JsonTracker`, integer items)
-    if leaf.kind == "object":  # another property can always be added (after the declared ones)
-        return not kw["pprops"] and (kw["additional"] is None or kw["additional"].is_any) and kw["max"] is None and not kw["names"]
+    if leaf.kind == "object":  # another key (with any value undeclared keys may take) can always be added
+        return not kw["pprops"] and (kw["additional"] is None or not kw["additional"].is_none) and kw["max"] is None and not kw["names"]
     if leaf.kind == "array":
-        return (not kw["prefix"] and kw["max"] is None and not kw["unique"] and not kw["contains"]
-                and (kw["items"] is None or kw["items"].is_any))
+        # Another item can always be appended, and lengths are unbounded: among the ways on, one
+        # differs from each of the finitely many earlier items. Unique nested items need open ones.
+        items = ANY if kw["items"] is None else kw["items"]
+        return (array_max(kw) is None and not kw["contains"] and not items.is_none
+                and (not kw["unique"] or _fully_open(items, ctx)))
     return False
 
 
