@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 
-from .leaves import ANY, BARE_KINDS, NONE, U, Context, Leaf, intersect, unique_values, value_kind
+from .intersection import Context, intersect
+from .leaves import ANY, BARE_KINDS, NONE, U, Leaf, unique_values, value_kind
 from .refusal import Refusal
 
 MAX_EXCLUDED_NUMBERS = 16
@@ -117,7 +118,7 @@ def _numbers(kw: dict, origin: str, ctx, location):
 
 def _integer(kw: dict, origin: str, ctx, location):
     parts, exact = _numbers(kw, origin, ctx, location)
-    from .leaves import make_integer
+    from .intersection import make_integer
 
     leaves = [Leaf("integer", k, origin) for k in (make_integer(p) for p in parts) if k is not None]
     return leaves, exact

@@ -16,7 +16,8 @@ from typing import Any
 from . import languages, regex
 from .capabilities import REFUSED, how
 from .formats import FORMAT_PATTERNS
-from .leaves import BARE_KINDS, Leaf, U, array_max, intersect
+from .intersection import array_max, intersect
+from .leaves import BARE_KINDS, Leaf, U
 from .numbers import (LLGUIDANCE_EXACT_LIMIT, XGRAMMAR_INT_LIMIT, XGRAMMAR_MAX_MULTIPLE_OF, binary_fraction, bounded,
                       enumerate_multiples, every_integer_is_multiple, has_big_integer, step_feature)
 from .refusal import Refusal, Unsatisfiable
@@ -171,7 +172,7 @@ class Emitter:
     def _number(self, kind: str, kw: dict, origin: str) -> dict | None:
         steps = kw["steps"]
         if kind == "number" and steps and all(isinstance(s, int) for s in steps):
-            from .leaves import make_integer
+            from .intersection import make_integer
 
             kw = make_integer(kw)  # integer multiples only: a subset (4.0 is not produced)
             if kw is None:

@@ -12,7 +12,8 @@ import re
 from fractions import Fraction
 from typing import Any, Callable
 
-from .leaves import U, Leaf, json_key, schema_for
+from .intersection import schema_for
+from .leaves import U, Leaf, json_key
 
 
 def accepts(u: U, value: Any, expand: Callable[[Leaf], U], format_ok: Callable[[str, str], bool]) -> bool:

@@ -1,4 +1,4 @@
-"""The normal form: a union of typed leaves, and the intersection of two such unions.
+"""The normal form: a union of typed leaves (the intersection of two: `intersection`).
 
 A schema is normalised into a `U`: ANY (no constraint), NONE (no value) or a list of `Leaf`s
 whose union is exactly the set of valid values. A leaf is one of
@@ -22,10 +22,7 @@ evaluate nothing, as JSON Schema's ``not`` drops annotations.
 from __future__ import annotations
 
 from decimal import Decimal
-
-import math
-import re
-from typing import Any, Callable
+from typing import Any
 
 from .refusal import Refusal
 
@@ -47,7 +44,6 @@ def kind_of(value: Any) -> str:
     return "array" if isinstance(value, list) else "object"
 MAX_LEAVES = 64
 MAX_ANY_OF_LEAVES = 256  # a plain anyOf only lists its branches: no product, so a longer list is cheap
-MAX_MERGE_EXPANSIONS = 24
 
 
 class Leaf:
@@ -134,7 +130,7 @@ def union(parts, limit: int = MAX_LEAVES) -> U:
         leaves.extend(part.leaves)
         exact = exact and part.exact
     leaves = _enums_joined(_absorbed(leaves))
-    _check_size(leaves, limit)
+    check_size(leaves, limit)
     return U(leaves, exact)
 
 
@@ -181,305 +177,10 @@ def _absorbed(leaves: list) -> list:
     return out
 
 
-def children(kw: dict):
-    """The schemas nested directly in a leaf's keywords (properties, items, contains, ...)."""
-    for key in ("props", "pprops"):
-        yield from kw.get(key, {}).values()
-    for key in ("additional", "items"):
-        if kw.get(key) is not None:
-            yield kw[key]
-    yield from kw.get("prefix", ())
-    yield from kw.get("names", ())
-    for child, _low, _high in kw.get("contains", ()):
-        yield child
-
-
-def emptied(kw: dict, ctx: "Context") -> U:
-    """The union for an array or object leaf that `check_array`/`check_object` found to have no
-    value: exactly empty (NONE) when an exact part proves it (counts that clash, a required
-    property or a needed position that truly admits nothing), else empty only as far as the
-    subsets it was judged by know (`NONE_APPROX`)."""
-    if kw["max"] is not None and kw["min"] > kw["max"]:
-        return NONE
-    if "props" in kw:
-        if kw["max"] is not None and len(kw["required"]) > kw["max"]:
-            return NONE
-        proofs = [schema_for(kw, name, ctx) for name in kw["required"]]
-    else:
-        proofs = list(kw["prefix"][:kw["min"]])
-        if kw["items"] is not None and len(kw["prefix"]) < kw["min"]:
-            proofs.append(kw["items"])
-    return NONE if any(proof.is_none and proof.exact for proof in proofs) else NONE_APPROX
-
-
-def deeply_exact(u: U, ctx: "Context", seen: set | None = None) -> bool:
-    """True when `u` and every schema nested in it, through refs, is exact: a value `accepts`
-    rejects against it is then truly invalid (a closed object's extra key, say, is not)."""
-    if not u.exact:
-        return False
-    if u.leaves is None:
-        return True
-    seen = set() if seen is None else seen
-    for leaf in u.leaves:
-        if leaf.kind == "ref":
-            key = leaf.kw["target"]
-            if key not in seen:
-                seen.add(key)
-                if not deeply_exact(ctx.expand(leaf), ctx, seen):
-                    return False
-        elif not all(deeply_exact(child, ctx, seen) for child in children(leaf.kw)):
-            return False
-    return True
-
-
-def _check_size(leaves, limit: int = MAX_LEAVES) -> None:
+def check_size(leaves, limit: int = MAX_LEAVES) -> None:
+    """Refuses a union of more than `limit` alternatives."""
     if len(leaves) > limit:
         raise Refusal(f"a combination of anyOf/oneOf/not/if/dependencies with more than {limit} alternatives")
-
-
-# ----- intersection --------------------------------------------------------------------------------
-
-
-class Context:
-    """What merging needs from the normaliser: expanding refs, checking enum values, a work budget."""
-
-    merge_expansions = 0  # refs expanded by the merges in progress (see `merge`)
-    unique_guard = False  # the runtime uniqueness guard will run (`unique_items.finish_unique`)
-
-    def ref_kinds(self, key: tuple) -> frozenset:
-        """The types a reference target's values may have (an over-approximation)."""
-        return ALL_KINDS
-
-    ordered_objects = True  # engines write an object's properties in the schema's order
-
-    def expand(self, leaf: Leaf) -> U:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def accepts(self, u: U, value: Any) -> bool:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def spend(self, amount: int = 1) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
-
-
-def intersect(a: U, b: U, ctx: Context) -> U:
-    if a.is_any:
-        return b
-    if b.is_any:
-        return a
-    if a.is_none or b.is_none:
-        truly_empty = (a.is_none and a.exact) or (b.is_none and b.exact)
-        return NONE if truly_empty else NONE_APPROX
-    out: list[Leaf] = []
-    exact = a.exact and b.exact
-    for left in a.leaves:
-        for right in b.leaves:
-            ctx.spend()
-            merged = merge(left, right, ctx)
-            out.extend(merged.leaves)
-            exact = exact and merged.exact
-    _check_size(out)
-    return U(out, exact)
-
-
-def merge(a: Leaf, b: Leaf, ctx: Context) -> U:
-    """The intersection of two leaves, as a union (refs expand into several leaves)."""
-    if a.kind == "ref" or b.kind == "ref":
-        # Intersecting recursive definitions would need a new recursive definition: nested
-        # expansions are bounded instead, and past the bound the schema is refused.
-        if ctx.merge_expansions >= MAX_MERGE_EXPANSIONS:
-            raise Refusal("the intersection of recursive $ref definitions (allOf or siblings of recursive schemas)", a.origin)
-        ctx.merge_expansions += 1
-        try:
-            if a.kind == "ref":
-                return intersect(ctx.expand(a), U([b]), ctx)
-            return intersect(U([a]), ctx.expand(b), ctx)
-        finally:
-            ctx.merge_expansions -= 1
-    if a.kind == "enum" or b.kind == "enum":
-        values, other = (a, b) if a.kind == "enum" else (b, a)
-        kept = tuple(v for v in values.kw["values"] if ctx.accepts(U([other]), v))
-        # A value the other leaf rejects is truly invalid only when that leaf is exact all the way down.
-        exact = len(kept) == len(values.kw["values"]) or deeply_exact(U([other]), ctx)
-        if not kept:
-            return NONE if exact else NONE_APPROX
-        return U([Leaf("enum", {"values": kept}, values.origin, a.weak or b.weak)], exact)
-    kinds = {a.kind, b.kind}
-    if kinds == {"integer", "number"}:
-        kind = "integer"
-    elif len(kinds) == 1:
-        kind = a.kind
-    else:
-        return NONE
-    merged = _MERGERS.get(kind, lambda x, y, c: {})(a.kw, b.kw, ctx)
-    if merged is None:
-        return NONE
-    if isinstance(merged, U):  # an array or object with no value (`emptied`)
-        return merged
-    return U([Leaf(kind, merged, a.origin, a.weak or b.weak)])
-
-
-def _tighter(first, second, lower: bool):
-    """The tighter of two bounds (value, exclusive); None is no bound."""
-    if first is None:
-        return second
-    if second is None:
-        return first
-    if first[0] != second[0]:
-        return first if (first[0] > second[0]) == lower else second
-    return (first[0], first[1] or second[1])
-
-
-def integer_bounds(lo, hi):
-    """Inclusive integer bounds from (value, exclusive) pairs (exact: integers between them)."""
-    if lo is not None:
-        value, exclusive = lo
-        lo = (math.floor(value) + 1 if exclusive else math.ceil(value), False)
-    if hi is not None:
-        value, exclusive = hi
-        hi = (math.ceil(value) - 1 if exclusive else math.floor(value), False)
-    return lo, hi
-
-
-def bounds_empty(lo, hi) -> bool:
-    if lo is None or hi is None:
-        return False
-    return lo[0] > hi[0] or (lo[0] == hi[0] and (lo[1] or hi[1]))
-
-
-def _merge_numbers(a: dict, b: dict, ctx: Context) -> dict | None:
-    lo, hi = _tighter(a["lo"], b["lo"], True), _tighter(a["hi"], b["hi"], False)
-    steps = tuple(dict.fromkeys(a["steps"] + b["steps"]))
-    return None if bounds_empty(lo, hi) else {"lo": lo, "hi": hi, "steps": steps}
-
-
-def make_integer(kw: dict) -> dict | None:
-    """A number leaf's keywords restricted to integers (bounds made inclusive integers)."""
-    lo, hi = integer_bounds(kw["lo"], kw["hi"])
-    return None if bounds_empty(lo, hi) else {**kw, "lo": lo, "hi": hi}
-
-
-def _merge_strings(a: dict, b: dict, ctx: Context) -> dict | None:
-    low = max(a["min"], b["min"])
-    high = a["max"] if b["max"] is None else b["max"] if a["max"] is None else min(a["max"], b["max"])
-    if high is not None and low > high:
-        return None
-    return {"min": low, "max": high, "patterns": tuple(dict.fromkeys(a["patterns"] + b["patterns"])),
-            "formats": tuple(dict.fromkeys(a["formats"] + b["formats"]))}
-
-
-def _min_max(a: dict, b: dict):
-    low = max(a["min"], b["min"])
-    high = a["max"] if b["max"] is None else b["max"] if a["max"] is None else min(a["max"], b["max"])
-    return low, high
-
-
-def _position(kw: dict, index: int) -> U:
-    prefix = kw["prefix"]
-    if index < len(prefix):
-        return prefix[index]
-    return ANY if kw["items"] is None else kw["items"]
-
-
-def _merge_arrays(a: dict, b: dict, ctx: Context) -> "dict | U":
-    low, high = _min_max(a, b)
-    length = max(len(a["prefix"]), len(b["prefix"]))
-    prefix = tuple(intersect(_position(a, i), _position(b, i), ctx) for i in range(length))
-    if a["items"] is None and b["items"] is None:
-        items = None
-    else:
-        items = intersect(ANY if a["items"] is None else a["items"], ANY if b["items"] is None else b["items"], ctx)
-    kw = {"prefix": prefix, "items": items, "min": low, "max": high, "unique": a["unique"] or b["unique"],
-          "contains": a["contains"] + b["contains"], "ann_prefix": max(a["ann_prefix"], b["ann_prefix"]),
-          "ann_items": a["ann_items"] or b["ann_items"], "declared": a["declared"] or b["declared"]}
-    checked = check_array(kw)
-    return emptied(kw, ctx) if checked is None else checked
-
-
-def check_array(kw: dict) -> dict | None:
-    """None when no array fits: too few positions can hold a value for ``minItems``. Otherwise
-    the keywords with ``max`` tightened by the positions that *exactly* admit nothing; one that
-    admits nothing only as far as a subset knows (strict closure, a `NONE_APPROX`) bounds the
-    length too, but a complement must not read that bound as the schema's (`array_max`)."""
-    high = exact_high = kw["max"]
-    positions = list(kw["prefix"]) + ([kw["items"]] if kw["items"] is not None else [])
-    for index, position in enumerate(positions):
-        if position.is_none:
-            high = index if high is None else min(high, index)
-            if position.exact:
-                exact_high = index if exact_high is None else min(exact_high, index)
-    if high is not None and kw["min"] > high:
-        return None
-    return {**kw, "max": exact_high}
-
-
-def array_max(kw: dict) -> int | None:
-    """An array leaf's length bound: its ``maxItems`` and the first position that admits nothing
-    (a prefix item or ``items``; ``false``, or strict mode's closure, which `check_array` keeps
-    out of ``max``)."""
-    high = kw["max"]
-    positions = list(kw["prefix"]) + ([kw["items"]] if kw["items"] is not None else [])
-    for index, position in enumerate(positions):
-        if position.is_none:
-            return index if high is None else min(high, index)
-    return high
-
-
-def schema_for(kw: dict, name: str, ctx: Context) -> U:
-    """What an object leaf requires of the value of property `name`: its ``properties`` entry and
-    every matching ``patternProperties`` entry, or else ``additionalProperties``."""
-    matching = [child for pattern, child in kw["pprops"].items() if re.search(pattern, name)]
-    if name in kw["props"]:
-        matching.insert(0, kw["props"][name])
-    if not matching:
-        return ANY if kw["additional"] is None else kw["additional"]
-    result = ANY
-    for child in matching:
-        result = intersect(result, child, ctx)
-    return result
-
-
-def _merge_objects(a: dict, b: dict, ctx: Context) -> "dict | U":
-    for one, other in ((a, b), (b, a)):
-        rest_free = other["additional"] is None or other["additional"].is_any
-        if not rest_free and any(p not in other["pprops"] for p in one["pprops"]):
-            raise Refusal("patternProperties combined (allOf, $ref, ...) with another schema's additionalProperties")
-    props = {}
-    for name in list(a["props"]) + [n for n in b["props"] if n not in a["props"]]:
-        props[name] = intersect(schema_for(a, name, ctx), schema_for(b, name, ctx), ctx)
-    pprops = dict(a["pprops"])
-    for pattern, child in b["pprops"].items():
-        pprops[pattern] = intersect(pprops[pattern], child, ctx) if pattern in pprops else child
-    if a["additional"] is None and b["additional"] is None:
-        additional = None
-    else:
-        additional = intersect(a["additional"] or ANY, b["additional"] or ANY, ctx)
-    low, high = _min_max(a, b)
-    kw = {"props": props, "pprops": pprops, "additional": additional,
-          "required": tuple(dict.fromkeys(a["required"] + b["required"])), "min": low, "max": high,
-          "names": a["names"] + b["names"], "ann": a["ann"] | b["ann"], "ann_pp": a["ann_pp"] | b["ann_pp"],
-          "ann_rest": a["ann_rest"] or b["ann_rest"], "declared": a["declared"] or b["declared"]}
-    checked = check_object(kw, ctx)
-    return emptied(kw, ctx) if checked is None else checked
-
-
-def check_object(kw: dict, ctx: Context) -> dict | None:
-    """None when no object fits (a required property that can have no value, counts that clash)."""
-    if kw["max"] is not None and (kw["min"] > kw["max"] or len(kw["required"]) > kw["max"]):
-        return None
-    for name in kw["required"]:
-        if schema_for(kw, name, ctx).is_none:
-            return None
-    return kw
-
-
-_MERGERS: dict[str, Callable] = {
-    "integer": lambda a, b, ctx: (lambda kw: kw and make_integer(kw))(_merge_numbers(a, b, ctx)),
-    "number": _merge_numbers,
-    "string": _merge_strings,
-    "array": _merge_arrays,
-    "object": _merge_objects,
-}
 
 
 # ----- JSON values ---------------------------------------------------------------------------------

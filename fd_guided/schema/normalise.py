@@ -25,8 +25,8 @@ from .complement import complement
 from .drafts import Document, base_uri
 from .formats import ANNOTATION_FORMATS, FORMAT_PATTERNS, UNSUPPORTED_FORMATS
 from .instance import accepts
-from .leaves import (ALL_KINDS, ANY, BARE_KINDS, NONE, NONE_APPROX, U, Context, Leaf, bounds_empty, check_array, check_object,
-                     deeply_exact, emptied, intersect, kind_of, make_integer, unique_values)
+from .intersection import Context, bounds_empty, check_array, check_object, deeply_exact, emptied, intersect, make_integer
+from .leaves import ALL_KINDS, ANY, BARE_KINDS, NONE, NONE_APPROX, U, Leaf, kind_of, unique_values
 from .refusal import Refusal, Unsatisfiable
 
 MAX_DEPTH = 150

@@ -28,8 +28,8 @@ import itertools
 import re
 
 from .complement import complement
-from .leaves import (ALL_KINDS, ANY, BARE_KINDS, MAX_ANY_OF_LEAVES, NONE, U, Leaf, bare, check_array, check_object, deeply_exact, intersect,
-                     item_at, json_key, kind_of, schema_for, union)
+from .intersection import check_array, check_object, deeply_exact, intersect, schema_for
+from .leaves import ALL_KINDS, ANY, BARE_KINDS, MAX_ANY_OF_LEAVES, NONE, U, Leaf, bare, item_at, json_key, kind_of, union
 from .refusal import Refusal
 from .unique_items import finish_unique
 

@@ -13,7 +13,8 @@
 from __future__ import annotations
 
 from .formats import FORMAT_PATTERNS, format_pattern
-from .leaves import ANY, U, Leaf, array_max, item_at, json_key
+from .intersection import array_max
+from .leaves import ANY, U, Leaf, item_at, json_key
 from .refusal import Refusal
 from .regex import extendable, string_language
 from .unique_paths import literal_text
