@@ -227,6 +227,32 @@ def test_objects_with_typed_additional_properties_are_open_items(backends, token
     assert len(value) == 2 and value[0] == {} and value[1] != {}
 
 
+# A tree whose children are unique nodes: the array sits inside the definition its items refer to,
+# so the normaliser decides its uniqueItems only at emission (`unique_items._Pending`). The label
+# (open) comes last: a repeated child is refused at its close while its label can still go on.
+NODE = {"type": "object", "required": ["label"], "properties": {
+    "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "uniqueItems": True}, "label": {"type": "string"}}}
+TREE = {**NODE, "$defs": {"node": NODE}, "properties": {**NODE["properties"], "children": {**NODE["properties"]["children"], "minItems": 3}}}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_unique_items_inside_the_definition_they_refer_to(backends, tokenizer, name):
+    """The decoder nests, then wants {"children": [], "label": ""} twice at the root: refused."""
+    text = adversarial_output(backends[name], tokenizer, TREE, [b"children", b'"', b":", b"[", b"{", b"label", b"}", b",", b"]"],
+                              max_steps=600)
+    value = json.loads(text)
+    jsonschema.Draft202012Validator(TREE, format_checker=jsonschema.FormatChecker()).validate(value)
+    assert len(value["children"]) >= 3
+
+    def walk(node):
+        children = [json.dumps(child, sort_keys=True) for child in node.get("children", [])]
+        assert len(children) == len(set(children))
+        for child in node.get("children", []):
+            walk(child)
+
+    walk(value)
+
+
 # Twelve values where "a1" begins "a10" and "a11": an item can be begun and left with no unused
 # value to become; minItems asks for all of them, so the decoder must be steered to each.
 FINITE_STRINGS = {"type": "array", "uniqueItems": True, "minItems": 12, "items": {"type": "string", "enum": [f"a{i}" for i in range(12)]}}

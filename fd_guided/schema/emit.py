@@ -21,6 +21,7 @@ from .leaves import BARE_KINDS, Leaf, U
 from .numbers import (LLGUIDANCE_EXACT_LIMIT, XGRAMMAR_INT_LIMIT, XGRAMMAR_MAX_MULTIPLE_OF, binary_fraction, bounded,
                       enumerate_multiples, every_integer_is_multiple, has_big_integer, step_feature)
 from .refusal import Refusal, Unsatisfiable
+from .unique_items import finish_unique
 
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 MAX_MIN_ITEMS = 1024
@@ -259,6 +260,8 @@ class Emitter:
     # ----- arrays ---------------------------------------------------------------------------------
 
     def _array(self, kw: dict, origin: str) -> dict | None:
+        if kw["unique"] and not kw["contains"]:
+            kw = self._unique_deferred(kw, origin)
         if kw["unique"] or kw["contains"]:
             raise Refusal("uniqueItems/contains that could not be rewritten", origin)
         out: dict[str, Any] = {"type": "array"}
@@ -285,6 +288,17 @@ class Emitter:
         if high is not None:
             out["maxItems"] = min(high, MAX_COUNT)
         return out
+
+    def _unique_deferred(self, kw: dict, origin: str) -> dict:
+        """``uniqueItems`` the normaliser left for now (`unique_items.finish_unique`: its items
+        reach a definition that was still being normalised), decided now that all are done. Only
+        a verdict that keeps the items as they are is taken (the guard then enforces it): moving
+        a property last would inline the definition the array sits in, again at every level."""
+        finished = finish_unique(Leaf("array", kw, origin), self.normaliser)
+        if len(finished) == 1 and finished[0].kind == "array" and not finished[0].kw["unique"] \
+                and finished[0].kw["items"] is kw["items"] and finished[0].kw["prefix"] == kw["prefix"]:
+            return finished[0].kw
+        return kw
 
     # ----- objects --------------------------------------------------------------------------------
 

@@ -39,6 +39,10 @@ class Context:
 
     ordered_objects = True  # engines write an object's properties in the schema's order
 
+    def in_progress(self, key: tuple) -> bool:
+        """True while the definition `key` is being normalised (expanding it now would recurse)."""
+        return False
+
     def expand(self, leaf: Leaf) -> U:  # pragma: no cover - interface
         raise NotImplementedError
 

@@ -72,6 +72,9 @@ class Normaliser(Context):
         if self._work > MAX_WORK:
             raise Refusal("a schema whose combinations are too expensive to normalise")
 
+    def in_progress(self, key: tuple) -> bool:
+        return key in self._active
+
     def expand(self, leaf: Leaf) -> U:
         key = leaf.kw["target"]
         node, resolver, path = self.targets[key]

@@ -23,7 +23,22 @@ MAX_UNIQUE_ARRAYS = 256
 MAX_VISITS = 20_000  # partial arrays the enumeration may build before it refuses
 
 
+class _Pending(Exception):
+    """The items reach a definition whose normalisation is still under way (the array sits inside
+    it: ``node: {children: {items: {$ref: node}}}``): decided again at emission (`emit`)."""
+
+
 def finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
+    """The array leaf with ``uniqueItems`` rewritten (module docstring); the leaf unchanged (its
+    ``unique`` kept) when its items reach a definition still being normalised: the emitter asks
+    again once every definition is done."""
+    try:
+        return _finish_unique(leaf, ctx)
+    except _Pending:
+        return [leaf]
+
+
+def _finish_unique(leaf: Leaf, ctx) -> list[Leaf]:
     kw = leaf.kw
     if not kw["unique"]:
         return [leaf]
@@ -215,6 +230,8 @@ def _concrete_leaves(u: U, ctx, depth: int) -> list | None:
         if leaf.kind != "ref":
             out.append(leaf)
             continue
+        if ctx.in_progress(leaf.kw["target"]):
+            raise _Pending
         try:
             expanded = _concrete_leaves(ctx.expand(leaf), ctx, depth + 1)
         except Refusal:
