@@ -79,16 +79,13 @@ def complement_leaf(leaf: Leaf, ctx: Context, location: str) -> U:
             return U((), exact=False)
         active.add(key)
         try:
-            target = ctx.expand(leaf)
-        except Refusal:
-            # The target cannot be normalised here (it is the definition being normalised, reached
-            # again through a oneOf/not inside it): its complement is left out, a subset as above.
-            # Used positively that is sound; complementing the result again is refused (inexact).
-            return U((), exact=False)
-        finally:
-            active.discard(key)
-        active.add(key)
-        try:
+            try:
+                target = ctx.expand(leaf)
+            except Refusal:
+                # The target cannot be normalised here (it is the definition being normalised,
+                # reached again through a oneOf/not inside it): its complement is left out, a
+                # subset as above. Sound where used positively; complementing it again is refused.
+                return U((), exact=False)
             return complement(target, ctx, location)
         finally:
             active.discard(key)

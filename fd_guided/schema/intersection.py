@@ -26,7 +26,6 @@ from .refusal import Refusal
 MAX_MERGE_EXPANSIONS = 24
 
 
-
 class Context:
     """What merging needs from the normaliser: expanding refs, checking enum values, a work budget."""
 
@@ -192,13 +191,7 @@ def check_array(kw: dict) -> dict | None:
     the keywords with ``max`` tightened by the positions that *exactly* admit nothing; one that
     admits nothing only as far as a subset knows (strict closure, a `NONE_APPROX`) bounds the
     length too, but a complement must not read that bound as the schema's (`array_max`)."""
-    high = exact_high = kw["max"]
-    positions = list(kw["prefix"]) + ([kw["items"]] if kw["items"] is not None else [])
-    for index, position in enumerate(positions):
-        if position.is_none:
-            high = index if high is None else min(high, index)
-            if position.exact:
-                exact_high = index if exact_high is None else min(exact_high, index)
+    high, exact_high = _length_bounds(kw)
     if high is not None and kw["min"] > high:
         return None
     return {**kw, "max": exact_high}
@@ -208,12 +201,20 @@ def array_max(kw: dict) -> int | None:
     """An array leaf's length bound: its ``maxItems`` and the first position that admits nothing
     (a prefix item or ``items``; ``false``, or strict mode's closure, which `check_array` keeps
     out of ``max``)."""
-    high = kw["max"]
+    return _length_bounds(kw)[0]
+
+
+def _length_bounds(kw: dict) -> tuple[int | None, int | None]:
+    """(``maxItems`` tightened by the first position, a prefix item or ``items``, that admits no
+    value; the same counting only positions that *exactly* admit none)."""
+    high = exact_high = kw["max"]
     positions = list(kw["prefix"]) + ([kw["items"]] if kw["items"] is not None else [])
     for index, position in enumerate(positions):
         if position.is_none:
-            return index if high is None else min(high, index)
-    return high
+            high = index if high is None else min(high, index)
+            if position.exact:
+                exact_high = index if exact_high is None else min(exact_high, index)
+    return high, exact_high
 
 
 def schema_for(kw: dict, name: str, ctx: Context) -> U:
@@ -256,12 +257,22 @@ def _merge_objects(a: dict, b: dict, ctx: Context) -> "dict | U":
 
 def check_object(kw: dict, ctx: Context) -> dict | None:
     """None when no object fits (a required property that can have no value, counts that clash)."""
+    return kw if _object_emptiness(kw, ctx) is None else None
+
+
+def _object_emptiness(kw: dict, ctx: Context) -> U | None:
+    """None when some object fits; NONE when an exact part proves none does (counts that clash, a
+    required property that truly admits nothing), NONE_APPROX when only a subset says so."""
     if kw["max"] is not None and (kw["min"] > kw["max"] or len(kw["required"]) > kw["max"]):
-        return None
+        return NONE
+    found = None
     for name in kw["required"]:
-        if schema_for(kw, name, ctx).is_none:
-            return None
-    return kw
+        schema = schema_for(kw, name, ctx)
+        if schema.is_none:
+            if schema.exact:
+                return NONE
+            found = NONE_APPROX
+    return found
 
 
 _MERGERS: dict[str, Callable] = {
@@ -294,17 +305,10 @@ def emptied(kw: dict, ctx: "Context") -> U:
     value: exactly empty (NONE) when an exact part proves it (counts that clash, a required
     property or a needed position that truly admits nothing), else empty only as far as the
     subsets it was judged by know (`NONE_APPROX`)."""
-    if kw["max"] is not None and kw["min"] > kw["max"]:
-        return NONE
     if "props" in kw:
-        if kw["max"] is not None and len(kw["required"]) > kw["max"]:
-            return NONE
-        proofs = [schema_for(kw, name, ctx) for name in kw["required"]]
-    else:
-        proofs = list(kw["prefix"][:kw["min"]])
-        if kw["items"] is not None and len(kw["prefix"]) < kw["min"]:
-            proofs.append(kw["items"])
-    return NONE if any(proof.is_none and proof.exact for proof in proofs) else NONE_APPROX
+        return _object_emptiness(kw, ctx) or NONE_APPROX
+    exact_high = _length_bounds(kw)[1]
+    return NONE if exact_high is not None and kw["min"] > exact_high else NONE_APPROX
 
 
 def deeply_exact(u: U, ctx: "Context", seen: set | None = None) -> bool:

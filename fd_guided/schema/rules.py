@@ -147,7 +147,7 @@ def _leaves_discriminated(left: Leaf, right: Leaf, ctx) -> bool:
     if "ref" in (left.kind, right.kind):
         return False
     if left.kind != right.kind:
-        return {left.kind, right.kind} not in ({"integer", "number"},) and "enum" not in (left.kind, right.kind)
+        return {left.kind, right.kind} != {"integer", "number"} and "enum" not in (left.kind, right.kind)
     if left.kind != "object":
         return False
     for name in set(left.kw["required"]) | set(right.kw["required"]):

@@ -93,12 +93,17 @@ def _guardable_finite(kw: dict, values: list | None) -> bool:
 
 
 def _open_array(kw: dict, ctx) -> bool:
-    """Every position of the array after the first (its prefix items and its items; absent items
-    are any value) holds an open domain (`open_domain`): the first item has no earlier one to repeat."""
-    positions = list(kw["prefix"]) + ([] if kw["items"] is not None and kw["items"].is_none else [kw["items"] or ANY])
-    # The first item has no earlier one to repeat: only the later positions need open domains.
+    """Every position of the array after the first (`_positions`) holds an open domain
+    (`open_domain`): the first item has no earlier one to repeat."""
+    positions = _positions(kw)
     later = positions[1:] if kw["prefix"] else positions
     return bool(positions) and all(open_domain(u, ctx) for u in later)
+
+
+def _positions(kw: dict) -> list[U]:
+    """The schemas of an array's positions: its prefix items, then its items unless they admit
+    nothing (absent items are any value)."""
+    return list(kw["prefix"]) + ([] if kw["items"] is not None and kw["items"].is_none else [kw["items"] or ANY])
 
 
 def _closing_guarded_objects(kw: dict, ctx) -> bool:
@@ -114,7 +119,7 @@ def _closing_guarded_objects(kw: dict, ctx) -> bool:
     the schema's order (not ``guided_any_order``)."""
     if not ctx.ordered_objects:
         return False
-    positions = list(kw["prefix"]) + ([] if kw["items"] is not None and kw["items"].is_none else [kw["items"] or ANY])
+    positions = _positions(kw)
     return bool(positions) and all(_closing_guarded_position(u, ctx) for u in positions)
 
 
