@@ -171,8 +171,7 @@ def _array(kw: dict, origin: str, ctx, location):
 def _object(kw: dict, origin: str, ctx, location):
     leaves, exact = [], True
     base = Leaf("object").kw
-    for name in kw["required"]:
-        leaves.append(Leaf("object", {**base, "props": {name: NONE}}, origin))
+    negated_props = {}
     for name, child in kw["props"].items():
         if child.is_any:
             continue
@@ -181,6 +180,14 @@ def _object(kw: dict, origin: str, ctx, location):
             continue
         negated = complement(child, ctx, location)
         exact = exact and negated.exact
+        negated_props[name] = negated
+    for name in kw["required"]:
+        # "absent" and "present with a value outside" are one leaf: the property's schema is
+        # the complement, the key optional (an absent key satisfies ``properties``). One leaf
+        # per required property, not two, keeps a oneOf of branches that each require their
+        # own key (``{required: [node], properties: {node: ...}}``) from multiplying out.
+        leaves.append(Leaf("object", {**base, "props": {name: negated_props.pop(name, NONE)}}, origin))
+    for name, negated in negated_props.items():
         if not negated.is_none:
             leaves.append(Leaf("object", {**base, "props": {name: negated}, "required": (name,)}, origin))
     if kw["min"] > 0:

@@ -102,12 +102,44 @@ def one_of(branches: list[U], ctx, location: str, context: U = ANY) -> U:
     for index, branch in enumerate(narrowed):
         part = branch
         for other in overlapping[index]:
+            beyond = _beyond(branches[other], part)
+            if beyond is not None:
+                part = intersect(part, complement(beyond, ctx, location), ctx)
+                continue
             if other not in negated:
                 negated[other] = complement(branches[other], ctx, location)
             part = intersect(part, negated[other], ctx)
         parts.append(part)
     result = union(parts)
     return result if narrowed is not branches else intersect(context, result, ctx)
+
+
+def _beyond(other: U, given: U) -> U | None:
+    """`other` less the object constraints every value of `given` already meets, when that drops
+    any: then ``given ∧ ¬other = given ∧ ¬beyond`` (other = beyond ∧ R with given ⊆ R, so
+    ``given ∧ ¬R`` is empty), and the complement has no "violates R" alternatives that would
+    each survive the intersection unproven empty (``x: S ∧ x: ¬S``) and multiply across the
+    branches. Branches sharing a base (``allOf: [{$ref: base}, {required: [node], ...}]``) are
+    the case: the base's constraints are the same objects in each. None when nothing is dropped.
+
+    Implied constraints, judged per leaf of `given` (all objects): a property ``required`` there,
+    a property schema that is the very same union there (identity: equal by construction; the
+    same key's patternProperties and additionalProperties apply alike to both)."""
+    if other.is_any or not other.exact or len(other.leaves) != 1 or other.leaves[0].kind != "object":
+        return None
+    if given.is_any or not given.leaves or any(leaf.kind != "object" for leaf in given.leaves):
+        return None
+    leaf = other.leaves[0]
+    kw = leaf.kw
+    required = tuple(name for name in kw["required"] if not all(name in g.kw["required"] for g in given.leaves))
+    implied = {name for name, child in kw["props"].items()
+               if not child.is_any and all(g.kw["props"].get(name) is child for g in given.leaves)}
+    if len(required) == len(kw["required"]) and not implied:
+        return None
+    # An implied property stays declared (as any value): dropping the name would hand it to
+    # additionalProperties.
+    props = {name: ANY if name in implied else child for name, child in kw["props"].items()}
+    return U([Leaf("object", {**kw, "required": required, "props": props}, leaf.origin, leaf.weak)], other.exact)
 
 
 def _overlaps(branches: list[U], ctx) -> list[list[int]] | None:

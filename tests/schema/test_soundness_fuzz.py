@@ -116,6 +116,60 @@ def test_normal_forms_accept_only_valid_values(seed, strict):
     assert not unsound, unsound[:3]
 
 
+def shared_base_one_of(rng: random.Random):
+    """A oneOf whose branches extend one base object (``allOf: [{$ref: d}, {required: [k], ...}]``),
+    the shape `rules._beyond` subtracts relative to the base; sometimes beside a context, sometimes
+    under a ``not``. The base's own properties (shared by every branch) and the branches' may
+    close the object."""
+    base_names = rng.sample(["a", "b", "c", "x"], rng.randint(1, 3))
+    base = {"type": "object", "properties": {name: random_schema(rng, 1) for name in base_names}}
+    if rng.random() < 0.6:
+        base["required"] = rng.sample(base_names, rng.randint(1, len(base_names)))
+    if rng.random() < 0.3:
+        base["additionalProperties"] = rng.choice([True, {"type": "integer"}, {"type": "object"}])
+    branches = []
+    for name in rng.sample(["a", "b", "c", "x"], rng.randint(2, 3)):
+        own = {"type": "object", "properties": {name: random_schema(rng, 1)}}
+        if rng.random() < 0.3:
+            own["properties"].update({other: True for other in base_names})
+        if rng.random() < 0.8:
+            own["required"] = [name]
+        if rng.random() < 0.4:
+            own["additionalProperties"] = rng.choice([False, {"type": "integer"}, {"type": "array"}])
+        branches.append({"allOf": [{"$ref": "#/$defs/d"}, own]} if rng.random() < 0.8 else own)
+    node = {"oneOf": branches, "$defs": {"d": base}}
+    if rng.random() < 0.4:
+        node.update({key: value for key, value in random_schema(rng, 2).items() if key != "$defs"})
+    if rng.random() < 0.4:  # a subset the rule took for exact becomes unsound once complemented
+        node = {"not": {key: value for key, value in node.items() if key != "$defs"}, "$defs": node["$defs"]}
+    return node
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_one_of_over_a_shared_base(strict):
+    rng = random.Random(7)
+    normalised, unsound = 0, []
+    for _ in range(1500):
+        schema = shared_base_one_of(rng)
+        try:
+            normaliser = Normaliser(schema, strict=strict)
+            union = normaliser.root()
+            accepted = [value for value in PROBES + SHARED_BASE_PROBES if normaliser.accepts(union, value)]
+        except (Refusal, Unsatisfiable):
+            continue
+        normalised += 1
+        wrong = [value for value in accepted if not _valid(schema, value)]
+        if wrong:
+            unsound.append((schema, wrong[:3]))
+    assert normalised > 1000
+    assert not unsound, unsound[:3]
+
+
+SHARED_BASE_PROBES = [{"a": 1, "x": 1}, {"a": "a", "x": "a"}, {"b": 1, "x": 1}, {"a": 1, "b": "a", "x": 1}, {"x": 1, "c": 1},
+                      {"a": [], "b": [], "x": []}, {"a": {}, "x": 1}, {"a": 1, "b": 1, "c": 1, "x": 1}, {"a": "a", "c": "a"},
+                      {"b": "b", "c": 1}, {"a": None, "b": None}, {"c": [1], "x": {}}]
+
+
 @pytest.mark.parametrize("backend, count", [("llguidance", 300), ("xgrammar", 120)])
 @pytest.mark.parametrize("strict", [True, False])
 def test_compiled_grammars_accept_only_valid_values(backend, count, strict):
