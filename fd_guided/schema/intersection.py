@@ -20,7 +20,7 @@ import math
 import re
 from typing import Any, Callable
 
-from .leaves import ALL_KINDS, ANY, NONE, NONE_APPROX, U, Leaf, check_size
+from .leaves import ALL_KINDS, ANY, NONE, NONE_APPROX, STRICT_CLOSED, U, Leaf, check_size
 from .refusal import Refusal
 
 MAX_MERGE_EXPANSIONS = 24
@@ -172,11 +172,12 @@ def _position(kw: dict, index: int) -> U:
 
 
 def _merge_arrays(a: dict, b: dict, ctx: Context) -> "dict | U":
+    a, b, closed = _opened(a, b, "items")
     low, high = _min_max(a, b)
     length = max(len(a["prefix"]), len(b["prefix"]))
     prefix = tuple(intersect(_position(a, i), _position(b, i), ctx) for i in range(length))
     if a["items"] is None and b["items"] is None:
-        items = None
+        items = STRICT_CLOSED if closed else None
     else:
         items = intersect(ANY if a["items"] is None else a["items"], ANY if b["items"] is None else b["items"], ctx)
     kw = {"prefix": prefix, "items": items, "min": low, "max": high, "unique": a["unique"] or b["unique"],
@@ -231,7 +232,20 @@ def schema_for(kw: dict, name: str, ctx: Context) -> U:
     return result
 
 
+def _opened(a: dict, b: dict, key: str) -> tuple[dict, dict, bool]:
+    """`a` and `b` with strict mode's closure (`STRICT_CLOSED` at `key`) taken off, and whether
+    either had it. The merge is closed again over what both declare: ``close(A) ∧ close(B)``
+    becomes ``close(A ∧ B)``, a superset of it and still a subset of ``A ∧ B`` (sound), so that
+    ``allOf: [{$ref: base}, {properties: {extra: ...}}]`` does not lose every property of one
+    conjunct to the other's closure."""
+    closed = a[key] is STRICT_CLOSED or b[key] is STRICT_CLOSED
+    if not closed:
+        return a, b, False
+    return ({**a, key: None} if a[key] is STRICT_CLOSED else a), ({**b, key: None} if b[key] is STRICT_CLOSED else b), True
+
+
 def _merge_objects(a: dict, b: dict, ctx: Context) -> "dict | U":
+    a, b, closed = _opened(a, b, "additional")
     for one, other in ((a, b), (b, a)):
         rest_free = other["additional"] is None or other["additional"].is_any
         if not rest_free and any(p not in other["pprops"] for p in one["pprops"]):
@@ -242,13 +256,18 @@ def _merge_objects(a: dict, b: dict, ctx: Context) -> "dict | U":
     pprops = dict(a["pprops"])
     for pattern, child in b["pprops"].items():
         pprops[pattern] = intersect(pprops[pattern], child, ctx) if pattern in pprops else child
+    required = tuple(dict.fromkeys(a["required"] + b["required"]))
     if a["additional"] is None and b["additional"] is None:
         additional = None
+        if closed and not (a["ann_rest"] or b["ann_rest"]):
+            additional = STRICT_CLOSED  # as `Normaliser.close`: a required name counts as declared
+            props.update({name: ANY for name in required
+                          if name not in props and not any(re.search(p, name) for p in pprops)})
     else:
         additional = intersect(a["additional"] or ANY, b["additional"] or ANY, ctx)
     low, high = _min_max(a, b)
     kw = {"props": props, "pprops": pprops, "additional": additional,
-          "required": tuple(dict.fromkeys(a["required"] + b["required"])), "min": low, "max": high,
+          "required": required, "min": low, "max": high,
           "names": a["names"] + b["names"], "ann": a["ann"] | b["ann"], "ann_pp": a["ann_pp"] | b["ann_pp"],
           "ann_rest": a["ann_rest"] or b["ann_rest"], "declared": a["declared"] or b["declared"]}
     checked = check_object(kw, ctx)

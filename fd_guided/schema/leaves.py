@@ -96,10 +96,14 @@ class U:
 
 ANY = U(None)
 NONE = U(())
-# No value *as far as a subset knows*: strict mode's closure of an object (``additionalProperties``
-# absent read as false) or a tuple, or an emptiness that rests on an inexact part. It behaves as
+# No value *as far as a subset knows*: an emptiness that rests on an inexact part. It behaves as
 # NONE for emission, but a complement or a disjointness proof must not read it as "truly no value".
 NONE_APPROX = U((), exact=False)
+# Strict mode's closure of an object (``additionalProperties`` absent read as false) or a tuple
+# (no items past the declared ones): a NONE_APPROX that says where it came from, so that an
+# intersection closes the merged object over every conjunct's declared properties instead of
+# each conjunct's closure forbidding the others' (`intersection._merge_objects`).
+STRICT_CLOSED = U((), exact=False)
 
 
 def defaults(kind: str) -> dict:

@@ -26,7 +26,7 @@ from .drafts import Document, base_uri
 from .formats import ANNOTATION_FORMATS, FORMAT_PATTERNS, UNSUPPORTED_FORMATS
 from .instance import accepts
 from .intersection import Context, bounds_empty, check_array, check_object, deeply_exact, emptied, intersect, make_integer
-from .leaves import ALL_KINDS, ANY, BARE_KINDS, NONE, NONE_APPROX, U, Leaf, kind_of, unique_values
+from .leaves import ALL_KINDS, ANY, BARE_KINDS, NONE, STRICT_CLOSED, U, Leaf, kind_of, unique_values
 from .refusal import Refusal, Unsatisfiable
 
 MAX_DEPTH = 150
@@ -360,22 +360,22 @@ class Normaliser(Context):
             if not self.strict:
                 out.append(leaf)
                 continue
-            # The closure is `NONE_APPROX`: strict mode narrows, and a complement or a disjointness
-            # proof over this value must not read it as JSON Schema's `false`.
+            # The closure is `STRICT_CLOSED` (a NONE_APPROX): strict mode narrows, and a complement
+            # or a disjointness proof over this value must not read it as JSON Schema's `false`.
             if leaf.kind == "object" and kw["declared"] and kw["additional"] is None and not kw["ann_rest"]:
                 # Required names count as declared: strictness closes the object to the others.
                 props = dict(kw["props"])
                 for name in kw["required"]:
                     if name not in props and not any(re.search(p, name) for p in kw["pprops"]):
                         props[name] = ANY
-                leaf = leaf.replace(props=props, additional=NONE_APPROX)
+                leaf = leaf.replace(props=props, additional=STRICT_CLOSED)
             elif leaf.kind == "array" and kw["declared"] and kw["items"] is None and not kw["ann_items"]:
-                if check_array({**kw, "items": NONE_APPROX}) is None:
+                if check_array({**kw, "items": STRICT_CLOSED}) is None:
                     exact = False  # a tuple with too few positions for minItems: empty only when closed
                     continue
                 # The length bound the closure implies stays implicit: a maxItems written here would
                 # read as the schema's own to a complement.
-                leaf = leaf.replace(items=NONE_APPROX)
+                leaf = leaf.replace(items=STRICT_CLOSED)
             out.append(leaf)
         return _same_or_new(u, out, exact)
 

@@ -149,6 +149,28 @@ def test_required_names_are_declared():
     assert out["properties"]["b"] == {"type": "string"}
 
 
+def test_strict_mode_closes_an_all_of_over_what_every_part_declares():
+    """Strict mode closes the merged object, not each conjunct: an extension that narrows a
+    nested property of a closed base (``referent.type``) keeps the base's other properties
+    (``referent.id``), and the merged object still admits no undeclared one."""
+    base = {"type": "object", "additionalProperties": False, "required": ["type", "referent"],
+            "properties": {"type": {"enum": ["reference"]},
+                           "referent": {"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}}}}
+    schema = {"$defs": {"base": base, "section": {"type": "object", "required": ["type"], "properties": {"type": {"const": "section"}}}},
+              "oneOf": [{"$ref": "#/$defs/section"},
+                        {"allOf": [{"$ref": "#/$defs/base"}, {"properties": {"referent": {"properties": {"kind": {"const": "section"}}}}}]}]}
+    out = for_engine("llguidance", schema)  # strict: the default
+    valid = lambda value: jsonschema.Draft202012Validator(out).is_valid(value)  # noqa: E731
+    assert valid({"type": "reference", "referent": {"id": "x"}})
+    assert valid({"type": "reference", "referent": {"id": "x", "kind": "section"}})
+    assert not valid({"type": "reference", "referent": {"id": "x", "kind": "story"}})
+    assert not valid({"type": "reference", "referent": {"id": "x", "other": 1}})  # closed over id and kind
+    assert valid({"type": "section"}) and not valid({"type": "section", "more": 1})
+    merged = for_engine("llguidance", {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "string"}}}], "type": "object"})
+    assert jsonschema.Draft202012Validator(merged).is_valid({"a": 1, "b": "x"})
+    assert not jsonschema.Draft202012Validator(merged).is_valid({"a": 1, "c": "x"})
+
+
 def test_unevaluated_properties_with_a_static_evaluated_set():
     out = value_of({"allOf": [{"properties": {"a": {"type": "integer"}}}], "properties": {"b": {}}, "unevaluatedProperties": False})
     objects = [o for o in out.get("anyOf", [out]) if o.get("type") == "object"]
