@@ -179,17 +179,24 @@ class Normaliser(Context):
         parts.append(self._type_part(kw, resolver, path))
         if "$ref" in kw:
             parts.append(self._ref(kw["$ref"], resolver, path))
+        one_ofs = []  # (branches, where): this node's oneOf and those of its bare-oneOf allOf parts
         for index, branch in enumerate(kw.get("allOf") or []):
-            parts.append(self.norm(branch, resolver, f"{path}.allOf[{index}]"))
+            where = f"{path}.allOf[{index}]"
+            inner = self._bare_one_of(branch, resolver, where)
+            if inner is not None:
+                one_ofs.append(inner)
+            else:
+                parts.append(self.norm(branch, resolver, where))
         if "anyOf" in kw:
             branches = [self.norm(b, resolver, f"{path}.anyOf[{i}]") for i, b in enumerate(kw["anyOf"])]
             parts.append(rules.any_of(branches, self, self._reads_annotations))
         if "oneOf" in kw:
-            branches = [self.norm(b, resolver, f"{path}.oneOf[{i}]") for i, b in enumerate(kw["oneOf"])]
+            one_ofs.append(([self.norm(b, resolver, f"{path}.oneOf[{i}]") for i, b in enumerate(kw["oneOf"])], f"{path}.oneOf"))
+        for branches, where in one_ofs:
             context = ANY  # what the keywords so far require: the branches are judged inside it
             for part in parts:
                 context = intersect(context, part, self)
-            parts = [rules.one_of(branches, self, f"{path}.oneOf", context)]
+            parts = [rules.one_of(branches, self, where, context)]
         if "not" in kw:
             parts.append(complement(self.norm(kw["not"], resolver, f"{path}.not"), self, f"{path}.not"))
         if "if" in kw:
@@ -204,6 +211,21 @@ class Normaliser(Context):
             if result.is_none:
                 break
         return rules.apply_unevaluated(kw, result, resolver, self, path)
+
+    def _bare_one_of(self, node: Any, resolver, path: str) -> "tuple[list[U], str] | None":
+        """The normalised branches of an allOf part that asserts nothing but a ``oneOf``
+        (``allOf: [{$ref: kind_pipeline}, {oneOf: [docker, exec, ...]}]``), so that the node
+        judges them inside its other keywords, as its own ``oneOf`` (`rules.one_of`: the
+        ``type`` that kind_pipeline requires and each branch gives a ``const`` tells them apart).
+        ``A ∧ (B ∧ oneOf(C))`` is ``(A ∧ B) ∧ oneOf(C)``: the same value set. None otherwise."""
+        if not isinstance(node, dict):
+            return None
+        inner_resolver = self.doc.enter(node, resolver)
+        kw = self.doc.keywords(node, path)
+        if set(kw) != {"oneOf"} or not isinstance(kw["oneOf"], list) or not kw["oneOf"]:
+            return None
+        self.spend()
+        return [self.norm(b, inner_resolver, f"{path}.oneOf[{i}]") for i, b in enumerate(kw["oneOf"])], f"{path}.oneOf"
 
     def _enum(self, values: list, path: str) -> U:
         canonical = [int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**63 else v for v in values]

@@ -171,6 +171,23 @@ def test_strict_mode_closes_an_all_of_over_what_every_part_declares():
     assert not jsonschema.Draft202012Validator(merged).is_valid({"a": 1, "c": "x"})
 
 
+def test_a_one_of_alone_in_an_all_of_part_is_judged_beside_the_other_parts():
+    """``allOf: [{$ref: base}, {oneOf: [...]}]``: the base requires ``type`` and each branch gives
+    it a ``const``, so the branches are disjoint inside the base (alone, each admits objects
+    without ``type``, and six such branches subtracting one another multiply past the cap)."""
+    names = ["docker", "exec", "ssh", "kube", "vm", "mac"]
+    branch = lambda n: {"type": "object", "properties": {  # noqa: E731
+        "type": {"const": n}, f"{n}_opts": {"type": "object", "required": ["a"],
+                                             "properties": {"a": {"type": "integer", "minimum": 0}, "b": {"type": "string", "maxLength": 5}}}}}
+    schema = {"$defs": {"base": {"type": "object", "required": ["type", "name"], "properties": {"name": {"type": "string"}, "type": {"enum": names}}}},
+              "allOf": [{"$ref": "#/$defs/base"}, {"oneOf": [branch(n) for n in names]}]}
+    out = value_of(schema)
+    probes = [{"type": "docker", "name": "x"}, {"type": "docker", "name": "x", "docker_opts": {"a": 1}}, {"type": "exec", "name": "x", "docker_opts": {"a": 1}},
+              {"type": "exec", "name": "x", "exec_opts": {"a": -1}}, {"type": "other", "name": "x"}, {"name": "x"}, {"type": "vm"}, {"type": "mac", "name": "", "mac_opts": {"a": 0, "b": "abcdef"}}]
+    for probe in probes:
+        assert jsonschema.Draft202012Validator(out).is_valid(probe) == jsonschema.Draft202012Validator(schema).is_valid(probe), probe
+
+
 def test_unevaluated_properties_with_a_static_evaluated_set():
     out = value_of({"allOf": [{"properties": {"a": {"type": "integer"}}}], "properties": {"b": {}}, "unevaluatedProperties": False})
     objects = [o for o in out.get("anyOf", [out]) if o.get("type") == "object"]
