@@ -13,12 +13,15 @@ Every verdict was measured by feeding valid and invalid instances through the en
 """
 from __future__ import annotations
 
+from .one_of import MAX_ONE_OF_EXPANDED
+
 NATIVE, REWRITTEN, CONDITIONAL, REFUSED = "native", "rewritten", "conditional", "refused"
 ENGINES = ("xgrammar", "llguidance")
 
 _BOTH_NORMALISED = {
     "allOf": "merged into the leaves (intersection of types, bounds, properties, items)",
-    "oneOf": "anyOf when the branches are provably disjoint, else each branch minus the others it may overlap (at most 12 branches overlapping one another)",
+    "oneOf": "anyOf when the branches are provably disjoint, else each branch minus the others it may overlap "
+             f"(fewer than {MAX_ONE_OF_EXPANDED} others per branch)",
     "not": "complement written positively (types, bounds, const/enum, required, properties); parts that cannot be written are dropped (a sound subset)",
     "if": "(if and then) or (not if and else)",
     "then": "see if",

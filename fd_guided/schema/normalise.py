@@ -27,6 +27,7 @@ from .formats import ANNOTATION_FORMATS, FORMAT_PATTERNS, UNSUPPORTED_FORMATS
 from .instance import accepts
 from .intersection import Context, bounds_empty, check_array, check_object, deeply_exact, emptied, intersect, make_integer
 from .leaves import ALL_KINDS, ANY, BARE_KINDS, NONE, STRICT_CLOSED, U, Leaf, kind_of, unique_values
+from .one_of import one_of
 from .refusal import Refusal, Unsatisfiable
 
 MAX_DEPTH = 150
@@ -96,7 +97,7 @@ class Normaliser(Context):
         """The JSON types (``integer`` read as ``number``) a reference target's values may have,
         read from the raw schema (`type`, `enum`/`const`, `$ref`, `allOf`, `anyOf`/`oneOf`) without
         normalising it, so it works inside a recursion too; an over-approximation (every type where
-        unsure). `rules.one_of` proves branches disjoint with it before intersecting them."""
+        unsure). `one_of.one_of` proves branches disjoint with it before intersecting them."""
         node, resolver, path = self.targets[key]
         return self._raw_kinds(node, resolver, path, frozenset())
 
@@ -196,7 +197,7 @@ class Normaliser(Context):
             context = ANY  # what the keywords so far require: the branches are judged inside it
             for part in parts:
                 context = intersect(context, part, self)
-            parts = [rules.one_of(branches, self, where, context)]
+            parts = [one_of(branches, self, where, context)]
         if "not" in kw:
             parts.append(complement(self.norm(kw["not"], resolver, f"{path}.not"), self, f"{path}.not"))
         if "if" in kw:
@@ -215,7 +216,7 @@ class Normaliser(Context):
     def _bare_one_of(self, node: Any, resolver, path: str) -> "tuple[list[U], str] | None":
         """The normalised branches of an allOf part that asserts nothing but a ``oneOf``
         (``allOf: [{$ref: kind_pipeline}, {oneOf: [docker, exec, ...]}]``), so that the node
-        judges them inside its other keywords, as its own ``oneOf`` (`rules.one_of`: the
+        judges them inside its other keywords, as its own ``oneOf`` (`one_of.one_of`: the
         ``type`` that kind_pipeline requires and each branch gives a ``const`` tells them apart).
         ``A ∧ (B ∧ oneOf(C))`` is ``(A ∧ B) ∧ oneOf(C)``: the same value set. None otherwise."""
         if not isinstance(node, dict):

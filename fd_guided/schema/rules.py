@@ -1,9 +1,6 @@
 """The named rewrite rules of the normaliser, each exact (or documented as a sound subset).
 
-Combinators (called while a node is normalised, on unions of its parts):
-  - `one_of`: branches proven pairwise disjoint (their intersection is empty: different types,
-    different ``const``/``enum`` values, clashing bounds, a required property another forbids)
-    are an ``anyOf``; otherwise ``oneOf(B1..Bn) = ∪ Bi ∧ ¬Bj (j ≠ i)``, exact when the complements are.
+Combinators (called while a node is normalised, on unions of its parts; ``oneOf`` is `one_of`'s):
   - `if_then_else`: ``(if ∧ then) ∪ (¬if ∧ else)``; a missing ``then``/``else`` is ``true``.
   - `dependent_required`: ``{a: [b, c]}`` = non-objects ∪ objects without ``a`` ∪ objects that
     require ``a``, ``b`` and ``c``. `dependent_schema`: the same with the schema instead of the names.
@@ -29,13 +26,11 @@ import re
 
 from .complement import complement
 from .intersection import check_array, check_object, deeply_exact, intersect, schema_for
-from .leaves import ALL_KINDS, ANY, BARE_KINDS, MAX_ANY_OF_LEAVES, NONE, U, Leaf, bare, item_at, json_key, kind_of, union
+from .leaves import ANY, BARE_KINDS, MAX_ANY_OF_LEAVES, NONE, U, Leaf, bare, item_at, union
 from .refusal import Refusal
 from .unique_items import finish_unique
 
 MAX_ANY_OF_COMBINED = 4
-MAX_ONE_OF_DISJOINT = 64
-MAX_ONE_OF_EXPANDED = 12
 MAX_CONTAINS_LENGTH = 4
 _NON_OBJECT = tuple(k for k in BARE_KINDS if k != "object")
 
@@ -67,149 +62,6 @@ def any_of(branches: list[U], ctx, annotations_matter: bool) -> U:
                 part = intersect(part, other, ctx)
             parts.append(part)
     return union(parts)
-
-
-def one_of(branches: list[U], ctx, location: str, context: U = ANY) -> U:
-    """``context ∧ oneOf(B1..Bn)``, where `context` is what the node's other keywords already
-    require (its ``type``, ``required``, ``$ref``, ...), as a union of each branch minus the others.
-
-    Only branches that may overlap need the subtraction: a branch provably disjoint from another
-    (their intersection is exactly empty) already excludes it, so ``B_i ∧ ¬B_j`` is ``B_i``.
-    Disjointness is judged inside the context: ``S ∧ oneOf(B_i) = oneOf(S ∧ B_i)`` (a value of S
-    matches exactly one ``S ∧ B_i`` iff it matches exactly one ``B_i``), so branches that share
-    values only outside S (say, a discriminator the branches give a ``const`` while the parent
-    makes it ``required``) need no subtraction; where they still may overlap, ``S ∧ B_i ∧ ¬B_j``
-    subtracts the plain branch. A branch that may overlap `MAX_ONE_OF_EXPANDED` or more others
-    is refused."""
-    if len(branches) > MAX_ONE_OF_DISJOINT:
-        raise Refusal(f"oneOf with more than {MAX_ONE_OF_DISJOINT} branches", location)
-    if len(branches) == 1:
-        return intersect(context, branches[0], ctx)
-    overlapping = _overlaps(branches, ctx)
-    narrowed = branches
-    if (overlapping is None or any(overlapping)) and not context.is_any:
-        try:
-            judged = [intersect(context, branch, ctx) for branch in branches]
-            inside = _overlaps(judged, ctx)
-            if inside is not None:
-                narrowed, overlapping = judged, inside
-        except Refusal:
-            pass  # the context cannot be merged into the branches: judge them alone
-    if overlapping is None:
-        raise Refusal(f"oneOf whose branches may overlap (more than {MAX_ONE_OF_EXPANDED} branches)", location)
-    negated: dict[int, U] = {}
-    parts = []
-    for index, branch in enumerate(narrowed):
-        part = branch
-        for other in overlapping[index]:
-            beyond = _beyond(branches[other], part)
-            if beyond is not None:
-                part = intersect(part, complement(beyond, ctx, location), ctx)
-                continue
-            if other not in negated:
-                negated[other] = complement(branches[other], ctx, location)
-            part = intersect(part, negated[other], ctx)
-        parts.append(part)
-    result = union(parts)
-    return result if narrowed is not branches else intersect(context, result, ctx)
-
-
-def _beyond(other: U, given: U) -> U | None:
-    """`other` less the object constraints every value of `given` already meets, when that drops
-    any: then ``given ∧ ¬other = given ∧ ¬beyond`` (other = beyond ∧ R with given ⊆ R, so
-    ``given ∧ ¬R`` is empty), and the complement has no "violates R" alternatives that would
-    each survive the intersection unproven empty (``x: S ∧ x: ¬S``) and multiply across the
-    branches. Branches sharing a base (``allOf: [{$ref: base}, {required: [node], ...}]``) are
-    the case: the base's constraints are the same objects in each. None when nothing is dropped.
-
-    Implied constraints, judged per leaf of `given` (all objects): a property ``required`` there,
-    a property schema that is the very same union there (identity: equal by construction; the
-    same key's patternProperties and additionalProperties apply alike to both)."""
-    if other.is_any or not other.exact or len(other.leaves) != 1 or other.leaves[0].kind != "object":
-        return None
-    if given.is_any or not given.leaves or any(leaf.kind != "object" for leaf in given.leaves):
-        return None
-    leaf = other.leaves[0]
-    kw = leaf.kw
-    required = tuple(name for name in kw["required"] if not all(name in g.kw["required"] for g in given.leaves))
-    implied = {name for name, child in kw["props"].items()
-               if not child.is_any and all(g.kw["props"].get(name) is child for g in given.leaves)}
-    if len(required) == len(kw["required"]) and not implied:
-        return None
-    # An implied property stays declared (as any value): dropping the name would hand it to
-    # additionalProperties.
-    props = {name: ANY if name in implied else child for name, child in kw["props"].items()}
-    return U([Leaf("object", {**kw, "required": required, "props": props}, leaf.origin, leaf.weak)], other.exact)
-
-
-def _overlaps(branches: list[U], ctx) -> list[list[int]] | None:
-    """For each branch, the other branches it may share a value with; None as soon as one may
-    overlap `MAX_ONE_OF_EXPANDED` - 1 others (refused: no need to judge the remaining pairs).
-    Disjoint: of different types (read through $refs), or an intersection that is exactly empty;
-    an intersection that cannot be computed, or is empty only as far as a subset knows, counts as
-    overlap."""
-    overlapping: list[list[int]] = [[] for _ in branches]
-    kinds = [_kinds(branch, ctx) for branch in branches]
-    for first, second in itertools.combinations(range(len(branches)), 2):
-        if not kinds[first] & kinds[second] or _discriminated(branches[first], branches[second], ctx):
-            continue
-        try:
-            common = intersect(branches[first], branches[second], ctx)
-            overlap = not (common.is_none and common.exact)
-        except Refusal:
-            overlap = True
-        if overlap:
-            overlapping[first].append(second)
-            overlapping[second].append(first)
-            if max(len(overlapping[first]), len(overlapping[second])) >= MAX_ONE_OF_EXPANDED:
-                return None
-    return overlapping
-
-
-def _discriminated(a: U, b: U, ctx) -> bool:
-    """A quick disjointness proof, before intersecting: every pair of leaves differs in type or
-    is a pair of objects where one requires a property both give disjoint finite values (a
-    ``kind`` discriminator). Exact unions only (a subset's leaves prove nothing)."""
-    if a.is_any or b.is_any or not (a.exact and b.exact):
-        return False
-    return all(_leaves_discriminated(left, right, ctx) for left in a.leaves for right in b.leaves)
-
-
-def _leaves_discriminated(left: Leaf, right: Leaf, ctx) -> bool:
-    if "ref" in (left.kind, right.kind):
-        return False
-    if left.kind != right.kind:
-        return {left.kind, right.kind} != {"integer", "number"} and "enum" not in (left.kind, right.kind)
-    if left.kind != "object":
-        return False
-    for name in set(left.kw["required"]) | set(right.kw["required"]):
-        mine, theirs = _finite_values(schema_for(left.kw, name, ctx)), _finite_values(schema_for(right.kw, name, ctx))
-        if mine is not None and theirs is not None and not mine & theirs:
-            return True
-    return False
-
-
-def _finite_values(u: U) -> set | None:
-    """The JSON-equality keys of an exact union of enum leaves, else None."""
-    if u.is_any or not u.exact or any(leaf.kind != "enum" for leaf in u.leaves):
-        return None
-    return {json_key(value) for leaf in u.leaves for value in leaf.kw["values"]}
-
-
-def _kinds(u: U, ctx) -> frozenset:
-    """The JSON types `u`'s values may have (an over-approximation). An inexact union may have
-    left out a type its schema admits, so it may have any."""
-    if u.is_any or not u.exact:
-        return ALL_KINDS
-    kinds: set[str] = set()
-    for leaf in u.leaves:
-        if leaf.kind == "ref":
-            kinds |= ctx.ref_kinds(leaf.kw["target"])
-        elif leaf.kind == "enum":
-            kinds |= {kind_of(value) for value in leaf.kw["values"]}
-        else:
-            kinds.add("number" if leaf.kind == "integer" else leaf.kind)
-    return frozenset(kinds)
 
 
 def if_then_else(kw: dict, resolver, ctx, path: str) -> U:

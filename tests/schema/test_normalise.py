@@ -188,6 +188,19 @@ def test_a_one_of_alone_in_an_all_of_part_is_judged_beside_the_other_parts():
         assert jsonschema.Draft202012Validator(out).is_valid(probe) == jsonschema.Draft202012Validator(schema).is_valid(probe), probe
 
 
+def test_one_of_branches_closed_to_their_own_keys_are_exactly_one_key():
+    """Traefik's middlewares: ``oneOf`` of objects each closed to one optional key. Every pair
+    shares ``{}``, so each branch subtracts all the others: inside a branch (closed to ``a``) "a
+    key ``b``'s branch does not declare" is "has ``a``" (`one_of._outside_names`), exactly. The
+    result is one object per key with that key required; ``{}`` matches every branch and is out."""
+    names = [f"m{i}" for i in range(20)]
+    schema = {"type": "object", "oneOf": [{"properties": {n: {"type": "integer"}}, "additionalProperties": False} for n in names]}
+    out = value_of(schema)
+    assert len(out["anyOf"]) == 20 and all(branch["required"] == [branch_name] for branch, branch_name in zip(out["anyOf"], names))
+    for probe in [{}, {"m0": 1}, {"m19": 2}, {"m0": 1, "m1": 1}, {"m0": "x"}, {"zz": 1}]:
+        assert jsonschema.Draft202012Validator(out).is_valid(probe) == jsonschema.Draft202012Validator(schema).is_valid(probe), probe
+
+
 def test_unevaluated_properties_with_a_static_evaluated_set():
     out = value_of({"allOf": [{"properties": {"a": {"type": "integer"}}}], "properties": {"b": {}}, "unevaluatedProperties": False})
     objects = [o for o in out.get("anyOf", [out]) if o.get("type") == "object"]
