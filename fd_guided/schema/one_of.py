@@ -70,25 +70,89 @@ MAX_OUTSIDE_NAMES = 8
 def _relative_complement(other: U, given: U, ctx, location: str) -> U | None:
     """A union X with ``given ∧ X = given ∧ ¬other``, simpler than ¬other, or None (use ¬other).
 
-    Steps, each exact inside `given`: `other`'s leaves of types `given` has none of are left out
-    (`_objects_of`); the constraints `given` already meets are left out of `other` (`_beyond`); when `other` is an object closed by ``additionalProperties: false``
-    and every value of `given` has only keys from a known set (its objects are closed too, by the
-    schema or by strict mode), "a key `other` does not declare" is, inside `given`, "one of the
-    keys `given` declares and `other` does not": ``other = open ∧ closed``, so
-    ``¬other = ¬open ∨ (required: [n] for n in given's names - other's)``, where the second part
-    is written only for those names (at most `MAX_OUTSIDE_NAMES`). Branches closed to their own
-    keys (``oneOf: [{properties: {a: ...}, additionalProperties: false}, {properties: {b: ...},
-    ...}]``) then subtract one another as "has a" / "has b" instead of an inexact "has more keys"."""
-    objects = _objects_of(other, given)
+    Steps, each exact inside `given`: references at the top are expanded (`_expanded`); `other`'s
+    leaves of types `given` has none of are left out (`_objects_of`); the constraints `given`
+    already meets are left out of `other` (`_beyond`). Then, when `other` is one object closed by
+    ``additionalProperties: false`` and `given`'s objects admit only a known set of keys G (closed
+    too, by the schema or by strict mode):
+      - `other` requiring a key outside G shares no value with `given`: X is any value;
+      - `other`'s constraints on keys outside G never apply inside `given`: left out;
+      - ``other = open ∧ closed``, and inside `given` "a key `other` does not declare" is "one of
+        G that `other` does not declare", so ``X = ¬open ∨ (required: [n] for those n)`` (at most
+        `MAX_OUTSIDE_NAMES` of them).
+    Branches closed to their own keys (``oneOf: [{properties: {a: ...}, additionalProperties:
+    false}, {properties: {b: ...}, ...}]``) then subtract one another as "has a" / "has b"
+    instead of an inexact "has more keys", and without complementing b's value schema."""
+    given = _expanded(given, ctx)
+    expanded = _expanded(other, ctx)
+    objects = _objects_of(expanded, given)
     beyond = _beyond(objects, given) or objects
-    outside = _outside_names(beyond, given)
-    if outside is None:
-        return None if beyond is other else complement(beyond, ctx, location)
-    leaf = beyond.leaves[0]
-    opened = U([Leaf("object", {**leaf.kw, "additional": None}, leaf.origin, leaf.weak)], beyond.exact)
+    closed, names = _closed_object(beyond), _known_names(given)
+    if closed is None or names is None:
+        return None if beyond is expanded else complement(beyond, ctx, location)
+    kw = closed.kw
+    if any(name not in names for name in kw["required"]):
+        return ANY
+    outside = [name for name in names if name not in kw["props"]]
+    if len(outside) > MAX_OUTSIDE_NAMES:
+        return None if beyond is expanded else complement(beyond, ctx, location)
+    props = {name: child if name in names else ANY for name, child in kw["props"].items()}
+    opened = U([Leaf("object", {**kw, "props": props, "additional": None}, closed.origin, closed.weak)], beyond.exact)
     base = Leaf("object").kw
-    present = [Leaf("object", {**base, "required": (name,)}, leaf.origin, True) for name in outside]
+    present = [Leaf("object", {**base, "required": (name,)}, closed.origin, True) for name in outside]
     return union([complement(opened, ctx, location), U(present)])
+
+
+def _closed_object(u: U) -> Leaf | None:
+    """`u`'s one leaf when it is an object closed by a real ``additionalProperties: false``
+    (not strict mode's closure: JSON Schema admits those keys) without patternProperties or
+    propertyNames, in an exact union; else None."""
+    if u.is_any or not u.exact or len(u.leaves) != 1 or u.leaves[0].kind != "object":
+        return None
+    kw = u.leaves[0].kw
+    additional = kw["additional"]
+    if additional is None or not (additional.is_none and additional.exact) or kw["pprops"] or kw["names"]:
+        return None
+    return u.leaves[0]
+
+
+def _known_names(given: U) -> dict | None:
+    """The keys `given`'s objects may have (declared or required), when all its leaves are
+    objects that admit no other key (closed by the schema or by strict mode, no
+    patternProperties); else None."""
+    if given.is_any or not given.leaves:
+        return None
+    names: dict[str, None] = {}
+    for leaf in given.leaves:
+        g = leaf.kw
+        if leaf.kind != "object" or g["additional"] is None or not g["additional"].is_none or g["pprops"]:
+            return None
+        names.update(dict.fromkeys(list(g["props"]) + list(g["required"])))
+    return names
+
+
+def _expanded(u: U, ctx) -> U:
+    """`u` with its top-level references replaced by their targets' unions (the same values),
+    so the rules above see the objects a ``oneOf: [{$ref: step}, {$ref: stage}]`` branch stands
+    for; `u` itself where a target cannot be expanded here (one being normalised: a recursion)."""
+    if u.is_any or not any(leaf.kind == "ref" for leaf in u.leaves):
+        return u
+    leaves, exact = [], u.exact
+    for leaf in u.leaves:
+        if leaf.kind != "ref":
+            leaves.append(leaf)
+            continue
+        if ctx.in_progress(leaf.kw["target"]):
+            return u
+        try:
+            target = ctx.expand(leaf)
+        except Refusal:
+            return u
+        if target.is_any:
+            return u
+        leaves.extend(target.leaves)
+        exact = exact and target.exact
+    return U(leaves, exact)
 
 
 def _objects_of(other: U, given: U) -> U:
@@ -99,28 +163,6 @@ def _objects_of(other: U, given: U) -> U:
     if all(leaf.kind == "object" for leaf in other.leaves) or any(leaf.kind in ("ref", "enum") for leaf in other.leaves):
         return other
     return U([leaf for leaf in other.leaves if leaf.kind == "object"], other.exact)
-
-
-def _outside_names(other: U, given: U) -> list[str] | None:
-    """The names `given`'s objects may have (declared or required; they admit no others) that
-    `other`, an object closed by a real ``additionalProperties: false`` without patternProperties
-    or propertyNames, does not declare; None when the rule does not apply."""
-    if other.is_any or not other.exact or len(other.leaves) != 1 or other.leaves[0].kind != "object":
-        return None
-    kw = other.leaves[0].kw
-    additional = kw["additional"]
-    if additional is None or not (additional.is_none and additional.exact) or kw["pprops"] or kw["names"]:
-        return None
-    if given.is_any or not given.leaves:
-        return None
-    names: dict[str, None] = {}
-    for leaf in given.leaves:
-        g = leaf.kw
-        if leaf.kind != "object" or g["additional"] is None or not g["additional"].is_none or g["pprops"]:
-            return None
-        names.update(dict.fromkeys(list(g["props"]) + list(g["required"])))
-    outside = [name for name in names if name not in kw["props"]]
-    return outside if len(outside) <= MAX_OUTSIDE_NAMES else None
 
 
 def _beyond(other: U, given: U) -> U | None:

@@ -191,7 +191,7 @@ def test_a_one_of_alone_in_an_all_of_part_is_judged_beside_the_other_parts():
 def test_one_of_branches_closed_to_their_own_keys_are_exactly_one_key():
     """Traefik's middlewares: ``oneOf`` of objects each closed to one optional key. Every pair
     shares ``{}``, so each branch subtracts all the others: inside a branch (closed to ``a``) "a
-    key ``b``'s branch does not declare" is "has ``a``" (`one_of._outside_names`), exactly. The
+    key ``b``'s branch does not declare" is "has ``a``" (`one_of._relative_complement`), exactly. The
     result is one object per key with that key required; ``{}`` matches every branch and is out."""
     names = [f"m{i}" for i in range(20)]
     schema = {"type": "object", "oneOf": [{"properties": {n: {"type": "integer"}}, "additionalProperties": False} for n in names]}

@@ -147,7 +147,7 @@ def shared_base_one_of(rng: random.Random):
 
 def closed_branches_one_of(rng: random.Random):
     """A oneOf whose branches declare a few keys each and may be closed to them
-    (``additionalProperties: false``, or by strict mode), the shape `one_of._outside_names`
+    (``additionalProperties: false``, or by strict mode), the shape `one_of._relative_complement`
     subtracts as "has a key the other does not declare"; beside a context that may close the
     object itself, sometimes under a ``not``."""
     def branch():
