@@ -18,7 +18,9 @@ Exact except where it is deliberately smaller (sound: it only ever drops strings
     nothing is refused;
   - llguidance: a class that holds a control character but not both ``"`` and ``\\`` admits the
     escapes ``\\"`` and ``\\\\`` as well (measured), so such classes lose their control characters.
-Refused: look-around other than a look-ahead right after a leading ``^``, back-references,
+A positive look-ahead that ends a pattern without ``$`` (``X(?=Y)``) is the plain suffix ``XY``:
+a search match may run on past it. Refused: other look-around than these and a look-ahead right
+after a leading ``^``, back-references,
 ``\\b``/``\\B``, conditionals, atomic groups, possessive repeats, the IGNORECASE and MULTILINE
 flags, anchors inside the pattern (those Python's parser moved into a factored group are lifted
 back), and (xgrammar) counted repetitions above 128 (they fail its compile cache check,
@@ -68,6 +70,10 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
     looks = []
     while anchored_start and items and items[0][0] == "look":
         looks.append(items.pop(0))
+    if not anchored_end and items and items[-1][0] == "look" and not items[-1][1]:
+        # ``X(?=Y)`` with nothing after it: a search match may run on past the look-ahead, so
+        # ``X(?=Y).*`` is ``XY.*`` (catalogue entries' ``(?:[^/]*/)*(?=\.(yaml|json))``).
+        items = items[:-1] + [items[-1][2]]
     _no_inner_anchor(("cat", items))
     star = ("rep", 0, None, ("set", any_char))
     tree = ("cat", ([] if anchored_start else [star]) + items + ([] if anchored_end else [star]))

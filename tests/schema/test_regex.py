@@ -33,7 +33,7 @@ def engine_accepted(engine: str, pattern: str) -> list[str]:
     r"^a(b[0-9]{1,6})?$",        # xgrammar's JSON-schema path dropped "b" here ("a12" was admitted)
     r"^[0-9]{1,4}(\.[0-9]{1,2})?$",
     r"^a\\b$", r'^a"b$', r"^a\nb$", r"^[\\\"a]$", r"^[^\\]$", r'^[^"]$', r"^[\x00-\x1f]$",
-    r"^\S$", r"^\W$", r"^\D$", r"^.$", r"a", r"b$", r"^(a|)b?$",
+    r"^\S$", r"^\W$", r"^\D$", r"^.$", r"a", r"b$", r"^(a|)b?$", r"a(?=b)", r"^(?=a)[ab]",
 ])
 def test_engines_never_admit_more_than_python(engine, pattern):
     try:
@@ -135,6 +135,8 @@ LOOK_AHEADS = [
     r"^ab$|^ac$|^b$", r"^a|^b$", r"^ab$|^ac", r"x(a|b$)", r"^(?:^[a-c]+:)?[^\s]*$", r"^$|^\./[a-c]+\.b$",
     # anchors written inside a group (its sequence spliced into the branch)
     r"^(a(b)?$)|(^c[ab]*$)", r"(^ab$)|(^b)", r"^(a(bc$))",
+    # a look-ahead ending the pattern (no $): the search may run past it, so it is a plain suffix
+    r"((?:[^\/]*\/)*)(?=\.(yaml|yml|json))", r"a(?=b)", r"^a(?=bc)", r"(a|b)(?=c|bb)", r"^(?!a)b(?=c)",
 ]
 
 
