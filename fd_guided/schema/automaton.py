@@ -41,7 +41,7 @@ def _sets(node: tuple) -> Iterable[tuple]:
     stack = [node]
     while stack:
         node = stack.pop()
-        if node[0] == "set":
+        if node[0] in ("set", "wb"):  # a boundary splits the code points into word and not
             yield node[1]
         elif node[0] in ("cat", "alt"):
             stack.extend(node[1])
@@ -89,6 +89,8 @@ class _Nfa:
         self.work = work
         self.moves: list[list[tuple[frozenset, int]]] = []
         self.empty: list[list[int]] = []
+        self.boundaries: dict[int, list[int]] = {}  # ``\b`` edges: state -> targets
+        self.word: tuple | None = None  # the word characters those edges test
 
     def state(self) -> int:
         if len(self.moves) >= MAX_NFA_STATES:
@@ -121,6 +123,11 @@ class _Nfa:
                 self._into(child, start, end)
         elif kind == "rep":
             self._repeat(node[1], node[2], node[3], start, end)
+        elif kind == "wb":
+            if self.word is not None and self.word != node[1]:
+                raise Refusal("word boundaries of two kinds (ASCII and Unicode) in a pattern")
+            self.word = node[1]
+            self.boundaries.setdefault(start, []).append(end)
         else:
             raise Refusal(f"a look-ahead beside {kind} in a pattern")
 
@@ -178,6 +185,8 @@ class Dfa:
 def to_dfa(tree: tuple, alphabet: Alphabet, work: Work) -> Dfa:
     nfa = _Nfa(alphabet, work)
     start, end = nfa.build(tree)
+    if nfa.boundaries:
+        return _to_dfa_with_boundaries(nfa, start, end)
     first = nfa.closure([start])
     index = {first: 0}
     order = [first]
@@ -194,6 +203,52 @@ def to_dfa(tree: tuple, alphabet: Alphabet, work: Work) -> Dfa:
             row[cls] = state_of(nfa.closure(reached), index, order)
         moves.append(row)
     return Dfa(moves, {i for i, subset in enumerate(order) if end in subset})
+
+
+_WORD, _NOT_WORD = "w", "n"  # what the next character must be, once a boundary was crossed
+
+
+def _to_dfa_with_boundaries(nfa: _Nfa, start: int, end: int) -> Dfa:
+    """Subsets for an automaton with ``\\b`` edges: a boundary holds between the previous
+    character and the next one when exactly one of them is a word character, the string's
+    start and end counting as non-word (Python's reading). A DFA state is a set of (NFA state,
+    what the next character must be) pairs and whether the previous character was a word one;
+    crossing a boundary fixes what the next character must be, a character that is not that
+    ends the path, and the end of the string counts as a non-word character."""
+    word = nfa.alphabet.classes(nfa.word)
+    work = nfa.work
+
+    def closure(pairs, previous_word: bool) -> frozenset:
+        seen = set(pairs)
+        stack = list(seen)
+        while stack:
+            state, need = stack.pop()
+            crossed = _NOT_WORD if previous_word else _WORD
+            steps = [(t, need) for t in nfa.empty[state]]
+            steps += [(t, crossed) for t in nfa.boundaries.get(state, ()) if need in (None, crossed)]
+            work.spend(1 + len(steps))
+            for pair in steps:
+                if pair not in seen:
+                    seen.add(pair)
+                    stack.append(pair)
+        return frozenset(seen)
+
+    first = (closure([(start, None)], False), False)
+    index = {first: 0}
+    order = [first]
+    moves: list[dict[int, int]] = []
+    for pairs, _ in order:  # grows while iterating
+        targets: dict[int, set] = {}
+        for state, need in pairs:
+            for classes, target in nfa.moves[state]:
+                work.spend(len(classes))
+                for cls in classes:
+                    if need is None or (need == _WORD) == (cls in word):
+                        targets.setdefault(cls, set()).add((target, None))
+        moves.append({cls: state_of((closure(reached, cls in word), cls in word), index, order)
+                      for cls, reached in targets.items()})
+    accepting = {i for i, (pairs, _) in enumerate(order) if any(s == end and need != _WORD for s, need in pairs)}
+    return Dfa(moves, accepting)
 
 
 # ----- product, minimisation ---------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Neither engine has look-around, yet a look-ahead at the start of a pattern only 
 regular languages: ``^(?!N)R`` accepts the strings of ``R`` that do not begin with a match of ``N``
 (``R`` minus ``N.*``; minus ``N`` alone when ``N`` ends in ``$``), ``^(?=N)R`` those that do
 (`combine`). Overlapping ``patternProperties`` become disjoint regions (`regions`), two patterns
-are proved disjoint (`disjoint`), and a pattern is checked never to dead-end (`extendable`).
+are proved disjoint (`disjoint`), a pattern is checked never to dead-end (`extendable`), and
+word boundaries are written out (`without_boundaries`).
 Each builds automata (`fd_guided.schema.automaton`) within a step budget and is exact; past a
 bound the answer is a Refusal (or False), never an approximation.
 """
@@ -140,6 +141,30 @@ def combine(rest: tuple, ahead: tuple, negative: bool, any_char: tuple) -> tuple
         result = to_tree(minimise(both, work), alphabet, work)
     except Refusal as refusal:
         raise Refusal(f"a look-ahead in a pattern ({refusal.feature})") from None
+    return ("set", ()) if result is None else result
+
+
+def intersection(first: tuple, second: tuple, any_char: tuple) -> tuple:
+    """The strings both full-match trees match, as a tree (``("set", ())`` for none). Refusal
+    past the automata's bounds."""
+    alphabet = Alphabet([first, second, ("set", any_char)])
+    work = Work()
+    both = product(to_dfa(first, alphabet, work), to_dfa(second, alphabet, work), True, work)
+    result = to_tree(minimise(both, work), alphabet, work)
+    return ("set", ()) if result is None else result
+
+
+def without_boundaries(tree: tuple, any_char: tuple) -> tuple:
+    """A full-match tree holding ``\\b`` nodes (``wb``) as one without them, the same strings:
+    the automaton tracks whether the previous character was a word character
+    (`automaton.to_dfa`), which is all a boundary asks. Returns ``("set", ())`` when no string
+    is left; Refusal past the automaton's bounds."""
+    try:
+        alphabet = Alphabet([tree, ("set", any_char)])
+        work = Work()
+        result = to_tree(minimise(to_dfa(tree, alphabet, work), work), alphabet, work)
+    except Refusal as refusal:
+        raise Refusal(f"word boundaries (\\b) in a pattern ({refusal.feature})") from None
     return ("set", ()) if result is None else result
 
 

@@ -19,12 +19,13 @@ Exact except where it is deliberately smaller (sound: it only ever drops strings
   - llguidance: a class that holds a control character but not both ``"`` and ``\\`` admits the
     escapes ``\\"`` and ``\\\\`` as well (measured), so such classes lose their control characters.
 A positive look-ahead that ends a pattern without ``$`` (``X(?=Y)``) is the plain suffix ``XY``:
-a search match may run on past it. Refused: other look-around than these and a look-ahead right
-after a leading ``^``, back-references,
-``\\b``/``\\B``, conditionals, atomic groups, possessive repeats, the IGNORECASE and MULTILINE
-flags, anchors inside the pattern (those Python's parser moved into a factored group are lifted
-back), and (xgrammar) counted repetitions above 128 (they fail its compile cache check,
-``per_rule_fsm_hashes``).
+a search match may run on past it. Word boundaries (``\\b``) are written out on an automaton that
+remembers whether the previous character was a word character (Python's ``\\w`` set, exact).
+Refused: other look-around than these and a look-ahead right after a leading ``^``,
+back-references, ``\\B``, conditionals, atomic groups, possessive repeats, the IGNORECASE and
+MULTILINE flags, anchors inside the pattern (those Python's parser moved into a factored group
+are lifted back), and (xgrammar) counted repetitions above 128 (they fail its compile cache
+check, ``per_rule_fsm_hashes``).
 Optional parts are printed as ``{0,1}``: xgrammar's JSON-schema path drops the first element of a
 ``(...)?`` group that holds a repetition (``^a(b[0-9]{1,6})?$`` admitted ``"a12"``).
 """
@@ -33,7 +34,7 @@ from __future__ import annotations
 import functools
 import re
 
-from . import languages
+from . import boundaries, languages
 from .refusal import Refusal, Unsatisfiable
 from .regex_parse import (ALL_CHARS, EMPTY_SET, EPSILON, SPECIAL, complement, contains, intersect,
                           normalise, parse)
@@ -76,10 +77,19 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
         items = items[:-1] + [items[-1][2]]
     _no_inner_anchor(("cat", items))
     star = ("rep", 0, None, ("set", any_char))
-    tree = ("cat", ([] if anchored_start else [star]) + items + ([] if anchored_end else [star]))
+    tree = _without_boundaries(("cat", ([] if anchored_start else [star]) + items + ([] if anchored_end else [star])), any_char)
     for _, negative, body in looks:
-        tree = languages.combine(tree, _prefix_language(body, any_char), negative, any_char)
+        tree = languages.combine(tree, _without_boundaries(_prefix_language(body, any_char), any_char), negative, any_char)
     return tree
+
+
+def _without_boundaries(tree: tuple, any_char: tuple) -> tuple:
+    """A full-match tree with its ``\\b`` nodes written out (`boundaries`): the whole string is
+    in the tree by now, so the characters around each boundary are known."""
+    try:
+        return boundaries.without_boundaries(tree, any_char)
+    except Refusal as refusal:
+        raise Refusal(f"word boundaries (\\b) in a pattern ({refusal.feature})") from None
 
 
 def _spliced(items: list) -> list:
@@ -320,7 +330,7 @@ def _full_match_reading(pattern: str) -> tuple:
     branches = tree[1] if tree[0] == "alt" else [tree]
     tree = ("alt", [_strip_end_anchors(branch) for branch in branches]) if len(branches) > 1 else _strip_end_anchors(branches[0])
     _no_inner_anchor(tree)
-    return tree
+    return _without_boundaries(tree, _ALL)
 
 
 def _strip_end_anchors(node: tuple) -> tuple:

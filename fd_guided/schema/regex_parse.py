@@ -94,6 +94,8 @@ def _category_set(category, ascii_flag: bool, under: bool) -> tuple:
 # ----- parsing into a small tree ------------------------------------------------------------------
 # ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", lo, hi|None, node) | ("bol",) | ("eol",)
 # | ("look", negative, node): a look-ahead, only until `full_match_tree` resolves it
+# | ("wb", word): ``\b`` between a character of `word` (Python's ``\w`` set) and one outside it
+#   (or an end), only until `full_match_tree` resolves it
 
 EMPTY_SET = ("set", ())
 EPSILON = ("cat", [])
@@ -147,7 +149,10 @@ def _convert_item(op, av, flags: int, budget: list[int]) -> tuple:
             return ("bol",)
         if av in (C.AT_END, C.AT_END_STRING):
             return ("eol",)
-        raise Refusal("word boundaries (\\b, \\B) in a pattern")
+        if av in (C.AT_BOUNDARY, C.AT_UNI_BOUNDARY):  # \b: resolved by `full_match_tree`
+            return ("wb", _category("w", bool(flags & C.SRE_FLAG_ASCII)))  # what sre's \b tests
+        raise Refusal("\\B (not a word boundary) in a pattern" if av in (C.AT_NON_BOUNDARY, C.AT_UNI_NON_BOUNDARY)
+                      else "word boundaries (\\b, \\B) in a pattern")
     if op in (C.ASSERT, C.ASSERT_NOT) and av[0] == 1:  # a look-ahead: resolved by `full_match_tree` at a pattern's start
         return ("look", op is C.ASSERT_NOT, _convert(av[1], flags, budget))
     feature = {C.ASSERT: "look-ahead/look-behind", C.ASSERT_NOT: "negative look-ahead/look-behind",

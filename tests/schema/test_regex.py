@@ -33,7 +33,7 @@ def engine_accepted(engine: str, pattern: str) -> list[str]:
     r"^a(b[0-9]{1,6})?$",        # xgrammar's JSON-schema path dropped "b" here ("a12" was admitted)
     r"^[0-9]{1,4}(\.[0-9]{1,2})?$",
     r"^a\\b$", r'^a"b$', r"^a\nb$", r"^[\\\"a]$", r"^[^\\]$", r'^[^"]$', r"^[\x00-\x1f]$",
-    r"^\S$", r"^\W$", r"^\D$", r"^.$", r"a", r"b$", r"^(a|)b?$", r"a(?=b)", r"^(?=a)[ab]",
+    r"^\S$", r"^\W$", r"^\D$", r"^.$", r"a", r"b$", r"^(a|)b?$", r"a(?=b)", r"^(?=a)[ab]", r"\ba\b", r"(a|\b)b", r"é\b",
 ])
 def test_engines_never_admit_more_than_python(engine, pattern):
     try:
@@ -88,7 +88,7 @@ def test_search_semantics_become_full_match():
 
 
 @pytest.mark.parametrize("pattern, feature", [
-    (r"^a(?=b)b$", "look-ahead"), (r"(?!a)b", "look-ahead"), (r"^(?<=a)b", "look-behind"), (r"^(a)\1$", "back-references"), (r"\bword", "word boundaries"),
+    (r"^a(?=b)b$", "look-ahead"), (r"(?!a)b", "look-ahead"), (r"^(?<=a)b", "look-behind"), (r"^(a)\1$", "back-references"), (r"\Bword", r"\\B"),
     (r"(?i)abc", "flags"), (r"a^b", "anchors"), ("(" * 500 + "a" + ")" * 500, "RecursionError|nested"),
     ("[a-", "cannot read"),
 ])
@@ -160,6 +160,32 @@ def test_a_leading_look_ahead_is_resolved_exactly(pattern):
         accepted, python = ours.fullmatch(text) is not None, re.search(pattern, text) is not None
         assert not accepted or python, ("unsound", text)
         assert accepted or not python or text.endswith("\n"), ("missing", text)
+
+
+WORD_BOUNDARIES = [
+    r"\bword", r"a\b", r"\b(?:high|medium|low|HIGH)\b", r"\b[0-9a-f]{2}\b-[0-9a-f]{2}-\b[0-9a-f]{3}\b",
+    r"https?:\/\/(www\.)?[-a-zA-Z0-9@:%._\+~#=]{1,256}\.[a-zA-Z0-9()]{1,6}\b([-a-zA-Z0-9()@:%_\+.~#?&//=]*)",  # the common URL pattern
+    r"^\b$", r"\b", r"^a\b", r"(?a)\bé", r"\bé\b", r"x\b\by", r"(a|\b)b", r"^(?!a\b)[a-c ]+$", r"a?\bb", r"(ab|c )\b(d| e)",
+    r"^[a-c]+\b", r"\b_\b", r"^(\ba|b\b)+$",
+]
+
+
+@pytest.mark.parametrize("pattern", WORD_BOUNDARIES)
+def test_word_boundaries_are_written_out_exactly(pattern):
+    """``\\b`` against Python's re.search (exhaustive short strings over letters, digits, ``_``,
+    non-ASCII word and non-word characters, then random longer ones): the same strings,
+    whether the boundary was written out next to its items or on the whole pattern's automaton."""
+    tree, _ = regex.parse(pattern)
+    full = regex.full_match_tree(tree, regex._ALL)
+    ours = None if full == regex.EMPTY_SET else re.compile(_python_text(full), re.DOTALL)
+    letters = sorted(set("ab -.é_1x/:\n") | {c for c in pattern if c.isalnum()})
+    rng = random.Random(pattern)
+    texts = ["".join(t) for n in range(4) for t in itertools.product(letters[:9], repeat=n)]
+    texts += ["".join(rng.choice(letters) for _ in range(rng.randint(1, 14))) for _ in range(3000)]
+    texts += ["http://www.a.com/x", "https://ab.cd", "http://a.b_", "x https://ab.c1_ é", "high", "a high", "highx"]
+    for text in texts:
+        accepted, python = ours is not None and ours.fullmatch(text) is not None, re.search(pattern, text) is not None
+        assert accepted == python or (python and text.endswith("\n") and "$" in pattern), (text, accepted, python)  # a final $ reads strictly
 
 
 def test_a_negative_look_ahead_ending_in_dollar_also_refuses_a_final_newline():
