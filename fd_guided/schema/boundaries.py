@@ -32,7 +32,7 @@ class _NotLocal(Exception):
 def without_boundaries(tree: tuple, any_char: tuple) -> tuple:
     """`tree` (a full-match tree over `any_char`) with its ``wb`` nodes written out: the same
     strings. EMPTY_SET when none is left; Refusal past the automata's bounds."""
-    if not _has_boundary(tree):
+    if not has_boundary(tree):
         return tree
     try:
         return _local(tree, any_char, [MAX_BOUNDARIES])
@@ -47,7 +47,7 @@ def _local(tree: tuple, any_char: tuple, budget: list[int]) -> tuple:
         return _sequence(list(tree[1]), any_char, budget)
     if tree[0] == "wb":
         return _sequence([tree], any_char, budget)
-    if _has_boundary(tree):
+    if has_boundary(tree):
         raise _NotLocal
     return tree
 
@@ -55,7 +55,7 @@ def _local(tree: tuple, any_char: tuple, budget: list[int]) -> tuple:
 def _sequence(items: list, any_char: tuple, budget: list[int]) -> tuple:
     where = next((i for i, item in enumerate(items) if item[0] == "wb"), None)
     if where is None:
-        if any(_has_boundary(item) for item in items):
+        if any(has_boundary(item) for item in items):
             raise _NotLocal  # a boundary inside a group
         return ("cat", items)
     budget[0] -= 1
@@ -63,7 +63,7 @@ def _sequence(items: list, any_char: tuple, budget: list[int]) -> tuple:
         raise _NotLocal
     word = items[where][1]
     left, right = items[:where], items[where + 1:]
-    if any(_has_boundary(item) for item in left):
+    if any(has_boundary(item) for item in left):
         raise _NotLocal
     left_word, left_other = _ends(left, word, any_char)
     right_word, right_other = _starts(right, word, any_char)
@@ -100,7 +100,7 @@ def _starts(right: list, word: tuple, any_char: tuple) -> tuple[list | None, lis
     if right[-1] == star and all(_nullable(item) for item in right[:-1]):
         return [is_word, star], [("alt", [EPSILON, ("cat", [not_word, star])])]
     first = right[0]
-    if first[0] == "wb" or _nullable(first) or _has_boundary(first):
+    if first[0] == "wb" or _nullable(first) or has_boundary(first):
         raise _NotLocal
     starting_word = languages.intersection(first, ("cat", [is_word, star]), any_char)
     starting_other = languages.intersection(first, ("cat", [not_word, star]), any_char)
@@ -119,7 +119,8 @@ def _alt(branches: list) -> tuple:
     return branches[0] if len(branches) == 1 else ("alt", branches)
 
 
-def _has_boundary(node: tuple) -> bool:
+def has_boundary(node: tuple) -> bool:
+    """True when `node` holds a ``\\b`` (a ``wb`` node) anywhere."""
     stack = [node]
     while stack:
         node = stack.pop()

@@ -18,14 +18,16 @@ Exact except where it is deliberately smaller (sound: it only ever drops strings
     nothing is refused;
   - llguidance: a class that holds a control character but not both ``"`` and ``\\`` admits the
     escapes ``\\"`` and ``\\\\`` as well (measured), so such classes lose their control characters.
-A positive look-ahead that ends a pattern without ``$`` (``X(?=Y)``) is the plain suffix ``XY``:
-a search match may run on past it. Word boundaries (``\\b``) are written out on an automaton that
-remembers whether the previous character was a word character (Python's ``\\w`` set, exact).
-Refused: other look-around than these and a look-ahead right after a leading ``^``,
-back-references, ``\\B``, conditionals, atomic groups, possessive repeats, the IGNORECASE and
-MULTILINE flags, anchors inside the pattern (those Python's parser moved into a factored group
-are lifted back), and (xgrammar) counted repetitions above 128 (they fail its compile cache
-check, ``per_rule_fsm_hashes``).
+A look-ahead inside the pattern's top-level sequence (``X(?=Y)Z``, ``X(?!Y)Z``) constrains the
+rest of the string at its position: written out on automata (`_inner_looks`); one that ends a
+pattern without ``$`` (``X(?=Y)``) is the plain suffix ``XY`` (a search match may run on past
+it). Word boundaries (``\\b``) are written out on an automaton that remembers whether the
+previous character was a word character (Python's ``\\w`` set, exact; `boundaries`).
+Refused: look-behind, a look-ahead nested in a group or beside a ``\\b``, back-references,
+``\\B``, conditionals, atomic groups, possessive repeats, the IGNORECASE and MULTILINE flags,
+anchors inside the pattern (those Python's parser moved into a factored group are lifted back),
+and (xgrammar) counted repetitions above 128 (they fail its compile cache check,
+``per_rule_fsm_hashes``).
 Optional parts are printed as ``{0,1}``: xgrammar's JSON-schema path drops the first element of a
 ``(...)?`` group that holds a repetition (``^a(b[0-9]{1,6})?$`` admitted ``"a12"``).
 """
@@ -75,12 +77,33 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
         # ``X(?=Y)`` with nothing after it: a search match may run on past the look-ahead, so
         # ``X(?=Y).*`` is ``XY.*`` (catalogue entries' ``(?:[^/]*/)*(?=\.(yaml|json))``).
         items = items[:-1] + [items[-1][2]]
-    _no_inner_anchor(("cat", items))
     star = ("rep", 0, None, ("set", any_char))
-    tree = _without_boundaries(("cat", ([] if anchored_start else [star]) + items + ([] if anchored_end else [star])), any_char)
+    tail = [] if anchored_end else [star]
+    items, tail = _inner_looks(items, tail, any_char)
+    _no_inner_anchor(("cat", items))
+    tree = _without_boundaries(("cat", ([] if anchored_start else [star]) + items + tail), any_char)
     for _, negative, body in looks:
         tree = languages.combine(tree, _without_boundaries(_prefix_language(body, any_char), any_char), negative, any_char)
     return tree
+
+
+def _inner_looks(items: list, tail: list, any_char: tuple) -> tuple[list, list]:
+    """`items` with each look-ahead of the sequence written out, rightmost first: everything
+    after a look-ahead, to the string's end (`tail`: the search's ``.*``, or nothing before
+    ``$``), is the string's rest at that position, so ``X(?=Y)Z`` is ``X`` then the rests of
+    ``Z`` that begin (or, ``(?!Y)``, do not begin) with a match of ``Y`` (`languages.combine`,
+    exact). A look-ahead beside a word boundary is refused (the rest would lose the character
+    before it)."""
+    for index in reversed(range(len(items))):
+        if items[index][0] != "look":
+            continue
+        _, negative, body = items[index]
+        rest = ("cat", items[index + 1:] + tail)
+        if boundaries.has_boundary(("cat", items)) or boundaries.has_boundary(body):
+            raise Refusal("a look-ahead beside a word boundary (\\b) in a pattern")
+        _no_inner_anchor(rest)
+        items, tail = items[:index] + [languages.combine(rest, _prefix_language(body, any_char), negative, any_char)], []
+    return items, tail
 
 
 def _without_boundaries(tree: tuple, any_char: tuple) -> tuple:
@@ -152,7 +175,7 @@ def _no_inner_anchor(node: tuple) -> None:
         if node[0] in ("bol", "eol"):
             raise Refusal("anchors (^, $) inside a pattern rather than at its ends")
         if node[0] == "look":
-            raise Refusal(f"{'negative ' if node[1] else ''}look-ahead/look-behind in a pattern (only at its start, after ^)")
+            raise Refusal(f"{'negative ' if node[1] else ''}look-ahead inside a group or repetition of a pattern")
         if node[0] in ("cat", "alt"):
             stack.extend(node[1])
         elif node[0] == "rep":
