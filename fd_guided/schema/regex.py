@@ -70,6 +70,12 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
         items = items[:-1]
     while items and items[0][0] == "bol" and anchored_start:  # "^^a"
         items = items[1:]
+    # Beside the search's ``.*`` an item that may match nothing adds nothing (``A N .*`` is
+    # ``A .*``), whatever it holds: ``^/(([a-z]+/)*[a-z]+$)?`` is ``^/`` and then anything.
+    while not anchored_end and items and _nullable(items[-1]):
+        items = items[:-1]
+    while not anchored_start and items and _nullable(items[0]):
+        items = items[1:]
     looks = []
     while anchored_start and items and items[0][0] == "look":
         looks.append(items.pop(0))

@@ -140,6 +140,8 @@ LOOK_AHEADS = [
     # look-aheads inside the sequence: the rest of the string at their position
     r"^(.*?)\s(warn\s(>=|==|<=|>|<))(?=\s)(.*?)per\s(test|interval)$", r"a(?=b)c", r"a(?=b)b", r"a(?!b)[a-c]", r"(?!a)b",
     r"^x(?=.*y)[xyz]*$", r"a(?=bc?)b(?!c)", r"[ab]+(?=c)c*$", r"(?=a)", r"(?!a)", r"^a(?!b$)",
+    # an optional trailing part beside the search's .* (its $ no longer inside the pattern)
+    r"^\/(([A-c0-9\-\%]+\/)*[A-c0-9\-\%]+$)?", r"a(b$)?", r"(^b)?a", r"a(b\b)?",
 ]
 
 
