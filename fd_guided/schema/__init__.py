@@ -19,8 +19,9 @@ time and memory by the caps of `leaves`, `normalise`, `rules`, `regex` and `emit
 a native engine.
 
 Layout: `drafts` (draft, keywords, references), `walk` (which values are subschemas),
-`normalise` + `leaves` + `complement` + `rules` (the normal form and its rewrite rules),
-`instance` (its validator), `regex` and `formats` (patterns for engines), `emit` (per engine),
+`normalise` + `leaves` + `intersection` + `complement` + `rules` + `one_of` + `unique_items`
+(the normal form and its rewrite rules), `instance` (its validator), `regex` + `boundaries` +
+`languages` + `automaton` and `formats` (patterns for engines), `emit` (per engine),
 `capabilities` (the keyword table).
 """
 from __future__ import annotations

@@ -20,9 +20,11 @@ an item that may be empty, two in a row) goes to that whole-pattern automaton
 from __future__ import annotations
 
 from . import languages
+from .refusal import Refusal
 from .regex_parse import EMPTY_SET, EPSILON, complement, intersect
 
-MAX_BOUNDARIES = 6  # each splits the sequence in two
+MAX_BOUNDARIES = 6  # written out next to their items: each splits the sequence in two
+MAX_WRITTEN_OUT = 16  # in all (past MAX_BOUNDARIES, on the whole pattern's automaton)
 
 
 class _NotLocal(Exception):
@@ -32,8 +34,11 @@ class _NotLocal(Exception):
 def without_boundaries(tree: tuple, any_char: tuple) -> tuple:
     """`tree` (a full-match tree over `any_char`) with its ``wb`` nodes written out: the same
     strings. EMPTY_SET when none is left; Refusal past the automata's bounds."""
-    if not has_boundary(tree):
+    count = _count_boundaries(tree)
+    if not count:
         return tree
+    if count > MAX_WRITTEN_OUT:
+        raise Refusal(f"word boundaries (\\b) in a pattern (more than {MAX_WRITTEN_OUT})")
     try:
         return _local(tree, any_char, [MAX_BOUNDARIES])
     except _NotLocal:
@@ -117,6 +122,19 @@ def _alt(branches: list) -> tuple:
     if not branches:
         return EMPTY_SET
     return branches[0] if len(branches) == 1 else ("alt", branches)
+
+
+def _count_boundaries(node: tuple) -> int:
+    count, stack = 0, [node]
+    while stack:
+        node = stack.pop()
+        if node[0] == "wb":
+            count += 1
+        elif node[0] in ("cat", "alt"):
+            stack.extend(node[1])
+        elif node[0] == "rep":
+            stack.append(node[3])
+    return count
 
 
 def has_boundary(node: tuple) -> bool:

@@ -165,7 +165,7 @@ def without_boundaries(tree: tuple, any_char: tuple) -> tuple:
         result = to_tree(minimise(to_dfa(tree, alphabet, work), work), alphabet, work)
     except Refusal as refusal:
         raise Refusal(f"word boundaries (\\b) in a pattern ({refusal.feature})") from None
-    return ("set", ()) if result is None else result
+    return ("set", ()) if result is None else result  # (regex._without_boundaries keeps this message)
 
 
 class CountedLanguage:

@@ -42,6 +42,7 @@ from .regex_parse import (ALL_CHARS, EMPTY_SET, EPSILON, SPECIAL, complement, co
                           normalise, parse)
 
 XGRAMMAR_MAX_COUNT = 128
+MAX_INNER_LOOKS = 8  # look-aheads inside a sequence: an automaton each (leading ones share one pass)
 MAX_REPEAT_PRODUCT = 1 << 16  # nested counted repetitions, multiplied out
 _ALL = ALL_CHARS
 _SPECIAL = SPECIAL
@@ -100,6 +101,8 @@ def _inner_looks(items: list, tail: list, any_char: tuple) -> tuple[list, list]:
     ``Z`` that begin (or, ``(?!Y)``, do not begin) with a match of ``Y`` (`languages.combine`,
     exact). A look-ahead beside a word boundary is refused (the rest would lose the character
     before it)."""
+    if sum(item[0] == "look" for item in items) > MAX_INNER_LOOKS:
+        raise Refusal(f"more than {MAX_INNER_LOOKS} look-aheads in a pattern")
     for index in reversed(range(len(items))):
         if items[index][0] != "look":
             continue
@@ -118,7 +121,8 @@ def _without_boundaries(tree: tuple, any_char: tuple) -> tuple:
     try:
         return boundaries.without_boundaries(tree, any_char)
     except Refusal as refusal:
-        raise Refusal(f"word boundaries (\\b) in a pattern ({refusal.feature})") from None
+        detail = refusal.feature if refusal.feature.startswith("word boundaries") else f"word boundaries (\\b) in a pattern ({refusal.feature})"
+        raise Refusal(detail) from None
 
 
 def _spliced(items: list) -> list:
