@@ -79,8 +79,10 @@ TABLE: dict[str, dict[str, tuple[str, str]]] = {
         "llguidance": (NATIVE, "code points, JSON escapes allowed"),
     },
     "pattern": {
-        "xgrammar": (CONDITIONAL, "one per string, re-printed from Python's parse ({0,1} for optional groups, no raw \\\\, \" or control characters, repetitions <= 128); look-around, back-references, \\b refused"),
-        "llguidance": (NATIVE, "re-printed from Python's parse (classes with Python's meaning); several patterns become an allOf"),
+        "xgrammar": (CONDITIONAL, "one per string, re-printed from Python's parse ({0,1} for optional groups, no raw \\\\, \" or control characters, repetitions <= 128); "
+                                  "look-aheads of the top-level sequence and \\b written out; look-behind, look-aheads in groups, back-references, \\B refused"),
+        "llguidance": (NATIVE, "re-printed from Python's parse (classes with Python's meaning); several patterns become an allOf; "
+                               "look-aheads of the top-level sequence and \\b written out; look-behind, look-aheads in groups, back-references, \\B refused"),
     },
     "prefixItems": {
         "xgrammar": (NATIVE, "false positions truncate the tuple"),
