@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from . import languages, regex
-from .capabilities import REFUSED, how
-from .formats import FORMAT_PATTERNS
+from .formats import FORMAT_PATTERNS, SUBSET_NOTES
 from .intersection import array_max, intersect
 from .leaves import BARE_KINDS, Leaf, U
-from .numbers import (LLGUIDANCE_EXACT_LIMIT, XGRAMMAR_INT_LIMIT, XGRAMMAR_MAX_MULTIPLE_OF, binary_fraction, bounded,
-                      enumerate_multiples, every_integer_is_multiple, has_big_integer, step_feature)
+from .numbers import (LLGUIDANCE_EXACT_LIMIT, XGRAMMAR_INT_LIMIT, XGRAMMAR_MAX_MULTIPLE_OF, binary_fraction, bounded, enumerate_multiples,
+                      every_integer_is_multiple, has_big_integer, spellable, spelled_numbers, step_feature, value_schema)
+from .emitted import check_emitted
+from .pattern_properties import pattern_properties
 from .refusal import Refusal, Unsatisfiable
 from .unique_items import finish_unique
 
@@ -27,11 +29,6 @@ DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 MAX_MIN_ITEMS = 1024
 MAX_COUNT = 2**31 - 1
 MAX_EMITTED_NODES = 200_000
-MAX_PATTERN_PROPERTIES = 64
-MAX_OVERLAPPING_PATTERNS = 4  # regions: at most 15
-# llguidance proves patternProperties disjoint itself, within a budget: measured, region patterns of
-# ~650 characters pass and of ~1,400 fail at compile ("can't determine"), so longer ones are refused here.
-MAX_REGION_PATTERN = 1000
 MAX_SPELLED_NUMBERS = 16  # enum numbers xgrammar is given as one-value ranges (`Emitter._xgrammar_enum`)
 _XGRAMMAR_PLAIN_CHAR = '[^"\\\\\\x00-\\x1f]'  # a character a JSON string holds without an escape
 _XGRAMMAR_BAD_KEY_CHARS = frozenset('"\\') | frozenset(map(chr, range(0x20)))
@@ -160,12 +157,12 @@ class Emitter:
         ``1.00``; measured, neighbours and 2^53 +- 1 included: tests/schema/test_engine_keywords.py),
         and an array holding one a tuple of such items. At most `MAX_SPELLED_NUMBERS` numbers are
         spelled out; past that the enum stays as it is (one spelling each: a subset)."""
-        spelled = [v for v in values if _spellable(v)]
-        if not spelled or sum(_spelled_numbers(v) for v in spelled) > MAX_SPELLED_NUMBERS:
+        spelled = [v for v in values if spellable(v)]
+        if not spelled or sum(spelled_numbers(v) for v in spelled) > MAX_SPELLED_NUMBERS:
             return {"enum": list(values)}
-        rest = [v for v in values if not _spellable(v)]
+        rest = [v for v in values if not spellable(v)]
         unique = {json.dumps(v, sort_keys=True): v for v in spelled}.values()
-        options = ([{"enum": rest}] if rest else []) + [_value_schema(v) for v in unique]
+        options = ([{"enum": rest}] if rest else []) + [value_schema(v) for v in unique]
         return options[0] if len(options) == 1 else {"anyOf": options}
 
     # ----- numbers --------------------------------------------------------------------------------
@@ -221,7 +218,7 @@ class Emitter:
 
     # ----- strings --------------------------------------------------------------------------------
 
-    def _string(self, kw: dict, origin: str) -> dict:
+    def _string(self, kw: dict, origin: str) -> dict | None:
         patterns = list(kw["patterns"]) + [rf"\A(?:{FORMAT_PATTERNS[f]})\Z" for f in kw["formats"]]
         translated = []
         for pattern in patterns:
@@ -236,6 +233,8 @@ class Emitter:
                 raise Refusal("several patterns/formats on one string", f"{origin}.pattern")
             if bounded:
                 return self._xgrammar_bounded_string(kw, translated, origin)
+        elif len(patterns) > 1 and self._no_common_string(patterns, kw["formats"]):
+            return None
         if kw["min"] > 0:
             out["minLength"] = kw["min"]
         if kw["max"] is not None:
@@ -245,6 +244,22 @@ class Emitter:
         elif translated:
             out["allOf"] = [{"pattern": p} for p in translated]
         return out
+
+    def _no_common_string(self, patterns: list[str], formats: tuple) -> bool:
+        """True when no string matches all of `patterns` (``re.search``): the leaf has no value
+        and is left out (llguidance refuses a grammar whose patterns have nothing in common,
+        "Regex is empty", as a schema with ``format: uri`` and a ``git@host:app.git`` pattern
+        does). A format written as a documented subset (`formats.SUBSET_NOTES`) makes that an
+        emptiness of a subset: the output is then narrowed, as for a dropped alternative."""
+        try:
+            trees = [regex.full_match_tree(regex.parse(pattern)[0], regex.ALL_CHARS) for pattern in patterns]
+        except Refusal:
+            return False
+        if not languages.no_common_string(trees, regex.ALL_CHARS):
+            return False
+        if any(fmt in SUBSET_NOTES for fmt in formats):
+            self.narrowed = True
+        return True
 
     def _xgrammar_bounded_string(self, kw: dict, translated: list[str], origin: str) -> dict:
         """Length bounds as a pattern of characters that need no JSON escape: exact in counting, a
@@ -327,51 +342,27 @@ class Emitter:
         if required:
             out["required"] = required
         if kw["pprops"]:
-            out["patternProperties"] = self._pattern_properties(kw["pprops"], origin)
+            settled = [name for name in props if self._settled_by_property(name, props[name], kw["pprops"], origin)]
+            out["patternProperties"] = pattern_properties(kw["pprops"], self.engine, f"{origin}.patternProperties",
+                                                          self.union, lambda a, b: intersect(a, b, self.normaliser), settled)
         if kw["additional"] is not None:
             out["additionalProperties"] = self.union(kw["additional"], f"{origin}.additionalProperties")
         self._property_counts(kw, out, origin, closed)
         return out
 
-    def _pattern_properties(self, pprops: dict, origin: str) -> dict:
-        where = f"{origin}.patternProperties"
-        if how("patternProperties", self.engine) == REFUSED:
-            raise Refusal("patternProperties", where)
-        if len(pprops) > MAX_PATTERN_PROPERTIES:  # disjointness is checked pairwise
-            raise Refusal(f"more than {MAX_PATTERN_PROPERTIES} patternProperties", where)
-        translated = {}
-        for pattern, child in pprops.items():
-            try:
-                key = regex.translate(pattern, self.engine)
-            except Refusal as refusal:
-                raise Refusal(refusal.feature, where) from None
-            translated[key] = self.union(child, where)
-        if len(pprops) > 1 and not _disjoint_patterns(list(pprops)):
-            return self._disjoint_regions(pprops, where)
-        return translated
-
-    def _disjoint_regions(self, pprops: dict, where: str) -> dict:
-        """Overlapping patterns (llguidance needs disjoint ones) rewritten exactly: one pattern per
-        non-empty region of keys that the same patterns match (`languages.regions`), whose schema
-        is the intersection of theirs, as JSON Schema applies every matching pattern's schema."""
-        if len(pprops) > MAX_OVERLAPPING_PATTERNS:
-            raise Refusal(f"patternProperties whose patterns may overlap (more than {MAX_OVERLAPPING_PATTERNS})", where)
-        patterns, children = list(pprops), list(pprops.values())
-        try:
-            trees = [regex.full_match_tree(regex.parse(pattern)[0], regex.ALL_CHARS) for pattern in patterns]
-            regions = languages.regions(trees, regex.ALL_CHARS)
-            out = {}
-            for subset, tree in regions.items():
-                child = children[min(subset)]
-                for index in sorted(subset)[1:]:
-                    child = intersect(child, children[index], self.normaliser)
-                key = regex.print_full_match(tree, self.engine)
-                if len(key) > MAX_REGION_PATTERN:
-                    raise Refusal("a region pattern too long for llguidance to prove the regions disjoint")
-                out[key] = self.union(child, where)
-        except Refusal as refusal:
-            raise Refusal(f"patternProperties whose patterns overlap ({refusal.feature})", where) from None
-        return out
+    def _settled_by_property(self, name: str, emitted: Any, pprops: dict, origin: str) -> bool:
+        """True when every pattern that matches the declared property `name` asks of its value
+        what the property's own schema already does (the same emitted schema, or any value): the
+        key can leave the patterns, as JSON Schema's meaning is the intersection of them all. Left
+        in, llguidance intersects the two itself and cannot where they refer to a recursive
+        definition ("circular references with sibling keys"). Judged on the emitted schemas,
+        which stand for exactly what the engine enforces."""
+        matching = [child for pattern, child in pprops.items() if re.search(pattern, name)]
+        if not matching:
+            return False
+        text = json.dumps(emitted, sort_keys=True)
+        return all(child.is_any or json.dumps(self.union(child, f"{origin}.patternProperties"), sort_keys=True) == text
+                   for child in matching)
 
     def _property_counts(self, kw: dict, out: dict, origin: str, closed: bool) -> None:
         low, high = kw["min"], kw["max"]
@@ -413,112 +404,3 @@ def _combine(leaves: list[dict]) -> dict:
             seen.add(text)
             unique.append(leaf)
     return unique[0] if len(unique) == 1 else {"anyOf": unique}
-
-
-def _spellable(value) -> bool:
-    """An enum value holding an integral number xgrammar would write in one spelling only."""
-    if isinstance(value, list):
-        return any(_spellable(item) for item in value)
-    return _integral(value) and abs(value) <= LLGUIDANCE_EXACT_LIMIT
-
-
-def _spelled_numbers(value) -> int:
-    return sum(_spelled_numbers(item) for item in value) if isinstance(value, list) else int(_spellable(value))
-
-
-def _value_schema(value) -> dict:
-    """A schema that admits exactly `value`, its integral numbers in every decimal spelling."""
-    if isinstance(value, list):
-        items = [_value_schema(item) if _spellable(item) else {"enum": [item]} for item in value]
-        return {"type": "array", "prefixItems": items, "items": False, "minItems": len(items), "maxItems": len(items)}
-    return {"type": "number", "minimum": int(value), "maximum": int(value)}
-
-
-def _integral(value) -> bool:
-    """A JSON number with an integral value (``2`` or ``2.0``), not a boolean."""
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) or isinstance(value, float) and math.isfinite(value) and value.is_integer()
-
-
-# Every keyword the emitter writes, per engine: what each engine enforces exactly (capabilities).
-EMITTED_KEYWORDS = frozenset({
-    "type", "enum", "anyOf", "$ref", "properties", "required", "additionalProperties", "patternProperties", "items",
-    "prefixItems", "minItems", "maxItems", "pattern", "minLength", "maxLength", "minProperties", "maxProperties",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
-ENGINE_EXTRA_KEYWORDS = {"xgrammar": frozenset(), "llguidance": frozenset({"allOf"})}
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs")
-_SCHEMA_LISTS = ("anyOf", "allOf", "prefixItems")
-_SCHEMA_VALUES = ("items", "additionalProperties")
-
-
-def check_emitted(document: dict, engine: str) -> None:
-    """The last line of defence: every node handed to `engine` uses only `EMITTED_KEYWORDS` (and the
-    engine's extras). An engine silently ignores a keyword it does not know (xgrammar reads
-    ``{"not": {}}`` as any value), so a node outside the set is refused as an internal error,
-    never passed on. Iterative: emitted documents may be large."""
-    allowed = EMITTED_KEYWORDS | ENGINE_EXTRA_KEYWORDS[engine]
-    stack: list[Any] = [{k: v for k, v in document.items() if k not in ("$defs", "$schema")}]
-    stack.extend(document.get("$defs", {}).values())
-    while stack:
-        node = stack.pop()
-        if isinstance(node, bool):
-            continue
-        if not isinstance(node, dict):
-            raise Refusal(f"an internal normaliser error (a schema node of type {type(node).__name__})")
-        unknown = set(node) - allowed
-        if unknown:
-            raise Refusal(f"an internal normaliser error (it emitted {sorted(unknown)} for {engine})")
-        for key in _SCHEMA_MAPS:
-            if key in node:
-                stack.extend(node[key].values())
-        for key in _SCHEMA_LISTS:
-            stack.extend(node.get(key, ()))
-        for key in _SCHEMA_VALUES:
-            if key in node:
-                stack.append(node[key])
-
-
-def _disjoint_patterns(patterns: list[str]) -> bool:
-    """True when no key matches two of the patterns: first by their first characters (anchored at
-    the start, never coinciding), else exactly on their automata (`languages.disjoint`)."""
-    if _disjoint_first_characters(patterns):
-        return True
-    try:
-        trees = [regex.full_match_tree(regex.parse(pattern)[0], regex.ALL_CHARS) for pattern in patterns]
-    except Refusal:
-        return False
-    return all(languages.disjoint(a, b, regex.ALL_CHARS) for i, a in enumerate(trees) for b in trees[i + 1:])
-
-
-def _disjoint_first_characters(patterns: list[str]) -> bool:
-    firsts = []
-    for pattern in patterns:
-        tree, _ = regex.parse(pattern)
-        tree = regex.full_match_tree(tree, regex.PLAIN_JSON_CHARS)
-        first = _first_set(tree)
-        if first is None:
-            return False
-        firsts.append(first)
-    for i in range(len(firsts)):
-        for j in range(i + 1, len(firsts)):
-            if regex.intersect(firsts[i], firsts[j]):
-                return False
-    return True
-
-
-def _first_set(node) -> tuple | None:
-    """Characters a non-empty match must start with; None when unknown or the match may be empty."""
-    kind = node[0]
-    if kind == "set":
-        return node[1]
-    if kind == "cat":
-        return _first_set(node[1][0]) if node[1] else None
-    if kind == "alt":
-        sets = [_first_set(child) for child in node[1]]
-        if any(s is None for s in sets):
-            return None
-        return regex.normalise(r for s in sets for r in s)
-    if kind == "rep":
-        return _first_set(node[3]) if node[1] > 0 else None
-    return None

@@ -144,6 +144,20 @@ def combine(rest: tuple, ahead: tuple, negative: bool, any_char: tuple) -> tuple
     return ("set", ()) if result is None else result
 
 
+def no_common_string(trees: list[tuple], any_char: tuple) -> bool:
+    """True when no string matches every full-match tree; False when one does or it cannot be
+    decided within bounds."""
+    try:
+        alphabet = Alphabet(list(trees) + [("set", any_char)])
+        work = Work()
+        dfa = to_dfa(trees[0], alphabet, work)
+        for tree in trees[1:]:
+            dfa = minimise(product(dfa, to_dfa(tree, alphabet, work), True, work), work)
+        return not dfa.accepting
+    except Refusal:
+        return False
+
+
 def intersection(first: tuple, second: tuple, any_char: tuple) -> tuple:
     """The strings both full-match trees match, as a tree (``("set", ())`` for none). Refusal
     past the automata's bounds."""

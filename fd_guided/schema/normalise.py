@@ -31,7 +31,7 @@ from .one_of import one_of
 from .refusal import Refusal, Unsatisfiable
 
 MAX_DEPTH = 150
-MAX_PATTERN_PROPERTIES = 64  # no engine takes more (emit.py): refused before any is compiled
+MAX_PATTERN_PROPERTIES = 64  # no engine takes more (pattern_properties.py): refused before any is compiled
 MAX_WORK = 200_000
 # Formats JSON Schema names (a validator may check them): never dropped as annotations.
 STANDARD_FORMATS = frozenset(FORMAT_PATTERNS) | frozenset(UNSUPPORTED_FORMATS)

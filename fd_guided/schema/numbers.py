@@ -85,3 +85,32 @@ def step_feature(engine: str, steps) -> str:
         return (f"multipleOf {steps[0]!r} (xgrammar enforces only integer steps up to {XGRAMMAR_MAX_MULTIPLE_OF} "
                 "without bounds; a bounded range needs at most 256 multiples)")
     return f"multipleOf {steps[0]!r} (a decimal step that binary floating-point validators check inexactly; bound the range to at most 256 values)"
+
+
+# ----- integral numbers in every spelling (xgrammar enums) -------------------------------------------
+
+
+def spellable(value) -> bool:
+    """An enum value holding an integral number xgrammar would write in one spelling only."""
+    if isinstance(value, list):
+        return any(spellable(item) for item in value)
+    return integral(value) and abs(value) <= LLGUIDANCE_EXACT_LIMIT
+
+
+def spelled_numbers(value) -> int:
+    return sum(spelled_numbers(item) for item in value) if isinstance(value, list) else int(spellable(value))
+
+
+def value_schema(value) -> dict:
+    """A schema that admits exactly `value`, its integral numbers in every decimal spelling."""
+    if isinstance(value, list):
+        items = [value_schema(item) if spellable(item) else {"enum": [item]} for item in value]
+        return {"type": "array", "prefixItems": items, "items": False, "minItems": len(items), "maxItems": len(items)}
+    return {"type": "number", "minimum": int(value), "maximum": int(value)}
+
+
+def integral(value) -> bool:
+    """A JSON number with an integral value (``2`` or ``2.0``), not a boolean."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or isinstance(value, float) and math.isfinite(value) and value.is_integer()

@@ -178,3 +178,30 @@ def test_xgrammar_takes_integral_enum_numbers_in_every_decimal_spelling():
         assert accepts("xgrammar", nested, text), text
     for text in ('[0,"y"]', '[0,"x",0]', "[0]", "[[1],[1]]", "[[2]]", "[]"):
         assert not accepts("xgrammar", nested, text), text
+
+
+def test_a_declared_key_its_patterns_settle_leaves_the_patterns():
+    """``properties: {basic: X}`` beside ``patternProperties: {".*": X}``, X recursive: llguidance
+    would intersect the two for ``basic`` itself and cannot through the recursion ("circular
+    references with sibling keys", WashingtonPost's promo_items). The key leaves the pattern
+    (the same schema: nothing is lost) and the grammar compiles and enforces both."""
+    node = {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "string"}]}
+    schema = {"$defs": {"node": {"type": "object", "properties": {"basic": node}, "patternProperties": {".*": node},
+                                 "additionalProperties": False}}, "$ref": "#/$defs/node"}
+    spec = spec_for("llguidance", schema)
+    assert accepts("llguidance", spec, '{"basic":{"x":"a"},"other":"b"}')
+    assert accepts("llguidance", spec, '{"basic":"a"}')
+    assert not accepts("llguidance", spec, '{"basic":1}')
+    assert not accepts("llguidance", spec, '{"other":{"basic":2}}')
+
+
+def test_a_string_whose_patterns_share_no_string_is_left_out():
+    """``format: uri`` beside ``^git@heroku\\.com:...$`` (no URI starts so): llguidance refuses
+    a grammar whose patterns have nothing in common, so the emitter leaves the string out (an
+    optional property then cannot appear) instead of failing the compile (Heroku's app schema)."""
+    git = {"type": "string", "format": "uri", "pattern": "^git@heroku\\.com:[a-z]+\\.git$"}
+    schema = {"$defs": {"git": git}, "type": "object",
+              "properties": {"git_url": {"$ref": "#/$defs/git"}, "repo": {"$ref": "#/$defs/git"}, "name": {"type": "string"}}}
+    spec = spec_for("llguidance", schema)
+    assert accepts("llguidance", spec, '{"name":"x"}')
+    assert not accepts("llguidance", spec, '{"git_url":"git@heroku.com:app.git"}')

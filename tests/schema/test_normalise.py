@@ -267,7 +267,7 @@ def test_unknown_formats_are_refused_unless_annotated():
 
 def test_the_emitter_never_hands_an_engine_a_keyword_outside_its_set():
     """`check_emitted` refuses (never passes on) a node an engine would silently ignore."""
-    from fd_guided.schema.emit import check_emitted
+    from fd_guided.schema.emitted import check_emitted
     from fd_guided.schema.refusal import Refusal
 
     check_emitted({"$ref": "#/$defs/n0", "$defs": {"n0": {"type": "array", "items": False}}}, "xgrammar")
