@@ -21,8 +21,8 @@ a native engine.
 Layout: `drafts` (draft, keywords, references), `walk` (which values are subschemas),
 `normalise` + `leaves` + `intersection` + `complement` + `rules` + `one_of` + `unique_items`
 (the normal form and its rewrite rules), `instance` (its validator), `regex` + `boundaries` +
-`languages` + `automaton` and `formats` (patterns for engines), `emit` (per engine),
-`capabilities` (the keyword table).
+`languages` + `automaton` and `formats` (patterns for engines), `emit` + `pattern_properties`
++ `emitted` (per engine), `capabilities` (the keyword table).
 """
 from __future__ import annotations
 
