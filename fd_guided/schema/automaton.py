@@ -13,7 +13,7 @@ import bisect
 from typing import Iterable
 
 from .refusal import Refusal
-from .regex_parse import normalise
+from .regex_parse import nodes, normalise
 
 MAX_NFA_STATES = 20_000
 MAX_DFA_STATES = 2_000
@@ -37,16 +37,9 @@ class Work:
 # ----- the alphabet: classes of code points no set of either tree splits ---------------------------
 
 
-def _sets(node: tuple) -> Iterable[tuple]:
-    stack = [node]
-    while stack:
-        node = stack.pop()
-        if node[0] in ("set", "wb"):  # a boundary splits the code points into word and not
-            yield node[1]
-        elif node[0] in ("cat", "alt"):
-            stack.extend(node[1])
-        elif node[0] == "rep":
-            stack.append(node[3])
+def _sets(tree: tuple) -> Iterable[tuple]:
+    """The code-point sets of `tree` (a boundary's word set too: it splits the alphabet)."""
+    return (node[1] for node in nodes(tree) if node[0] in ("set", "wb"))
 
 
 class Alphabet:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from . import languages
 from .refusal import Refusal
-from .regex_parse import EMPTY_SET, EPSILON, complement, intersect
+from .regex_parse import EMPTY_SET, EPSILON, complement, intersect, nodes, nullable
 
 MAX_BOUNDARIES = 6  # written out next to their items: each splits the sequence in two
 MAX_WRITTEN_OUT = 16  # in all (past MAX_BOUNDARIES, on the whole pattern's automaton)
@@ -84,10 +84,10 @@ def _ends(left: list, word: tuple, any_char: tuple) -> tuple[list | None, list |
     is_word, not_word = _classes(word, any_char)
     if not left:
         return None, []  # the string's start: not a word character
-    if left[0] == star and all(_nullable(item) for item in left[1:]):
+    if left[0] == star and all(nullable(item) for item in left[1:]):
         return [star, is_word], [("alt", [EPSILON, ("cat", [star, not_word])])]
     last = left[-1]
-    if _nullable(last):
+    if nullable(last):
         raise _NotLocal
     ending_word = languages.intersection(last, ("cat", [star, is_word]), any_char)
     ending_other = languages.intersection(last, ("cat", [star, not_word]), any_char)
@@ -102,10 +102,10 @@ def _starts(right: list, word: tuple, any_char: tuple) -> tuple[list | None, lis
     is_word, not_word = _classes(word, any_char)
     if not right:
         return None, []  # the string's end
-    if right[-1] == star and all(_nullable(item) for item in right[:-1]):
+    if right[-1] == star and all(nullable(item) for item in right[:-1]):
         return [is_word, star], [("alt", [EPSILON, ("cat", [not_word, star])])]
     first = right[0]
-    if first[0] == "wb" or _nullable(first) or has_boundary(first):
+    if first[0] == "wb" or nullable(first) or has_boundary(first):
         raise _NotLocal
     starting_word = languages.intersection(first, ("cat", [is_word, star]), any_char)
     starting_other = languages.intersection(first, ("cat", [not_word, star]), any_char)
@@ -124,39 +124,10 @@ def _alt(branches: list) -> tuple:
     return branches[0] if len(branches) == 1 else ("alt", branches)
 
 
-def _count_boundaries(node: tuple) -> int:
-    count, stack = 0, [node]
-    while stack:
-        node = stack.pop()
-        if node[0] == "wb":
-            count += 1
-        elif node[0] in ("cat", "alt"):
-            stack.extend(node[1])
-        elif node[0] == "rep":
-            stack.append(node[3])
-    return count
+def _count_boundaries(tree: tuple) -> int:
+    return sum(node[0] == "wb" for node in nodes(tree))
 
 
-def has_boundary(node: tuple) -> bool:
-    """True when `node` holds a ``\\b`` (a ``wb`` node) anywhere."""
-    stack = [node]
-    while stack:
-        node = stack.pop()
-        if node[0] == "wb":
-            return True
-        if node[0] in ("cat", "alt"):
-            stack.extend(node[1])
-        elif node[0] == "rep":
-            stack.append(node[3])
-    return False
-
-
-def _nullable(node: tuple) -> bool:
-    kind = node[0]
-    if kind == "rep":
-        return node[1] == 0 or _nullable(node[3])
-    if kind == "cat":
-        return all(_nullable(part) for part in node[1])
-    if kind == "alt":
-        return any(_nullable(part) for part in node[1])
-    return False
+def has_boundary(tree: tuple) -> bool:
+    """True when `tree` holds a ``\\b`` (a ``wb`` node) anywhere."""
+    return any(node[0] == "wb" for node in nodes(tree))

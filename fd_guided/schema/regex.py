@@ -39,7 +39,7 @@ import re
 from . import boundaries, languages
 from .refusal import Refusal, Unsatisfiable
 from .regex_parse import (ALL_CHARS, EMPTY_SET, EPSILON, SPECIAL, complement, contains, intersect,
-                          normalise, parse)
+                          normalise, nullable, parse)
 
 XGRAMMAR_MAX_COUNT = 128
 MAX_INNER_LOOKS = 8  # look-aheads inside a sequence: an automaton each (leading ones share one pass)
@@ -73,9 +73,9 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
         items = items[1:]
     # Beside the search's ``.*`` an item that may match nothing adds nothing (``A N .*`` is
     # ``A .*``), whatever it holds: ``^/(([a-z]+/)*[a-z]+$)?`` is ``^/`` and then anything.
-    while not anchored_end and items and _nullable(items[-1]):
+    while not anchored_end and items and nullable(items[-1]):
         items = items[:-1]
-    while not anchored_start and items and _nullable(items[0]):
+    while not anchored_start and items and nullable(items[0]):
         items = items[1:]
     looks = []
     while anchored_start and items and items[0][0] == "look":
@@ -396,7 +396,7 @@ def _ends_open(node: tuple) -> bool:
     if kind == "alt":
         return bool(node[1]) and all(_ends_open(branch) for branch in node[1])
     if kind == "cat":
-        return bool(node[1]) and _ends_open(node[1][-1]) and all(_has_printable(part) or _nullable(part) for part in node[1])
+        return bool(node[1]) and _ends_open(node[1][-1]) and all(_has_printable(part) or nullable(part) for part in node[1])
     return False
 
 
@@ -409,17 +409,6 @@ def _has_printable(node: tuple) -> bool:
         return (node[2] is None or node[2] > 0) and _has_printable(node[3])
     if kind in ("alt", "cat"):
         return any(_has_printable(part) for part in node[1])
-    return False
-
-
-def _nullable(node: tuple) -> bool:
-    kind = node[0]
-    if kind == "rep":
-        return node[1] == 0 or _nullable(node[3])
-    if kind == "cat":
-        return all(_nullable(part) for part in node[1])
-    if kind == "alt":
-        return any(_nullable(part) for part in node[1])
     return False
 
 

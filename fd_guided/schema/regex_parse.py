@@ -101,6 +101,32 @@ EMPTY_SET = ("set", ())
 EPSILON = ("cat", [])
 
 
+def nodes(tree: tuple):
+    """Every node of `tree`, iteratively (trees may be deep)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if node[0] in ("cat", "alt"):
+            stack.extend(node[1])
+        elif node[0] in ("rep",):
+            stack.append(node[3])
+        elif node[0] == "look":
+            stack.append(node[2])
+
+
+def nullable(node: tuple) -> bool:
+    """True when `node` matches the empty string (anchors and look-aheads count as not)."""
+    kind = node[0]
+    if kind == "rep":
+        return node[1] == 0 or nullable(node[3])
+    if kind == "cat":
+        return all(nullable(part) for part in node[1])
+    if kind == "alt":
+        return any(nullable(part) for part in node[1])
+    return False
+
+
 def parse(pattern: str) -> tuple[Any, int]:
     """Python's reading of `pattern` as a tree, and its global flags. Raises Refusal."""
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import functools
 import json
 
+import jsonschema
+
 from fd_guided import GuidedConfig, parse_guided_request
 from fd_guided.conformance import STOP, byte_tokenizer
 from fd_guided.registry import get_backend_class
@@ -30,3 +32,8 @@ def accepts(engine: str, spec, text: str) -> bool:
 
 def compact(value) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def valid(schema, value) -> bool:
+    """The independent judge: jsonschema (2020-12) with format checking."""
+    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).is_valid(value)

@@ -8,12 +8,13 @@ test checks every probe value the emitted schema accepts against the original sc
 """
 from __future__ import annotations
 
-import jsonschema
 import pytest
 
 from fd_guided.errors import InvalidGrammarError
 from fd_guided.schema import for_engine
 from fd_guided.spec import JsonFormat
+
+from engine_probe import valid as _valid
 
 NOT_A = {"type": "string", "not": {"pattern": "^a"}}  # strings not starting with "a": only a subset is written
 
@@ -48,11 +49,6 @@ CASES = {
 PROBES = [None, True, 0, 1.5, [[]], [1, [2]], {"a": []}, {"a": [1]}, {"a": {"a": [1]}}, "", "a", "ab", "abc", "xyz", "xyzw", [], [1], [1, 2], {}, {"a": "xyz"}, {"a": "abc"},
           {"a": 1}, {"a": [1]}, {"a": [1, 2]}, {"a": {}}, {"a": {"x": 1}}, {"a": [0]}, {"a": {"b": 1}}, {"a": {"c": 1}}, {"a": {"b": 1, "c": 1}},
           {"x": {"a": 1, "b": 2}}, {"x": {"a": 1}}, {"cfg": {}}, {"cfg": {"a": 1}}, {"cfg": {"b": 1}}, {"cfg": {"a": 1, "b": 1}}]
-
-
-def _valid(schema, value) -> bool:
-    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-    return validator.is_valid(value)
 
 
 @pytest.mark.parametrize("engine", ["llguidance", "xgrammar"])
