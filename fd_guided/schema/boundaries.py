@@ -33,12 +33,13 @@ class _NotLocal(Exception):
 
 def without_boundaries(tree: tuple, any_char: tuple) -> tuple:
     """`tree` (a full-match tree over `any_char`) with its ``wb`` nodes written out: the same
-    strings. EMPTY_SET when none is left; Refusal past the automata's bounds."""
+    strings. EMPTY_SET when none is left; Refusal past the automata's bounds (its feature says
+    which; `regex` names the boundaries around it)."""
     count = _count_boundaries(tree)
     if not count:
         return tree
     if count > MAX_WRITTEN_OUT:
-        raise Refusal(f"word boundaries (\\b) in a pattern (more than {MAX_WRITTEN_OUT})")
+        raise Refusal(f"more than {MAX_WRITTEN_OUT}")
     try:
         return _local(tree, any_char, [MAX_BOUNDARIES])
     except _NotLocal:

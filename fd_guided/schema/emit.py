@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 from . import languages, regex
@@ -342,27 +341,12 @@ class Emitter:
         if required:
             out["required"] = required
         if kw["pprops"]:
-            settled = [name for name in props if self._settled_by_property(name, props[name], kw["pprops"], origin)]
             out["patternProperties"] = pattern_properties(kw["pprops"], self.engine, f"{origin}.patternProperties",
-                                                          self.union, lambda a, b: intersect(a, b, self.normaliser), settled)
+                                                          self.union, lambda a, b: intersect(a, b, self.normaliser), props)
         if kw["additional"] is not None:
             out["additionalProperties"] = self.union(kw["additional"], f"{origin}.additionalProperties")
         self._property_counts(kw, out, origin, closed)
         return out
-
-    def _settled_by_property(self, name: str, emitted: Any, pprops: dict, origin: str) -> bool:
-        """True when every pattern that matches the declared property `name` asks of its value
-        what the property's own schema already does (the same emitted schema, or any value): the
-        key can leave the patterns, as JSON Schema's meaning is the intersection of them all. Left
-        in, llguidance intersects the two itself and cannot where they refer to a recursive
-        definition ("circular references with sibling keys"). Judged on the emitted schemas,
-        which stand for exactly what the engine enforces."""
-        matching = [child for pattern, child in pprops.items() if re.search(pattern, name)]
-        if not matching:
-            return False
-        text = json.dumps(emitted, sort_keys=True)
-        return all(child.is_any or json.dumps(self.union(child, f"{origin}.patternProperties"), sort_keys=True) == text
-                   for child in matching)
 
     def _property_counts(self, kw: dict, out: dict, origin: str, closed: bool) -> None:
         low, high = kw["min"], kw["max"]

@@ -232,6 +232,13 @@ def schema_for(kw: dict, name: str, ctx: Context) -> U:
     return result
 
 
+def with_required_declared(props: dict, required, pprops: dict) -> dict:
+    """`props` with each required name that neither it nor a pattern declares added as any value:
+    what strict mode's closure keeps open (a required name counts as declared)."""
+    missing = [name for name in required if name not in props and not any(re.search(p, name) for p in pprops)]
+    return {**props, **dict.fromkeys(missing, ANY)} if missing else props
+
+
 def _opened(a: dict, b: dict, key: str) -> tuple[dict, dict, bool]:
     """`a` and `b` with strict mode's closure (`STRICT_CLOSED` at `key`) taken off, and whether
     either had it. The merge is closed again over what both declare: ``close(A) ∧ close(B)``
@@ -260,9 +267,7 @@ def _merge_objects(a: dict, b: dict, ctx: Context) -> "dict | U":
     if a["additional"] is None and b["additional"] is None:
         additional = None
         if closed and not (a["ann_rest"] or b["ann_rest"]):
-            additional = STRICT_CLOSED  # as `Normaliser.close`: a required name counts as declared
-            props.update({name: ANY for name in required
-                          if name not in props and not any(re.search(p, name) for p in pprops)})
+            additional, props = STRICT_CLOSED, with_required_declared(props, required, pprops)
     else:
         additional = intersect(a["additional"] or ANY, b["additional"] or ANY, ctx)
     low, high = _min_max(a, b)

@@ -121,13 +121,7 @@ def regions(trees: list[tuple], any_char: tuple) -> dict[frozenset, tuple]:
 
 def disjoint(first: tuple, second: tuple, any_char: tuple) -> bool:
     """No string matches both full-match trees (False when it cannot be decided within bounds)."""
-    try:
-        alphabet = Alphabet([first, second, ("set", any_char)])
-        work = Work()
-        both = product(to_dfa(first, alphabet, work), to_dfa(second, alphabet, work), True, work)
-        return not minimise(both, work).accepting
-    except Refusal:
-        return False
+    return no_common_string([first, second], any_char)
 
 
 def combine(rest: tuple, ahead: tuple, negative: bool, any_char: tuple) -> tuple:
@@ -135,12 +129,18 @@ def combine(rest: tuple, ahead: tuple, negative: bool, any_char: tuple) -> tuple
     `ahead`; both are full-match trees, `ahead` already extended by ``.*`` where it is a prefix.
     Returns ``("set", ())`` when none is left."""
     try:
-        alphabet = Alphabet([rest, ahead, ("set", any_char)])
-        work = Work()
-        both = product(to_dfa(rest, alphabet, work), to_dfa(ahead, alphabet, work), not negative, work)
-        result = to_tree(minimise(both, work), alphabet, work)
+        return _product_tree(rest, ahead, not negative, any_char)
     except Refusal as refusal:
         raise Refusal(f"a look-ahead in a pattern ({refusal.feature})") from None
+
+
+def _product_tree(first: tuple, second: tuple, keep_second: bool, any_char: tuple) -> tuple:
+    """The strings of `first` that `second` matches too (`keep_second`) or does not, as a tree
+    (``("set", ())`` for none); Refusal past the automata's bounds."""
+    alphabet = Alphabet([first, second, ("set", any_char)])
+    work = Work()
+    both = product(to_dfa(first, alphabet, work), to_dfa(second, alphabet, work), keep_second, work)
+    result = to_tree(minimise(both, work), alphabet, work)
     return ("set", ()) if result is None else result
 
 
@@ -161,11 +161,7 @@ def no_common_string(trees: list[tuple], any_char: tuple) -> bool:
 def intersection(first: tuple, second: tuple, any_char: tuple) -> tuple:
     """The strings both full-match trees match, as a tree (``("set", ())`` for none). Refusal
     past the automata's bounds."""
-    alphabet = Alphabet([first, second, ("set", any_char)])
-    work = Work()
-    both = product(to_dfa(first, alphabet, work), to_dfa(second, alphabet, work), True, work)
-    result = to_tree(minimise(both, work), alphabet, work)
-    return ("set", ()) if result is None else result
+    return _product_tree(first, second, True, any_char)
 
 
 def without_boundaries(tree: tuple, any_char: tuple) -> tuple:
@@ -173,13 +169,10 @@ def without_boundaries(tree: tuple, any_char: tuple) -> tuple:
     the automaton tracks whether the previous character was a word character
     (`automaton.to_dfa`), which is all a boundary asks. Returns ``("set", ())`` when no string
     is left; Refusal past the automaton's bounds."""
-    try:
-        alphabet = Alphabet([tree, ("set", any_char)])
-        work = Work()
-        result = to_tree(minimise(to_dfa(tree, alphabet, work), work), alphabet, work)
-    except Refusal as refusal:
-        raise Refusal(f"word boundaries (\\b) in a pattern ({refusal.feature})") from None
-    return ("set", ()) if result is None else result  # (regex._without_boundaries keeps this message)
+    alphabet = Alphabet([tree, ("set", any_char)])
+    work = Work()
+    result = to_tree(minimise(to_dfa(tree, alphabet, work), work), alphabet, work)
+    return ("set", ()) if result is None else result
 
 
 class CountedLanguage:

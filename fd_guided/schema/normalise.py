@@ -16,7 +16,6 @@ references is capped (`MAX_DEPTH`); going past any bound is a `Refusal`, never a
 from __future__ import annotations
 
 import math
-import re
 import threading
 from typing import Any
 
@@ -25,7 +24,8 @@ from .complement import complement
 from .drafts import Document, base_uri
 from .formats import ANNOTATION_FORMATS, FORMAT_PATTERNS, UNSUPPORTED_FORMATS
 from .instance import accepts
-from .intersection import Context, bounds_empty, check_array, check_object, deeply_exact, emptied, intersect, make_integer
+from .intersection import (Context, bounds_empty, check_array, check_object, deeply_exact, emptied, intersect, make_integer,
+                           with_required_declared)
 from .leaves import ALL_KINDS, ANY, BARE_KINDS, NONE, STRICT_CLOSED, U, Leaf, kind_of, unique_values
 from .one_of import one_of
 from .refusal import Refusal, Unsatisfiable
@@ -387,10 +387,7 @@ class Normaliser(Context):
             # or a disjointness proof over this value must not read it as JSON Schema's `false`.
             if leaf.kind == "object" and kw["declared"] and kw["additional"] is None and not kw["ann_rest"]:
                 # Required names count as declared: strictness closes the object to the others.
-                props = dict(kw["props"])
-                for name in kw["required"]:
-                    if name not in props and not any(re.search(p, name) for p in kw["pprops"]):
-                        props[name] = ANY
+                props = with_required_declared(kw["props"], kw["required"], kw["pprops"])
                 leaf = leaf.replace(props=props, additional=STRICT_CLOSED)
             elif leaf.kind == "array" and kw["declared"] and kw["items"] is None and not kw["ann_items"]:
                 if check_array({**kw, "items": STRICT_CLOSED}) is None:

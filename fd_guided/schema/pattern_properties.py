@@ -4,12 +4,13 @@ disjoint ones), and the keys a declared property already settles left out of eve
 
 JSON Schema applies every matching pattern's schema (and a declared property's) to a key; a region
 of keys matched by the same patterns gets the intersection of their schemas (`languages.regions`).
-A declared key whose matching patterns ask nothing its own schema does not (`Emitter` judges that)
-is taken out of the patterns exactly (an automaton difference, `languages.combine`), so the engine
+A declared key whose matching patterns ask nothing its own schema does not (`_settled`) is taken
+out of the patterns exactly (an automaton difference, `languages.combine`), so the engine
 never has to intersect the two itself.
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Callable
 
@@ -24,13 +25,16 @@ MAX_OVERLAPPING_PATTERNS = 4  # regions: at most 15
 MAX_REGION_PATTERN = 1000
 
 
-def pattern_properties(pprops: dict, engine: str, where: str, emit: Callable, intersect: Callable, settled: list[str]) -> dict:
+def pattern_properties(pprops: dict, engine: str, where: str, emit: Callable, intersect: Callable, declared: dict) -> dict:
     """The engine's ``patternProperties`` for `pprops` (pattern -> normalised union); `emit`
-    writes a union for the engine, `intersect` joins two; the keys `settled` match no pattern."""
+    writes a union for the engine, `intersect` joins two; `declared` holds the object's declared
+    properties as emitted, and those the patterns settle (`_settled`) match no pattern."""
     if how("patternProperties", engine) == REFUSED:
         raise Refusal("patternProperties", where)
     if len(pprops) > MAX_PATTERN_PROPERTIES:  # disjointness is checked pairwise
         raise Refusal(f"more than {MAX_PATTERN_PROPERTIES} patternProperties", where)
+    written = _Written(emit, where)
+    settled = [name for name, schema in declared.items() if _settled(name, schema, pprops, written)]
     keys = {}
     for pattern in pprops:
         try:
@@ -40,11 +44,45 @@ def pattern_properties(pprops: dict, engine: str, where: str, emit: Callable, in
         except Refusal as refusal:
             raise Refusal(refusal.feature, where) from None
     if len(pprops) > 1 and not _disjoint_patterns(list(pprops)):
-        return _disjoint_regions(pprops, engine, where, emit, intersect, settled)
-    return {keys[pattern]: emit(child, where) for pattern, child in pprops.items() if keys[pattern] is not None}
+        return _disjoint_regions(pprops, engine, where, written, intersect, settled)
+    return {keys[pattern]: written(child) for pattern, child in pprops.items() if keys[pattern] is not None}
 
 
-def _disjoint_regions(pprops: dict, engine: str, where: str, emit: Callable, intersect: Callable, settled: list[str]) -> dict:
+class _Written:
+    """Each pattern's schema emitted once (with its JSON text), whether `_settled` compares it
+    or the keywords hold it. Keeps every union it wrote, so an id is never reused meanwhile."""
+
+    def __init__(self, emit: Callable, where: str):
+        self._emit, self._where, self._done = emit, where, {}
+
+    def __call__(self, child) -> object:
+        return self._entry(child)[1]
+
+    def text(self, child) -> str:
+        return self._entry(child)[2]
+
+    def _entry(self, child) -> tuple:
+        if id(child) not in self._done:
+            emitted = self._emit(child, self._where)
+            self._done[id(child)] = (child, emitted, json.dumps(emitted, sort_keys=True))
+        return self._done[id(child)]
+
+
+def _settled(name: str, emitted, pprops: dict, written: _Written) -> bool:
+    """True when every pattern that matches the declared property `name` asks of its value what
+    the property's own schema already does (the same emitted schema, or any value): the key can
+    leave the patterns, as JSON Schema's meaning is the intersection of them all. Left in,
+    llguidance intersects the two itself and cannot where they refer to a recursive definition
+    ("circular references with sibling keys"). Judged on the emitted schemas, which stand for
+    exactly what the engine enforces."""
+    matching = [child for pattern, child in pprops.items() if re.search(pattern, name)]
+    if not matching:
+        return False
+    text = json.dumps(emitted, sort_keys=True)
+    return all(child.is_any or written.text(child) == text for child in matching)
+
+
+def _disjoint_regions(pprops: dict, engine: str, where: str, written: "_Written", intersect: Callable, settled: list[str]) -> dict:
     """Overlapping patterns rewritten exactly: one pattern per non-empty region of keys that the
     same patterns match, whose schema is the intersection of theirs."""
     if len(pprops) > MAX_OVERLAPPING_PATTERNS:
@@ -62,7 +100,7 @@ def _disjoint_regions(pprops: dict, engine: str, where: str, emit: Callable, int
                 continue
             if len(key) > MAX_REGION_PATTERN:
                 raise Refusal("a region pattern too long for llguidance to prove the regions disjoint")
-            out[key] = emit(child, where)
+            out[key] = written(child)
     except Refusal as refusal:
         raise Refusal(f"patternProperties whose patterns overlap ({refusal.feature})", where) from None
     return out

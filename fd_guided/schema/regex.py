@@ -101,15 +101,16 @@ def _inner_looks(items: list, tail: list, any_char: tuple) -> tuple[list, list]:
     ``Z`` that begin (or, ``(?!Y)``, do not begin) with a match of ``Y`` (`languages.combine`,
     exact). A look-ahead beside a word boundary is refused (the rest would lose the character
     before it)."""
-    if sum(item[0] == "look" for item in items) > MAX_INNER_LOOKS:
+    looks = sum(item[0] == "look" for item in items)
+    if looks > MAX_INNER_LOOKS:
         raise Refusal(f"more than {MAX_INNER_LOOKS} look-aheads in a pattern")
+    if looks and boundaries.has_boundary(("cat", items)):  # look-ahead bodies included
+        raise Refusal("a look-ahead beside a word boundary (\\b) in a pattern")
     for index in reversed(range(len(items))):
         if items[index][0] != "look":
             continue
         _, negative, body = items[index]
         rest = ("cat", items[index + 1:] + tail)
-        if boundaries.has_boundary(("cat", items)) or boundaries.has_boundary(body):
-            raise Refusal("a look-ahead beside a word boundary (\\b) in a pattern")
         _no_inner_anchor(rest)
         items, tail = items[:index] + [languages.combine(rest, _prefix_language(body, any_char), negative, any_char)], []
     return items, tail
@@ -121,8 +122,7 @@ def _without_boundaries(tree: tuple, any_char: tuple) -> tuple:
     try:
         return boundaries.without_boundaries(tree, any_char)
     except Refusal as refusal:
-        detail = refusal.feature if refusal.feature.startswith("word boundaries") else f"word boundaries (\\b) in a pattern ({refusal.feature})"
-        raise Refusal(detail) from None
+        raise Refusal(f"word boundaries (\\b) in a pattern ({refusal.feature})") from None
 
 
 def _spliced(items: list) -> list:
