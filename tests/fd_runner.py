@@ -29,9 +29,9 @@ import paddle
 
 from fd_guided.integrations.fastdeploy import GuidedDecoding, get_guided_backend, schemata_key_of
 from fd_guided.tokenizer import load_tokenizer
-from fd_guided.workers.model import SeqChunk, TinyDecoderLM, TinyLMConfig
-from fd_guided.workers.sampling import SamplingParams, sample_next_tokens
-from fd_guided.workers.token_prior import structural_token_prior
+from fd_guided.harness.engine.model import SeqChunk, TinyDecoderLM, TinyLMConfig
+from fd_guided.harness.engine.sampling import SamplingParams, sample_next_tokens
+from fd_guided.harness.engine.token_prior import structural_token_prior
 
 VOCAB = 129_280
 

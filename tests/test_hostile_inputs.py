@@ -91,8 +91,8 @@ def test_hostile_requests_fail_alone_in_a_batch_that_goes_on():
         import json, sys
         sys.path.insert(0, "tests")
         from test_hostile_inputs import HOSTILE
-        from fd_guided.validate import validate_output
-        from fd_guided.workers import ReferenceEngine
+        from fd_guided.harness.validate import validate_output
+        from fd_guided.harness.engine import ReferenceEngine
         good = {"prompt": "ok?", "guided_json": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
                 "disable_any_whitespace": True}
         unsat = [{"prompt": "x", "guided_json": {"$ref": "#"}},
@@ -123,8 +123,8 @@ def test_a_good_request_behind_four_compile_bombs_is_served_first():
         import json
         from fd_guided import GuidedConfig
         from fd_guided.limits import AdmissionLimits
-        from fd_guided.validate import validate_output
-        from fd_guided.workers import ReferenceEngine
+        from fd_guided.harness.validate import validate_output
+        from fd_guided.harness.engine import ReferenceEngine
         config = GuidedConfig(compile_timeout_s=6.0)
         bombs = [{"prompt": "pick", "guided_choice": [f"b{b}w{i}x{i * 7919 % 100003}" for i in range(20000)]} for b in range(4)]
         good = {"prompt": "ok?", "guided_regex": "(yes|no)"}

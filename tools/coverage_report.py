@@ -11,7 +11,7 @@ For every ``*.json`` under SCHEMA_DIR (recursively) and every backend:
              --timeout s, and for ``auto`` the race: a schema xgrammar cannot compile in time is
              served by llguidance), timed from submit to a usable grammar (p50/p90/p99/max);
   generate   the first N accepted schemas run through the tiny random-weight reference engine and
-             every finished output is validated with `jsonschema` (`fd_guided.validate`):
+             every finished output is validated with `jsonschema` (`fd_guided.harness.validate`):
              valid / invalid / cut by max_tokens.
 Each backend runs in its own child process: a native crash (or a compile past --timeout) kills
 only that child, is counted as ``crashed`` (or ``timed_out``) for the schema at hand, and a
@@ -51,8 +51,8 @@ def _child(backend_name: str, options: dict, conn) -> None:
     logging.disable(logging.WARNING)
     from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
     from fd_guided.errors import GrammarCompileTimeout
-    from fd_guided.validate import validate_output
-    from fd_guided.workers import ReferenceEngine
+    from fd_guided.harness.validate import validate_output
+    from fd_guided.harness.engine import ReferenceEngine
 
     config = GuidedConfig(backend=backend_name, compile_timeout_s=float(options["timeout"]))
     engine = ReferenceEngine.default(preset="tiny", tokenizer=options["tokenizer"], max_num_seqs=options["batch"], guided_config=config)

@@ -249,7 +249,7 @@ def check_loopback(url: str) -> None:
 
 def start_server(args) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{args.port}"
-    command = [sys.executable, "-m", "fd_guided.cli", "serve", "--port", str(args.port), "--preset", args.preset,
+    command = [sys.executable, "-m", "fd_guided.harness.cli", "serve", "--port", str(args.port), "--preset", args.preset,
                "--max-num-seqs", str(args.max_num_seqs), "--switch-interval-ms", str(args.switch_interval_ms),
                "--log-level", "warning", "--loop-priority", args.loop_priority]
     print("+ " + " ".join(command), flush=True)

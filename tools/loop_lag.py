@@ -75,7 +75,7 @@ def percentiles(values: list[float]) -> dict:
 
 def run_policy(policy: str, args, offset: int) -> dict:
     from fd_guided import GuidedConfig
-    from fd_guided.workers.engine import ReferenceEngine
+    from fd_guided.harness.engine.engine import ReferenceEngine
 
     config = GuidedConfig(backend="auto", background_idle_class=policy != "nice")
     engine = ReferenceEngine.default(preset=args.preset, max_num_seqs=args.requests + 1, guided_config=config,

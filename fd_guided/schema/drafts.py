@@ -54,7 +54,7 @@ KNOWN_KEYWORDS = {
 
 
 def validator_class(schema: Any):
-    """The `jsonschema` validator class that judges outputs of `schema` (as fd_guided.validate does)."""
+    """The `jsonschema` validator class that judges outputs of `schema` (as fd_guided.harness.validate does)."""
     return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
 
 

@@ -1,4 +1,4 @@
-"""The JSON-Schema-Test-Suite conformance kit, run on every registered backend (fd_guided.conformance).
+"""The JSON-Schema-Test-Suite conformance kit, run on every registered backend (fd_guided.harness.conformance).
 
 A third-party backend registered under ``fd_guided.backends`` is picked up here by its name and
 held to the same bar: every invalid instance of every schema it compiles is rejected, token by
@@ -9,7 +9,7 @@ import functools
 
 import pytest
 
-from fd_guided.conformance import SUITE_ENV, load_cases, run_cases, suite_root, summarise
+from fd_guided.harness.conformance import SUITE_ENV, load_cases, run_cases, suite_root, summarise
 from fd_guided.registry import available_backends
 
 pytestmark = pytest.mark.cpu

@@ -7,7 +7,7 @@ import json
 import jsonschema
 
 from fd_guided import GuidedConfig, parse_guided_request
-from fd_guided.conformance import STOP, byte_tokenizer
+from fd_guided.harness.conformance import STOP, byte_tokenizer
 from fd_guided.registry import get_backend_class
 
 ENGINES = ("xgrammar", "llguidance")

@@ -8,7 +8,7 @@ import re
 import jsonschema
 import pytest
 
-from fd_guided.conformance import suite_root
+from fd_guided.harness.conformance import suite_root
 from fd_guided.schema.formats import DATE, DATE_TIME, FORMAT_PATTERNS, IPV4
 
 from sampling import sample
@@ -103,7 +103,7 @@ def test_date_time_accepts_lowercase_separators_and_fractions():
 ])
 def test_outputs_are_judged_with_format_checking(fmt, good, bad):
     from fd_guided import parse_guided_request
-    from fd_guided.validate import missing_format_checkers, validate_output
+    from fd_guided.harness.validate import missing_format_checkers, validate_output
 
     assert missing_format_checkers() == []
     spec = parse_guided_request({"guided_json": {"type": "string", "format": fmt}})

@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 
-from fd_guided.conformance import load_cases, suite_root
+from fd_guided.harness.conformance import load_cases, suite_root
 from fd_guided.schema import for_engine
 from fd_guided.schema.complement import excluding_pattern
 from fd_guided.schema.normalise import Normaliser
@@ -19,7 +19,7 @@ from fd_guided.spec import JsonFormat
 
 pytestmark = pytest.mark.cpu
 OPEN = JsonFormat(False, None, None, False)
-# Where outputs are judged as fd_guided.validate judges them, not as the suite expects: formats are
+# Where outputs are judged as fd_guided.harness.validate judges them, not as the suite expects: formats are
 # asserted (format checker on); an unknown custom meta-schema is read as 2020-12 (jsonschema's default).
 JUDGED_OTHERWISE = ("format.json", "vocabulary.json")
 

@@ -198,9 +198,9 @@ SHARED_BASE_PROBES = [{"a": 1, "x": 1}, {"a": "a", "x": "a"}, {"b": 1, "x": 1}, 
 @pytest.mark.parametrize("strict", [True, False])
 def test_compiled_grammars_accept_only_valid_values(backend, count, strict):
     """The same schemas end to end: admitted, emitted for the engine, compiled, and every probe fed
-    byte by byte through the `Grammar` interface (`fd_guided.conformance`): a probe the grammar
+    byte by byte through the `Grammar` interface (`fd_guided.harness.conformance`): a probe the grammar
     accepts must be valid under jsonschema."""
-    from fd_guided.conformance import Case, run_cases
+    from fd_guided.harness.conformance import Case, run_cases
 
     rng = random.Random(100 + count)
     cases = []

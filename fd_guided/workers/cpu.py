@@ -1,7 +1,0 @@
-"""CPU runner: logits stay on the host; the C mask kernel writes -inf in place."""
-from .runner import ModelRunner
-
-
-class CPUModelRunner(ModelRunner):
-    device = "cpu"
-    kernel_impl = "cpu"

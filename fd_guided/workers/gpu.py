@@ -1,7 +1,0 @@
-"""GPU runner: Paddle logits cross to torch by DLPack, zero-copy, for xgrammar's CUDA kernel."""
-from .runner import ModelRunner
-
-
-class GPUModelRunner(ModelRunner):
-    device = "gpu"
-    kernel_impl = "cuda"
