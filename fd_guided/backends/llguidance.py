@@ -32,9 +32,9 @@ from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle
-from ..schema import for_engine, regex_for_engine
+from ..schema import regex_for_engine
 from ..unique_guard import restrict_rows, with_unique_guard
-from .llguidance_schema import Refusal, json_options
+from .llguidance_schema import Refusal, json_options, llguidance_schema
 from .llguidance_tags import format_to_lark
 
 logger = logging.getLogger(__name__)
@@ -289,14 +289,6 @@ def grammar_text(spec: GrammarSpec) -> str:
     except Refusal as refusal:
         part = f"json schema {refusal.location}" if refusal.location else _part_of(spec)
         raise InvalidGrammarError(f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
-
-
-def llguidance_schema(schema: Any, json_format, part: str, *, unique_guard: bool = False) -> dict:
-    """`schema` normalised for llguidance (`fd_guided.schema.for_engine`, `unique_guard` included);
-    InvalidGrammarError if it cannot be."""
-    if json_format.any_order:
-        raise InvalidGrammarError("llguidance keeps properties in schema order", part=part, feature="guided_any_order")
-    return for_engine("llguidance", schema, json_format, part=part, unique_guard=unique_guard)
 
 
 def _json_schema_grammar(spec: GrammarSpec) -> str:

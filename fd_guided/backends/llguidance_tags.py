@@ -9,7 +9,7 @@ import llguidance
 
 from ..spec import JsonFormat
 from ..schema import regex_for_engine
-from .llguidance_schema import Refusal, json_options
+from .llguidance_schema import Refusal, json_options, llguidance_schema
 
 # ----- format-style structural tags (xgrammar's "format" JSON) as Lark ----------------------------
 
@@ -73,8 +73,6 @@ class _LarkBuilder:
             schema = {}
         if not isinstance(schema, dict):
             raise Refusal(f"json_schema {schema!r} in a structural tag")
-        from .llguidance import llguidance_schema
-
         prepared = llguidance_schema(schema, self.json_format, f"structural_tag.{where}")
         layout = self.json_format
         if fmt.get("max_whitespace_cnt") is not None:

@@ -22,6 +22,7 @@ reports        worker -> engine error reports (a failed request ends with its me
 hooks          `register`: patching FastDeploy at the narrowest points, any import order
 post_import    the post-import hook `hooks` arms for modules imported later
 patching       installing marked methods on a FastDeploy class, once
+registration   the patcher `hooks` installs, called by admission and backend without a cycle
 =============  ==============================================================================
 """
 from .admission import (

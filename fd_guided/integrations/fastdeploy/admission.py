@@ -24,6 +24,7 @@ from ...errors import InvalidGrammarError
 from ...registry import get_backend_class
 from ...spec import GrammarSpec, parse_guided_request
 from .config import as_bool, backend_name_for, guided_config_from_fd, read, write
+from .registration import ensure_host_patched
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,6 @@ def schema_checker(backend_name: str, **kwargs) -> "SchemaChecker":
     (read as the worker reads it) or ``config`` (a `GuidedConfig`). An unknown backend fails here,
     at engine start-up.
     """
-    from .hooks import ensure_host_patched
-
     ensure_host_patched()  # the engine module calling us is loaded by now, whatever the import order
     config = kwargs.pop("config", None)
     fd_config = kwargs.pop("fd_config", None)

@@ -28,14 +28,13 @@ from ...tokenizer import TokenizerBundle, load_tokenizer
 from .admission import spec_from_schemata_key
 from .config import guided_config_from_fd, max_num_seqs_of, read
 from .tokenizer import load_fd_tokenizer
+from .registration import ensure_host_patched
 
 logger = logging.getLogger(__name__)
 
 
 def get_guided_backend(fd_config: Any, **kwargs) -> "FDGuidedBackend":
     """FastDeploy's ``get_guided_backend``. kwargs: see `FDGuidedBackend`."""
-    from .hooks import ensure_host_patched
-
     ensure_host_patched()  # the runner module calling us is loaded by now, whatever the import order
     return FDGuidedBackend(fd_config, **kwargs)
 

@@ -43,6 +43,7 @@ from .admission import AdmissionError, schema_checker
 from .backend import ProcessorFuture, get_guided_backend
 from .config import as_bool, backend_name_for, read, serves
 from .post_import import PostImportHook
+from .registration import install_patcher
 from .reports import ErrorReports
 from .sampler import GuidedDecoding
 from .mtp import install as install_mtp
@@ -86,6 +87,9 @@ def ensure_host_patched() -> None:
         _rebind_by_name()
         if not any(isinstance(finder, PostImportHook) for finder in sys.meta_path):
             sys.meta_path.insert(0, PostImportHook(_patches(), _lock))
+
+
+install_patcher(ensure_host_patched)
 
 
 # ----- the patches ------------------------------------------------------------------------------
