@@ -43,6 +43,7 @@ class GuidedMetrics:
         "unready_samples_total": "Guided rows sampled before their grammar was ready (the request failed; hosts wait for is_ready).",
         "dead_end_rows_total": "Rows the grammar left without any allowed token (the request failed, the row allowed stop tokens).",
         "rejected_tokens_total": "Sampled tokens the grammar rejected (the request finished with an error).",
+        "out_of_mask_tokens_total": "Tokens outside their row's applied mask that the host is not known to force (the request finished with an error).",
         "requests_total": "Guided requests added.",
         "requests_finished_total": "Guided requests finished by the grammar (stop) or by an error.",
         "shared_cache_hits_total": "Compiles served from the shared (L2) cache.",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal, Mapping, Sequence
 
 from ..errors import SlotStateError
 from ..kernels import apply_token_bitmask_inplace
@@ -206,32 +206,40 @@ class StepHooks:
             raise SlotStateError("is_reasoning_row() is known only after apply()")
         return row in self._reasoning_rows
 
-    def accept(self, token_ids: Sequence[int], *, masked_out: Literal["reject", "host"] = "reject") -> list[GuidedFinish]:
+    def accept(self, token_ids: Sequence[int], *, masked_out: Literal["reject", "host"] = "reject",
+               host_forced: Mapping[int, str] | None = None) -> list[GuidedFinish]:
         """Advance each decoding slot by its row's sampled token; return slots finished this step.
 
         A token the grammar rejects finishes that slot with reason ``error`` (the rejection
         policy); it is never fed through unconstrained or dropped silently.
 
         `masked_out` says what a token outside its row's applied mask means. ``reject`` (the
-        default): a grammar violation, as above. ``host``: the host replaced the sampled token
-        after masking (FastDeploy forces EOS at the length limit and ``</think>`` at the thinking
-        limit): it is not fed to the matcher and not a rejection (counted in
-        ``host_forced_tokens_total``); a forced stop token ends the slot's guidance quietly (its
-        later rows allow only stop tokens; `finish_of` says ``forced``). Tokens of rows that were
-        not masked (reasoning, prefill) are processed as usual, so a forced think-end still starts
-        the constraint.
+        default): a grammar violation, as above. ``host``: the host may replace a sampled token
+        after masking, but only with the tokens it is known to force: its stop tokens (EOS at the
+        length limit, a stop sequence) and the tokens `host_forced` names (token id -> a name for
+        the metric, e.g. FastDeploy's thinking-limit ``</think>`` and line breaks). Such a token is
+        not fed to the matcher and is not a rejection (``host_forced_tokens_total{kind=name}``,
+        ``stop`` for stop tokens); a forced stop token ends the slot's guidance quietly (its later
+        rows allow only stop tokens; `finish_of` says ``forced``). Any other token outside the
+        mask (a race, a logits processor or sampler that un-masked it) is never taken silently:
+        the request finishes with ``error`` ("guided decoding: token X outside the grammar at
+        position N", N = the tokens its grammar accepted before it) and
+        ``out_of_mask_tokens_total`` counts it. Tokens of rows that were not masked (reasoning,
+        prefill) are processed as usual, so a forced think-end still starts the constraint.
         """
         if self._speculative:
             raise SlotStateError("this step was begun with begin_speculative_step: use accept_speculative()")
         if len(token_ids) != len(self._rows):
             raise SlotStateError(f"got {len(token_ids)} sampled tokens for {len(self._rows)} rows")
-        return self._accept([[int(t)] for t in token_ids], masked_out)
+        return self._accept([[int(t)] for t in token_ids], masked_out, host_forced)
 
-    def accept_speculative(self, accepted: Sequence[Sequence[int]], *, masked_out: Literal["reject", "host"] = "reject") -> list[GuidedFinish]:
+    def accept_speculative(self, accepted: Sequence[Sequence[int]], *, masked_out: Literal["reject", "host"] = "reject",
+                           host_forced: Mapping[int, str] | None = None) -> list[GuidedFinish]:
         """After verification: per request of the step, the tokens it emits: its accepted drafts
         (a path from the root of its tree) and then the one token sampled at the last of them;
         [] for a request that emits nothing (a prefill chunk). All are pushed into its matcher at
-        once (`Grammar.accept_tokens`); `masked_out` as in `accept`, row by row along the path.
+        once (`Grammar.accept_tokens`); `masked_out` and `host_forced` as in `accept`, row by
+        row along the path.
 
         Raises:
             SlotStateError: not after `begin_speculative_step`, or a count mismatch.
@@ -242,9 +250,9 @@ class StepHooks:
             raise SlotStateError("this step was begun with begin_step: use accept()")
         if len(accepted) != len(self._entries):
             raise SlotStateError(f"got accepted tokens for {len(accepted)} requests, the step has {len(self._entries)}")
-        return self._accept([[int(t) for t in tokens] for tokens in accepted], masked_out)
+        return self._accept([[int(t) for t in tokens] for tokens in accepted], masked_out, host_forced)
 
-    def _accept(self, accepted: list[list[int]], masked_out: str) -> list[GuidedFinish]:
+    def _accept(self, accepted: list[list[int]], masked_out: str, host_forced: Mapping[int, str] | None = None) -> list[GuidedFinish]:
         started = time.perf_counter()
         paths = [self._path(entry, tokens) for entry, tokens in zip(self._entries, accepted)]
         words = self._bitmask_words
@@ -259,7 +267,7 @@ class StepHooks:
                 forced_at = next((j for j, row in enumerate(rows) if row in self._applied_rows and not allows(words[row], tokens[j])), None)
             self._advance(slot, state, tokens if forced_at is None else tokens[:forced_at])
             if forced_at is not None and state.finish is None:
-                self._host_forced(slot, state, tokens[forced_at])
+                self._host_forced(slot, state, tokens[forced_at], host_forced or {})
         self._phase = "idle"
         finished = self._collect_finishes()
         elapsed = time.perf_counter() - started
@@ -281,10 +289,15 @@ class StepHooks:
                 node = child
         return path
 
-    def _host_forced(self, slot: int, state: SlotState, token: int) -> None:
-        stop = token in self._stop_ids
-        self.metrics.inc_labelled("host_forced_tokens_total", "kind", "stop" if stop else "other")
-        if stop:
+    def _host_forced(self, slot: int, state: SlotState, token: int, named: Mapping[int, str]) -> None:
+        """`token` was outside its row's applied mask under ``masked_out="host"`` (see `accept`)."""
+        kind = "stop" if token in self._stop_ids else named.get(token)
+        if kind is None:  # not a token the host is known to force: never taken silently
+            self.metrics.inc("out_of_mask_tokens_total")
+            self._fail(slot, state, f"guided decoding: token {token} outside the grammar at position {state.accepted}")
+            return
+        self.metrics.inc_labelled("host_forced_tokens_total", "kind", kind)
+        if kind == "stop":
             state.finish = GuidedFinish(slot, "forced")
             state.finish_reported = True
 

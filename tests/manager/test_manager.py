@@ -229,11 +229,13 @@ def test_tokens_the_host_forced_are_not_rejections(manager, tokenizer):
     add_ready(manager, 1, CHOICE, prefill_done=True)
     manager.begin_step([0, 1])
     manager.apply(logits_for(2))
-    # Row 0: the host overwrote the sample with EOS (length limit); row 1: a token outside the mask.
-    finishes = manager.accept([EOS, token_of(tokenizer, "maybe")], masked_out="host")
+    # Row 0: the host overwrote the sample with EOS (length limit); row 1: a token outside the mask
+    # that the host names as one it forces (tests/manager/test_host_forced.py: one it does not).
+    maybe = token_of(tokenizer, "maybe")
+    finishes = manager.accept([EOS, maybe], masked_out="host", host_forced={maybe: "limit_marker"})
     assert finishes == [] and manager.metrics.value("rejected_tokens_total") == 0
     assert manager.finish_of(0).reason == "forced"
-    assert manager.metrics.labelled("host_forced_tokens_total") == {"stop": 1, "other": 1}
+    assert manager.metrics.labelled("host_forced_tokens_total") == {"stop": 1, "limit_marker": 1}
     logits, finishes = step(manager, [0, 1], [EOS, token_of(tokenizer, "no")])
     assert allowed(logits[0]) == {EOS}  # ended by the host: only stop tokens from now on
     assert token_of(tokenizer, "no") in allowed(logits[1])  # row 1 kept its state: "maybe" was not fed
