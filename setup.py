@@ -40,7 +40,7 @@ DEMO = [
     "jsonschema[format]>=4.18",  # fd_guided.harness.validate checks formats (date-time, uri, ...)
 ]
 # `fd-guided serve`: the OpenAI-compatible server on the reference engine.
-SERVE = DEMO + ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20"]
+SERVE = DEMO + ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20", "pyzmq>=25", "msgspec>=0.18"]
 REDIS = ["redis>=5.0"]
 # `fd-guided bench` and tools/ (plots).
 BENCH = DEMO + ["matplotlib>=3.7"]

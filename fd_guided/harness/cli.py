@@ -120,6 +120,8 @@ def _serve_parser(commands) -> None:
                        help="CPU class of the event-loop thread alone: auto tries SCHED_RR priority 1 (needs "
                             "CAP_SYS_NICE or RLIMIT_RTPRIO; falls back to normal), so a busy host cannot delay it by "
                             "a scheduler slice; realtime insists; normal never asks")
+    serve.add_argument("--max-body-bytes", type=int, default=4 << 20,
+                       help="request bodies past this are refused with 413 before they are read")
     serve.add_argument("--seed", type=int, default=0, help="seed of the model's random weights")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     serve.set_defaults(handler=_serve)
@@ -133,7 +135,8 @@ def _serve(args) -> int:
                               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                               chat_template=args.chat_template, served_model_name=args.served_model_name,
                               default_max_tokens=args.default_max_tokens, admission_threads=args.admission_threads,
-                              switch_interval_s=args.switch_interval_ms / 1000, loop_priority=args.loop_priority)
+                              switch_interval_s=args.switch_interval_ms / 1000, loop_priority=args.loop_priority,
+                              max_body_bytes=args.max_body_bytes)
     serve(settings, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

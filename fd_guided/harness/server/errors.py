@@ -6,7 +6,8 @@
         ``unsatisfiable_grammar``, ``grammar_compile_timeout``, ...); the message names the
         unsupported `feature` when there is one.
   request validation (pydantic) -> 400 ``invalid_request_error`` with the field's location as ``param``.
-  `RequestError` -> its own status (400 for out-of-range values, 404 for an unknown model).
+  `RequestError` -> its own status (400 for out-of-range values, 404 for an unknown model, 413 for
+        a body or prompt past its bound, 503 while the engine process is down: `EngineUnavailable`).
   anything else -> 500 ``server_error`` (logged with its traceback).
 """
 from __future__ import annotations
@@ -39,11 +40,27 @@ def error_response(status: int, message: str, *, param: str | None = None, code:
     return JSONResponse(body.model_dump(), status_code=status)
 
 
-def grammar_error_response(error: InvalidGrammarError) -> JSONResponse:
+class EngineUnavailable(RequestError):
+    """The engine process is down (it died, or is starting again): HTTP 503, or an SSE error event
+    once a stream has begun."""
+
+    def __init__(self, message: str = "the engine process is not running; retry shortly"):
+        super().__init__(message, status=503, code="engine_unavailable", type="server_error")
+
+    def body(self) -> dict:
+        return ErrorResponse(error=ErrorBody(message=self.message, type=self.type, param=None, code=self.code)).model_dump()
+
+
+def grammar_error_fields(error: InvalidGrammarError) -> dict:
+    """``message``, ``param`` and ``code`` of a constraint refusal (the engine process sends them as they are)."""
     message = str(error)
     if error.feature and error.feature not in message:
         message = f"{message} (unsupported: {error.feature})"
-    return error_response(400, message, param=error.part, code=_snake(type(error).__name__))
+    return {"message": message, "param": error.part, "code": _snake(type(error).__name__)}
+
+
+def grammar_error_response(error: InvalidGrammarError) -> JSONResponse:
+    return error_response(400, **grammar_error_fields(error))
 
 
 def _snake(name: str) -> str:

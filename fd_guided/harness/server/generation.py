@@ -1,16 +1,19 @@
 """One HTTP generation request from admission to its last choice, shared by both endpoints.
 
-`Generation.admit` queues the choices (one engine request each) and waits until the grammar is
-compiled, so a constraint that only a compiler can refuse (syntax, budget, an empty language) is
+`Generation.admit` checks the prompts' lengths (on a worker thread, bounded: `bounds.PromptBound`),
+sends the choices to the engine process (one engine request each) and waits until the grammar is
+compiled there, so a constraint that only a compiler can refuse (syntax, budget, an empty language) is
 still an `InvalidGrammarError` the route turns into HTTP 400 before any header is sent.
 `Generation.events` then yields each choice's new text as steps produce it, and each choice once
 when it ends. Finish reasons: the engine's ``stop`` (EOS or grammar complete) and ``length``;
 ``stop`` for a stop string (the engine request is aborted); ``tool_calls`` when the output holds
 complete tool calls; ``error`` when guided decoding failed while decoding (rejected token, dead
-end), with the message in the choice's ``error``: that choice ends, the others go on.
+end), with the message in the choice's ``error``: that choice ends, the others go on. When the
+engine process dies, `admit` and `events` raise `EngineUnavailable` (HTTP 503 / an SSE error event).
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Sequence
@@ -47,12 +50,13 @@ class Generation:
         stop: stop strings.
         tool_plan: tool calling for this request (chat only), or None.
         choices_per_prompt: ``n`` (usage counts each distinct prompt once).
-        precheck: run on the admission thread before anything is queued (raises InvalidGrammarError).
+        precheck: run on a worker thread before anything is sent to the engine (raises RequestError).
+        tools: the request's tool definitions (their parameter schemas are validated in the engine).
     """
 
     def __init__(self, state: "ServerState", endpoint: str, prompts: Sequence[str], fields: dict[str, Any], *,
                  seed: int, max_tokens: int, stop: Sequence[str] = (), tool_plan: ToolPlan | None = None,
-                 precheck: Callable[[], Any] | None = None, choices_per_prompt: int = 1):
+                 precheck: Callable[[], Any] | None = None, choices_per_prompt: int = 1, tools: list[dict] | None = None):
         self.state = state
         self.endpoint = endpoint
         self.started = time.perf_counter()
@@ -61,6 +65,7 @@ class Generation:
         self.stop = list(stop or ())
         self.tool_plan = tool_plan
         self.precheck = precheck
+        self.tools = tools
         self.choices_per_prompt = choices_per_prompt
         self._closed = False
         self.submission = None
@@ -69,20 +74,16 @@ class Generation:
         self._pending: set[int] = set()
 
     async def admit(self) -> None:
-        """Queue the choices and wait for the grammar; raises InvalidGrammarError (nothing left queued)."""
-        loop = self.state.engine_loop
-        self.submission = await loop.submit(self.requests, seed=self.seed, precheck=self.precheck)
+        """Queue the choices and wait for the grammar; raises RequestError (nothing left queued)."""
+        if self.precheck is not None:
+            await asyncio.get_running_loop().run_in_executor(self.state.checks, self.precheck)
+        self.submission = await self.state.engine.submit(self.requests, seed=self.seed, tools=self.tools)
         self._pending = set(self.submission.indices)
         plan = self.tool_plan
         for index, engine_index in enumerate(self.submission.indices):
             text = ChoiceText(self.state.tokenizer, self.stop, hold_from=plan.format.trigger if plan and plan.mode == "auto" else None,
                               hold_all=bool(plan and plan.mode != "auto"))
             self.choices.append(Choice(index, engine_index, text))
-        try:
-            await self.submission.ready()
-        except BaseException:
-            self.close()
-            raise
 
     async def events(self) -> AsyncIterator[tuple[Choice, str]]:
         """(choice, new text) as tokens arrive; a choice's last event has `finish_reason` set."""
@@ -103,7 +104,7 @@ class Generation:
             if choice.text.stopped:
                 self._finish(choice, "stop", None)
                 if update.finished is None:
-                    self.state.engine_loop.abort([update.index], forget=False)
+                    self.state.engine.abort([update.index], forget=False)
             elif update.finished is not None:
                 self._finish(choice, update.finished.finish_reason, update.finished.error)
             if delta or choice.finish_reason is not None:
@@ -136,7 +137,7 @@ class Generation:
             return
         self._closed = True
         if self.submission is not None and self._pending:
-            self.state.engine_loop.abort(sorted(self._pending))
+            self.state.engine.abort(sorted(self._pending))
             self._pending.clear()
         self.state.metrics.prompt_tokens.inc(self.prompt_tokens)
         self.state.metrics.request_seconds.labels(self.endpoint).observe(time.perf_counter() - self.started)

@@ -4,10 +4,13 @@ engine step times and inter-token gaps as JSON percentiles; ``?samples=true`` ad
 ``POST /stats/reset`` starts a new window).
 
 A generation request is admitted (and its grammar compiled) before any response header is sent, so
-every constraint error, including one only a compiler finds, is an HTTP 400 (`errors.py`).
+every constraint error, including one only a compiler finds, is an HTTP 400 (`errors.py`). While
+the engine process is down, generation requests get 503 and ``/health`` says so (503); a client
+that goes away aborts its engine requests, streaming or not.
 """
 from __future__ import annotations
 
+import asyncio
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +34,7 @@ from fd_guided.harness.server.protocol import (
     new_id,
 )
 from fd_guided.harness.server.streaming import chat_events, completion_events
-from fd_guided.harness.server.tools import check_parameters, plan_tools
+from fd_guided.harness.server.tools import plan_tools
 
 if TYPE_CHECKING:
     from fd_guided.harness.server.app import ServerState
@@ -47,8 +50,9 @@ def _state(request: Request) -> "ServerState":
 @router.get("/health")
 async def health(request: Request):
     state = _state(request)
-    alive = state.engine_loop.alive
-    return JSONResponse({"status": "ok" if alive else "engine thread stopped", **state.load()}, status_code=200 if alive else 503)
+    up = state.engine.up
+    return JSONResponse({"status": "ok" if up else "engine process down (starting again)", **state.load()},
+                        status_code=200 if up else 503)
 
 
 @router.get("/v1/models")
@@ -58,17 +62,17 @@ async def models(request: Request) -> ModelList:
 
 @router.get("/metrics")
 async def metrics(request: Request):
-    return Response(_state(request).metrics.exposition(), media_type=CONTENT_TYPE)
+    return Response(await _state(request).exposition(), media_type=CONTENT_TYPE)
 
 
 @router.get("/stats")
 async def stats(request: Request, samples: bool = False):
-    return _state(request).stats(series=samples)
+    return await _state(request).stats(series=samples)
 
 
 @router.post("/stats/reset")
 async def stats_reset(request: Request):
-    return _state(request).stats(reset=True)
+    return await _state(request).stats(reset=True)
 
 
 @router.post("/v1/chat/completions")
@@ -85,14 +89,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     prompt = state.template.render(body.messages, body.tools or [])
     max_tokens = body.token_limit() or state.settings.default_max_tokens
 
-    def precheck() -> None:  # on the admission thread
+    def precheck() -> None:  # on a worker thread
         state.check_length(prompt, max_tokens)
-        if plan is not None:
-            check_parameters(body.tools, state.engine.validate)
 
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if plan is not None else None
     gen = Generation(state, "chat", [prompt] * body.n, fields, seed=_seed(body.seed), max_tokens=max_tokens,
-                     stop=body.stop, tool_plan=plan, precheck=precheck)
-    streamed = await _admit(gen, body, chat_events, state.settings.model_name)
+                     stop=body.stop, tool_plan=plan, precheck=precheck, tools=tools)
+    streamed = await _admit(gen, body, chat_events, state.settings.model_name, request)
     if streamed is not None:
         return streamed
     choices = [ChatChoice(index=c.index, finish_reason=c.finish_reason, error=_choice_error(c.error),
@@ -115,7 +118,7 @@ async def completions(body: CompletionRequest, request: Request):
     choice_prompts = [prompt for prompt in prompts for _ in range(body.n)]
     gen = Generation(state, "completions", choice_prompts, {**body.guided_fields(), **body.sampling()},
                      seed=_seed(body.seed), max_tokens=max_tokens, stop=body.stop, precheck=precheck, choices_per_prompt=body.n)
-    streamed = await _admit(gen, body, completion_events, state.settings.model_name)
+    streamed = await _admit(gen, body, completion_events, state.settings.model_name, request)
     if streamed is not None:
         return streamed
     choices = [CompletionChoice(index=c.index, text=c.content or "", finish_reason=c.finish_reason, error=_choice_error(c.error))
@@ -123,19 +126,37 @@ async def completions(body: CompletionRequest, request: Request):
     return Completion(id=new_id("cmpl"), model=state.settings.model_name, choices=choices, usage=gen.usage())
 
 
-async def _admit(gen: Generation, body, stream_events, model_name: str) -> StreamingResponse | None:
+async def _admit(gen: Generation, body, stream_events, model_name: str, request: Request) -> Response | None:
     """Admit (a constraint error raises here, before any header), then either hand back the SSE
-    response or run the choices to their end for a plain response (returns None)."""
+    response (a closed stream aborts the generation) or run the choices to their end for a plain
+    response (returns None), aborting them if the client disconnects meanwhile."""
     await gen.admit()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(stream_events(gen, model_name, include_usage), media_type="text/event-stream")
-    try:
+
+    async def run() -> None:
         async for _ in gen.events():
             pass
+
+    finishing = asyncio.ensure_future(run())
+    watching = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((finishing, watching), return_when=asyncio.FIRST_COMPLETED)
+        if not finishing.done():
+            finishing.cancel()
+            return Response(status_code=499)  # nobody reads it: the client is gone (nginx's code for that)
+        finishing.result()
     finally:
+        watching.cancel()
         gen.close()
     return None
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone away (the body was read already: the next message is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _check_model(state: "ServerState", model: str | None) -> None:

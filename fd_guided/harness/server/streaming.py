@@ -5,7 +5,9 @@ tokens arrive, tool calls in one delta each once complete (text from the tool-ca
 held back until the call parses), then a chunk with ``finish_reason`` (and ``error`` for
 ``finish_reason: "error"``); with ``stream_options.include_usage`` a last chunk with empty
 ``choices`` and ``usage``. Completions: ``text`` deltas, then the finish chunk. The generation is
-aborted when the client goes away (the generator is closed).
+aborted when the client goes away (the generator is closed). If the engine process dies mid-stream
+the stream ends with an error event, ``data: {"error": {...}}`` (what the OpenAI clients raise as
+an `APIError`), then ``data: [DONE]``.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import json
 import time
 from typing import AsyncIterator
 
+from fd_guided.harness.server.errors import EngineUnavailable
 from fd_guided.harness.server.generation import Choice, Generation
 from fd_guided.harness.server.protocol import new_id
 
@@ -50,6 +53,9 @@ async def chat_events(gen: Generation, model: str, include_usage: bool) -> Async
         if include_usage:
             yield _event({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
                           "choices": [], "usage": gen.usage().model_dump()})
+        yield DONE
+    except EngineUnavailable as error:
+        yield _event(error.body())
         yield DONE
     finally:
         gen.close()
@@ -89,6 +95,9 @@ async def completion_events(gen: Generation, model: str, include_usage: bool) ->
         if include_usage:
             yield _event({"id": chunk_id, "object": "text_completion", "created": created, "model": model,
                           "choices": [], "usage": gen.usage().model_dump()})
+        yield DONE
+    except EngineUnavailable as error:
+        yield _event(error.body())
         yield DONE
     finally:
         gen.close()
