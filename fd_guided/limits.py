@@ -140,6 +140,20 @@ def _expanded_size(parsed) -> int:
     return total
 
 
+def resolve_local_ref(root: Any, ref: str) -> Any:
+    """The node a local JSON pointer (``#``, ``#/a/0/b``, with ``~0``/``~1`` escapes) names, or None."""
+    node: Any = root
+    for token in ref[2:].split("/") if len(ref) > 2 else []:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
+
+
 # ----- JSON schemas ---------------------------------------------------------------------------------
 
 _VALUE_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
@@ -153,8 +167,6 @@ def schema_ref_depth(schema: Any) -> int:
     re-entered). A 3,000-link ``$ref`` chain counts ~3,000; a wide schema of many shallow
     definitions counts its deepest path only. Iterative: the walk cannot overflow Python's stack.
     """
-    from .schema.meta import resolve_local_ref
-
     entered: set[int] = set()
     deepest = 0
     stack: list[tuple[Any, int]] = [(schema, 1)]

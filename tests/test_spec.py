@@ -214,7 +214,7 @@ def test_a_checker_bug_fails_only_that_request_with_a_typed_error():
 
 
 # Meta-validation: jsonschema-rs may only speed up acceptance; the verdict and the message stay
-# those of `jsonschema` (fd_guided.schema.meta._fast_meta_valid).
+# those of `jsonschema` (fd_guided.admission.meta._fast_meta_valid).
 META_VERDICT_CASES = [
     ({"type": "object", "properties": {"v": {"type": "string", "pattern": "^[a-z]+$"}}}, None),
     ({"type": "object", "default": {"pattern": "("}, "properties": {"pattern": {"type": "string"}}}, None),
@@ -240,7 +240,7 @@ def _admission_verdict(schema):
 
 @pytest.mark.parametrize("schema, refused_part", META_VERDICT_CASES)
 def test_fast_meta_validation_keeps_jsonschemas_verdict(schema, refused_part, monkeypatch):
-    from fd_guided.schema import meta as meta_module
+    from fd_guided.admission import meta as meta_module
 
     assert meta_module._jsonschema_rs is not None, "jsonschema-rs is a dependency: the fast path must be tested"
     fast = _admission_verdict(schema)
@@ -255,7 +255,7 @@ def test_fast_meta_validation_keeps_jsonschemas_verdict(schema, refused_part, mo
 def test_fast_meta_validation_never_accepts_what_jsonschema_refuses():
     import jsonschema
 
-    from fd_guided.schema.meta import _fast_meta_valid
+    from fd_guided.admission.meta import _fast_meta_valid
     from corpus import SCHEMAS
 
     schemas = list(SCHEMAS.values()) + [schema for schema, _ in META_VERDICT_CASES]

@@ -287,7 +287,7 @@ def grammar_text(spec: GrammarSpec) -> str:
         raise InvalidGrammarError(f"llguidance cannot read the grammar: {_first_line(error)}", part=_part_of(spec),
                                   feature=f"input llguidance cannot read ({_first_line(error)[:80]})" if spec.kind in ("json_schema", "structural_tag") else None) from None
     except Refusal as refusal:
-        part = f"json schema {refusal.location}" if refusal.location else _part_of(spec)
+        part = _part_of(spec) if refusal.location in ("", "$") else f"json schema {refusal.location}"
         raise InvalidGrammarError(f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
 
 
@@ -373,7 +373,7 @@ def _static(builder):
         try:
             builder(spec)
         except Refusal as refusal:
-            part = f"json schema {refusal.location}" if refusal.location else _part_of(spec)
+            part = _part_of(spec) if refusal.location in ("", "$") else f"json schema {refusal.location}"
             raise InvalidGrammarError(f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
     return check
 

@@ -10,18 +10,12 @@ from typing import Any
 
 from ..errors import InvalidGrammarError
 from ..schema import for_engine
+from ..schema.refusal import Refusal
 from ..spec import JsonFormat
 
+__all__ = ["Refusal", "WHITESPACE_CHARS", "json_options", "llguidance_schema"]
+
 WHITESPACE_CHARS = r"[\x20\x0A\x0D\x09]"
-
-
-class Refusal(Exception):
-    """Raised while preparing a grammar: `feature` cannot be enforced faithfully."""
-
-    def __init__(self, feature: str, location: str = ""):
-        super().__init__(feature)
-        self.feature = feature
-        self.location = location
 
 
 def json_options(fmt: JsonFormat) -> dict[str, Any]:

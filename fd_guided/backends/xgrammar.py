@@ -19,7 +19,7 @@ from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..schema import for_engine, regex_for_engine
 from ..unique_guard import restrict_rows, with_unique_guard
 from ..schema.walk import subschemas
-from ..schema.meta import schema_objects
+from ..admission.meta import schema_objects
 from ..spec import FIELD_OF_KIND, GrammarSpec, JsonFormat
 from ..tokenizer import TokenizerBundle
 

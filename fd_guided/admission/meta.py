@@ -9,7 +9,11 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator
 
+import jsonschema
+
 from ..errors import InvalidGrammarError
+from ..schema.drafts import first_unresolvable_reference
+from ..schema.walk import schema_regexes
 
 try:  # fast meta-validation at admission; `jsonschema` alone gives the same verdicts, slower
     import jsonschema_rs as _jsonschema_rs
@@ -52,8 +56,6 @@ def _fast_meta_valid(schema: dict) -> bool:
 
 def _schema_regexes(schema: dict) -> Iterator[str]:
     """Every `pattern` value and `patternProperties` key in a schema document (by keyword position)."""
-    from .walk import schema_regexes
-
     return (pattern for pattern, _ in schema_regexes(schema))
 
 
@@ -66,8 +68,6 @@ def _compiles(pattern: str) -> bool:
 
 
 def _check_meta_schema(schema: dict, part: str) -> None:
-    import jsonschema
-
     validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         validator_class.check_schema(schema)
@@ -83,8 +83,6 @@ def _check_references(schema: dict, part: str) -> None:
     """Every ``$ref`` in a schema position must resolve inside the document (JSON pointers, ``$id``,
     ``$anchor``): remote references are never fetched. Walked by keyword position, so a ``$ref``
     under a property *named* ``enum`` or ``default`` is checked too."""
-    from .drafts import first_unresolvable_reference
-
     found = first_unresolvable_reference(schema)
     if found is not None:
         ref, where = found
@@ -104,17 +102,3 @@ def schema_objects(node: Any, path: str = "") -> Iterator[tuple[dict, str]]:
     elif isinstance(node, list):
         for index, child in enumerate(node):
             yield from schema_objects(child, f"{path}[{index}]")
-
-
-def resolve_local_ref(root: Any, ref: str) -> Any:
-    """The node a local JSON pointer (``#``, ``#/a/0/b``, with ``~0``/``~1`` escapes) names, or None."""
-    node: Any = root
-    for token in ref[2:].split("/") if len(ref) > 2 else []:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node

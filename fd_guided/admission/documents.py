@@ -1,0 +1,79 @@
+"""Request documents as plain JSON: decoding, types, depth and text, checked before anything else.
+
+Every later stage (meta-validation, the normaliser, the engines' converters) recurses over a
+document and assumes JSON values; a value that is not one, or nests past `MAX_NESTING`, is an
+`InvalidGrammarError` here, found iteratively (the check itself cannot overflow).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import InvalidGrammarError
+
+# Deepest JSON document accepted (schemas, structural tags). SchemaStore's deepest schema has 27
+# levels; native parsers and converters recurse, so an unbounded depth could crash the process.
+MAX_NESTING = 128
+
+
+def load_json(text: str | bytes, part: str) -> Any:
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidGrammarError(f"not valid UTF-8 ({error.reason} at byte {error.start})", part=part) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidGrammarError(f"malformed JSON: {error}", part=part) from None
+    except RecursionError:
+        raise InvalidGrammarError(f"JSON nested more than {MAX_NESTING} levels deep", part=part) from None
+
+
+def check_document(value: Any, part: str) -> None:
+    """Refuse what is not a plain JSON document, iteratively (the check itself cannot overflow).
+
+    Deeper than MAX_NESTING: every later stage (meta-validation, checkers, the engines'
+    converters) recurses over the document, and past a few hundred levels that is a RecursionError
+    or, in native code, a crash of the whole process; a cyclic dict is caught here too. Keys must be
+    strings, values JSON values (a tuple reads as an array), numbers finite and strings valid Unicode.
+    """
+    stack = [(value, 1, "")]
+    while stack:
+        node, depth, path = stack.pop()
+        if depth > MAX_NESTING:
+            raise InvalidGrammarError(f"nested more than {MAX_NESTING} levels deep", part=part)
+        if isinstance(node, dict):
+            for key, child in node.items():
+                if not isinstance(key, str):
+                    raise InvalidGrammarError(f"object keys must be strings, got {type(key).__name__} {key!r:.40}", part=f"{part}{path}")
+                check_text(key, f"{part}{path}")
+                stack.append((child, depth + 1, f"{path}.{key}"))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((child, depth + 1, f"{path}[{index}]") for index, child in enumerate(node))
+        elif isinstance(node, str):
+            check_text(node, f"{part}{path}")
+        elif isinstance(node, float):
+            if node != node or node in (float("inf"), float("-inf")):
+                raise InvalidGrammarError(f"{node!r} is not a JSON number", part=f"{part}{path}")
+        elif node is not None and not isinstance(node, (bool, int)):
+            raise InvalidGrammarError(f"{type(node).__name__} is not a JSON value", part=f"{part}{path}")
+
+
+def check_text(text: str, part: str) -> None:
+    """Constraint text must be valid Unicode (a lone surrogate cannot be UTF-8 encoded for an engine)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidGrammarError(f"not valid Unicode text ({error.reason} at position {error.start})", part=part) from None
+
+
+def as_dict(value: Any, part: str) -> dict:
+    if isinstance(value, (str, bytes)):
+        value = load_json(value, part)
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(by_alias=True)
+    if not isinstance(value, dict):
+        raise InvalidGrammarError(f"must be an object, got {type(value).__name__}", part=part)
+    check_document(value, part)
+    return value

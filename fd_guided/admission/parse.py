@@ -1,0 +1,336 @@
+"""Turn the guided fields of a request into one frozen `GrammarSpec`, validating at admission.
+
+Accepted forms (exactly one kind per request):
+  - OpenAI ``response_format``: ``{"type": "text"}`` (no constraint), ``{"type": "json_object"}``,
+    ``{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}``,
+    ``{"type": "structural_tag", ...}`` (legacy ``structures``/``triggers`` or the ``format`` form);
+  - FastDeploy/vLLM-style fields: ``guided_json`` (str, dict or a pydantic model class),
+    ``guided_json_object`` (bool), ``guided_regex``, ``guided_choice`` (list of str),
+    ``guided_grammar`` (EBNF; Lark syntax is detected), ``structural_tag`` (str or dict);
+  - options: ``any_whitespace`` / ``disable_any_whitespace``, ``max_whitespace_cnt``,
+    ``separators`` (item, key), ``guided_strict`` (strict JSON: objects that declare properties
+    admit no others, tuples no extra items; ``false`` gives plain JSON Schema semantics),
+    ``guided_unknown_formats`` (``"refuse"`` or ``"annotate"``: treat a ``format`` no validator
+    knows as an annotation), ``guided_any_order`` (properties in any order, where the engine can).
+
+`parse_guided_request` checks what every backend needs (one kind, well-formed JSON, a valid JSON
+Schema with resolvable local ``$ref``s, non-empty choices, string types) and then asks the chosen
+backend's checker whether it can enforce the spec faithfully (regex/EBNF syntax, unsupported
+schema keywords). Every failure is an `InvalidGrammarError` naming the offending part.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any, Mapping
+
+from ..config import GuidedConfig
+from .documents import as_dict, check_document, check_text, load_json
+from ..errors import InvalidGrammarError
+from ..registry import get_backend_class
+from ..limits import AdmissionLimits, check_choices, check_grammar, check_regex, check_schema, check_size
+from .meta import check_json_schema
+from .spec import FIELD_OF_KIND, JSON_KINDS, KINDS, GrammarSpec, JsonFormat
+
+logger = logging.getLogger(__name__)
+
+KIND_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar", "structural_tag")
+COMPACT_SEPARATORS = (",", ":")
+UNKNOWN_FORMAT_POLICIES = ("refuse", "annotate")
+
+
+def parse_guided_request(
+    fields: Mapping[str, Any],
+    config: GuidedConfig | None = None,
+    *,
+    check_backend: bool = True,
+) -> GrammarSpec | None:
+    """Validate a request's guided fields and return its `GrammarSpec`, or None if unconstrained.
+
+    None is returned only when the request asks for no constraint at all (no guided field, or
+    ``response_format`` of type ``text``). With `check_backend` the spec is also passed to the
+    checker of ``config.backend`` (looked up in `fd_guided.registry`), so a constraint the
+    backend would silently weaken is refused here, at admission, not discovered while decoding.
+
+    Raises:
+        InvalidGrammarError: naming the offending field or schema location.
+    """
+    config = config or GuidedConfig()
+    if not isinstance(fields, Mapping):
+        raise InvalidGrammarError(f"request fields must be a mapping, got {type(fields).__name__}")
+    try:
+        json_format = _json_format(fields, config)
+        spec = _spec_from_fields(fields, json_format, config.limits)
+    except InvalidGrammarError:
+        raise
+    except Exception as error:  # noqa: BLE001 - hostile input must never escape as another type
+        logger.info("guided request rejected by an unexpected %s: %s", type(error).__name__, error)
+        raise InvalidGrammarError(f"could not read the guided fields ({type(error).__name__}: {_short(error)})", part="request") from None
+    if spec is not None and check_backend:
+        check_with_backend(get_backend_class(config.backend), spec)
+    return spec
+
+
+def check_with_backend(backend_class, spec: GrammarSpec) -> None:
+    """Run a backend's admission check; an unexpected exception in it fails this request only.
+
+    A checker bug triggered by odd input must not escape as a TypeError and take down the caller's
+    whole batch: it becomes an InvalidGrammarError (the traceback is logged for the developers).
+    """
+    try:
+        backend_class.check(spec)
+    except InvalidGrammarError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any checker failure is this request's failure
+        logger.exception("the %s checker failed on %s", getattr(backend_class, "name", backend_class), spec.describe())
+        raise InvalidGrammarError(
+            f"the {getattr(backend_class, 'name', 'backend')} checker could not check this constraint "
+            f"({type(error).__name__}: {error})", part=FIELD_OF_KIND.get(spec.kind, "request")
+        ) from None
+
+
+def _short(error: BaseException, limit: int = 200) -> str:
+    text = str(error)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _spec_from_fields(fields: Mapping[str, Any], json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec | None:
+    if fields.get("guided_json") is False:
+        # The schema `false`: nothing is valid. Not "no constraint" (as guided_json_object: false is).
+        raise InvalidGrammarError("the schema `false` admits no value", part="guided_json")
+    given = [name for name in KIND_FIELDS if _is_set(fields.get(name))]
+    response_format = fields.get("response_format")
+    if response_format is not None and _response_format_type(response_format) != "text":
+        given.append("response_format")
+    if len(given) > 1:
+        raise InvalidGrammarError(
+            f"only one kind of guided decoding per request, got {', '.join(given)}", part="request"
+        )
+    if not given:
+        return None
+    name = given[0]
+    value = fields[name]
+    if name == "response_format":
+        return _from_response_format(value, json_format, limits)
+    return _FIELD_PARSERS[name](value, json_format, limits)
+
+
+def _is_set(value: Any) -> bool:
+    return value is not None and value is not False
+
+
+def _response_format_type(response_format: Any) -> str:
+    response_format = as_dict(response_format, "response_format")
+    kind = response_format.get("type")
+    if kind not in ("text", "json_object", "json_schema", "structural_tag"):
+        raise InvalidGrammarError(
+            f"type must be one of text, json_object, json_schema, structural_tag; got {kind!r}",
+            part="response_format.type",
+        )
+    return kind
+
+
+def _from_response_format(response_format: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
+    response_format = as_dict(response_format, "response_format")
+    kind = _response_format_type(response_format)
+    if kind == "json_object":
+        return GrammarSpec("json_object", "", json_format)
+    if kind == "structural_tag":
+        body = {key: value for key, value in response_format.items() if key != "type"}
+        return _parse_structural_tag(body, json_format, limits, part="response_format")
+    json_schema = as_dict(response_format.get("json_schema"), "response_format.json_schema")
+    schema = json_schema.get("schema", json_schema.get("json_schema"))
+    if schema is None:
+        raise InvalidGrammarError("missing 'schema'", part="response_format.json_schema")
+    strict = json_schema.get("strict")
+    if strict is not None:
+        if not isinstance(strict, bool):
+            raise InvalidGrammarError("must be a boolean", part="response_format.json_schema.strict")
+        json_format = JsonFormat(json_format.any_whitespace, json_format.max_whitespace_cnt, json_format.separators, strict)
+    return _parse_json_schema(schema, json_format, limits, part="response_format.json_schema.schema")
+
+
+def _parse_guided_json(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
+    return _parse_json_schema(value, json_format, limits, part="guided_json")
+
+
+def _parse_json_object(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
+    if value is not True:
+        raise InvalidGrammarError("must be true when given", part="guided_json_object")
+    return GrammarSpec("json_object", "", json_format)
+
+
+def _parse_regex(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
+    if not isinstance(value, str) or not value:
+        raise InvalidGrammarError("must be a non-empty string", part="guided_regex")
+    if "\x00" in value:
+        raise InvalidGrammarError("must not contain NUL characters", part="guided_regex")
+    check_text(value, "guided_regex")
+    check_regex(value, limits, "guided_regex")
+    try:
+        re.compile(value)
+    except re.error as error:
+        if "bad escape \\p" in str(error) or "bad escape \\P" in str(error):
+            feature = "Unicode property escapes (\\p{...}, \\P{...})"
+            raise InvalidGrammarError(f"{feature} cannot be enforced: Python's re, which judges outputs, does not read them",
+                                      part="guided_regex", feature=feature) from None
+        raise InvalidGrammarError(f"not a valid regular expression: {error}", part="guided_regex") from None
+    return GrammarSpec("regex", value)
+
+
+def _parse_choice(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise InvalidGrammarError("must be a list of strings", part="guided_choice")
+    if not value:
+        raise InvalidGrammarError("must offer at least one choice", part="guided_choice")
+    for index, choice in enumerate(value):
+        if not isinstance(choice, str):
+            raise InvalidGrammarError(f"must be a string, got {type(choice).__name__}", part=f"guided_choice[{index}]")
+        if not choice:
+            raise InvalidGrammarError("must not be empty", part=f"guided_choice[{index}]")
+        check_text(choice, f"guided_choice[{index}]")
+    check_choices(list(value), limits, "guided_choice")
+    return GrammarSpec("choice", json.dumps(list(value), ensure_ascii=False))
+
+
+def _parse_grammar(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidGrammarError("must be a non-empty grammar string", part="guided_grammar")
+    check_text(value, "guided_grammar")
+    lark = grammar_is_lark(value)
+    check_grammar(value, lark, limits, "guided_grammar")
+    return GrammarSpec("lark" if lark else "ebnf", value)
+
+
+def _parse_structural_tag_field(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
+    return _parse_structural_tag(value, json_format, limits, part="structural_tag")
+
+
+_FIELD_PARSERS = {
+    "guided_json": _parse_guided_json,
+    "guided_json_object": _parse_json_object,
+    "guided_regex": _parse_regex,
+    "guided_choice": _parse_choice,
+    "guided_grammar": _parse_grammar,
+    "structural_tag": _parse_structural_tag_field,
+}
+
+_EBNF_RULE = re.compile(r"^\s*[A-Za-z_][\w-]*\s*::=", re.MULTILINE)
+_LARK_RULE = re.compile(r"^\s*[?!]?[A-Za-z_][\w]*(\.\d+)?\s*:(?!:)", re.MULTILINE)
+
+
+def grammar_is_lark(text: str) -> bool:
+    """True when the grammar uses Lark rule syntax (``name: ...``) rather than EBNF (``name ::= ...``)."""
+    if _EBNF_RULE.search(text):
+        return False
+    return bool(_LARK_RULE.search(text)) or text.lstrip().startswith("%")
+
+
+def _parse_json_schema(value: Any, json_format: JsonFormat, limits: AdmissionLimits, *, part: str) -> GrammarSpec:
+    schema = _load_schema(value, part)
+    source = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+    check_size(source, limits.max_constraint_bytes, part, "schema")
+    check_schema(schema, limits, part)
+    check_json_schema(schema, part)
+    return GrammarSpec("json_schema", source, json_format)
+
+
+def _load_schema(value: Any, part: str) -> dict:
+    if isinstance(value, type) and hasattr(value, "model_json_schema"):
+        return value.model_json_schema()
+    if isinstance(value, (str, bytes)):
+        value = load_json(value, part)
+    if value is True:
+        return {}  # any JSON value (json_object would allow only objects)
+    if value is False:
+        raise InvalidGrammarError("the schema `false` admits no value", part=part)
+    if not isinstance(value, dict):
+        raise InvalidGrammarError(f"a JSON schema must be an object, got {type(value).__name__}", part=part)
+    check_document(value, part)
+    return value
+
+
+def _parse_structural_tag(value: Any, json_format: JsonFormat, limits: AdmissionLimits, *, part: str) -> GrammarSpec:
+    if isinstance(value, (str, bytes)):
+        value = load_json(value, part)
+    value = as_dict(value, part)
+    if "format" in value:
+        source = json.dumps({"type": "structural_tag", "format": value["format"]}, ensure_ascii=False)
+        check_size(source, limits.max_constraint_bytes, part, "structural tag")
+        check_schema(value["format"], limits, part)
+        return GrammarSpec("structural_tag", source, json_format)
+    structures = value.get("structures")
+    triggers = value.get("triggers")
+    if not isinstance(structures, list) or not structures:
+        raise InvalidGrammarError("needs a non-empty 'structures' list (or a 'format')", part=part)
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise InvalidGrammarError("needs a non-empty 'triggers' list of non-empty strings", part=part)
+    normalised = []
+    for index, structure in enumerate(structures):
+        where = f"{part}.structures[{index}]"
+        structure = as_dict(structure, where)
+        begin, end = structure.get("begin"), structure.get("end")
+        if not isinstance(begin, str) or not begin or not isinstance(end, str):
+            raise InvalidGrammarError("needs string 'begin' (non-empty) and 'end'", part=where)
+        if not any(begin.startswith(trigger) for trigger in triggers):
+            raise InvalidGrammarError(f"begin {begin!r} starts with none of the triggers {triggers}", part=where)
+        schema = _load_schema(structure.get("schema", {"type": "object"}), f"{where}.schema")
+        check_schema(schema, limits, f"{where}.schema")
+        check_json_schema(schema, f"{where}.schema")
+        normalised.append({"begin": begin, "schema": schema, "end": end})
+    canonical = {"structures": normalised, "triggers": triggers}
+    source = json.dumps(canonical, ensure_ascii=False, separators=(",", ":"))
+    check_size(source, limits.max_constraint_bytes, part, "structural tag")
+    return GrammarSpec("structural_tag", source, json_format)
+
+
+def _json_format(fields: Mapping[str, Any], config: GuidedConfig) -> JsonFormat:
+    any_whitespace = config.any_whitespace
+    if fields.get("disable_any_whitespace") is not None:
+        any_whitespace = not _bool_field(fields, "disable_any_whitespace")
+    if fields.get("any_whitespace") is not None:
+        any_whitespace = _bool_field(fields, "any_whitespace")
+    max_ws = config.max_whitespace_cnt
+    if "max_whitespace_cnt" in fields:
+        max_ws = fields["max_whitespace_cnt"]
+        if max_ws is not None and (isinstance(max_ws, bool) or not isinstance(max_ws, int) or max_ws < 1):
+            raise InvalidGrammarError("must be a positive integer or null", part="max_whitespace_cnt")
+    separators = _separators(fields.get("separators"), config.separators)
+    if not any_whitespace and separators is None:
+        # xgrammar's default without free whitespace forces ", " and ": " (spaces mandatory);
+        # compact separators are what "no whitespace" means to a user.
+        separators = COMPACT_SEPARATORS
+    strict = config.strict_mode
+    if fields.get("guided_strict") is not None:
+        strict = _bool_field(fields, "guided_strict")
+    unknown_formats = getattr(config, "unknown_formats", "refuse")
+    if fields.get("guided_unknown_formats") is not None:
+        unknown_formats = fields["guided_unknown_formats"]
+        if unknown_formats not in UNKNOWN_FORMAT_POLICIES:
+            raise InvalidGrammarError(f"must be one of {UNKNOWN_FORMAT_POLICIES}", part="guided_unknown_formats")
+    any_order = getattr(config, "any_order", False)
+    if fields.get("guided_any_order") is not None:
+        any_order = _bool_field(fields, "guided_any_order")
+    return JsonFormat(any_whitespace, max_ws if any_whitespace else None, separators, strict, unknown_formats, any_order)
+
+
+def _separators(value: Any, default: tuple[str, str] | None) -> tuple[str, str] | None:
+    if value is None:
+        return default
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) != 2
+        or not all(isinstance(s, str) and s.strip() in (",", ":") for s in value)
+        or value[0].strip() != ","
+        or value[1].strip() != ":"
+    ):
+        raise InvalidGrammarError("must be [item_separator, key_separator], e.g. [',', ':'] or [', ', ': ']", part="separators")
+    return (value[0], value[1])
+
+
+def _bool_field(fields: Mapping[str, Any], name: str) -> bool:
+    value = fields[name]
+    if not isinstance(value, bool):
+        raise InvalidGrammarError(f"must be a boolean, got {type(value).__name__}", part=name)
+    return value
