@@ -1,0 +1,137 @@
+"""Budget steering: guided outputs end complete and valid within max_tokens, on DeepSeek's
+vocabulary, under an adversarial decoder that would otherwise never end a string."""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+
+from adversary import pick
+from fd_guided import GuidedConfig, GuidedDecodingManager, parse_guided_request
+from fd_guided.budget import fit_budget_requested
+from fd_guided.errors import InvalidGrammarError
+from fd_guided.tokenizer import load_tokenizer
+from guided_helpers import VOCAB, add_ready, in_process_backend
+
+pytestmark = pytest.mark.cpu
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "minLength": 3}, "tags": {"type": "array", "items": {"type": "string"},
+                                                                                         "minItems": 2}}, "required": ["name", "tags"]},
+    {"type": "object", "properties": {"id": {"type": "integer"}, "kind": {"enum": ["alpha", "beta"]},
+                                      "owner": {"type": "object", "properties": {"email": {"type": "string", "pattern": "^[a-z]+@[a-z]+\\.org$"}},
+                                                "required": ["email"]}},
+     "required": ["id", "kind", "owner"]},
+    {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string", "maxLength": 4}}, "required": ["k"]}, "minItems": 1},
+]
+REQUESTS = [{"guided_json": schema} for schema in SCHEMAS] + [
+    {"guided_regex": r"[a-z]+@[a-z]+\.com"},
+    {"guided_regex": r"\d{4}-\d{2}-\d{2}( note: [a-z ]+)?"},
+    {"guided_choice": ["short", "a much longer choice of words", "middle one"]},
+    {"guided_json_object": True},
+]
+
+
+def valid(fields: dict, text: str) -> bool:
+    if "guided_json" in fields or "guided_json_object" in fields:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return False
+        if "guided_json_object" in fields:
+            return isinstance(value, dict)
+        return jsonschema.Draft202012Validator(fields["guided_json"]).is_valid(value)
+    if "guided_regex" in fields:
+        return re.fullmatch(fields["guided_regex"], text) is not None
+    return text in fields["guided_choice"]
+
+
+def run(backend_name: str, fields_list: list[dict], budgets: list[int], *, fit: bool = True):
+    """Decode every request with the adversary; returns (finish, text, tokens generated) each."""
+    tokenizer = load_tokenizer("deepseek")
+    backend = in_process_backend(backend_name)
+    manager = GuidedDecodingManager(backend, max_num_seqs=len(fields_list))
+    try:
+        for slot, (fields, budget) in enumerate(zip(fields_list, budgets)):
+            spec = parse_guided_request(fields, GuidedConfig(backend=backend_name))
+            add_ready(manager, slot, spec, prefill_done=True, max_tokens=budget, fit_budget=fit)
+        outputs = {slot: [] for slot in range(len(fields_list))}
+        finish: dict[int, str] = {}
+        logits = torch.zeros((len(fields_list), VOCAB))
+        while len(finish) < len(fields_list):
+            rows = [slot if slot not in finish else None for slot in range(len(fields_list))]
+            manager.begin_step(rows)
+            manager.apply(logits)
+            words = manager._bitmask_words
+            tokens = [pick(tokenizer, words[row], VOCAB) if rows[row] is not None else 0 for row in range(len(rows))]
+            done = {f.slot: f for f in manager.accept(tokens)}
+            for slot, token in enumerate(tokens):
+                if rows[slot] is None:
+                    continue
+                if slot in done:
+                    finish[slot] = done[slot].reason if done[slot].reason == "error" else "stop"
+                    if done[slot].reason == "error":
+                        finish[slot] = "error: " + (done[slot].error or "")
+                    continue
+                outputs[slot].append(token)
+                if len(outputs[slot]) >= budgets[slot]:  # the host's length limit, as the reference engine does
+                    finish[slot] = "length"
+        return [(finish[s], tokenizer.decode(outputs[s]), len(outputs[s])) for s in range(len(fields_list))]
+    finally:
+        manager.close()
+
+
+def minimum(backend_name: str, fields: dict) -> int:
+    """The shortest output's tokens (stop included), as the manager's plan has it at the start."""
+    backend = in_process_backend(backend_name)
+    manager = GuidedDecodingManager(backend, max_num_seqs=1)
+    try:
+        add_ready(manager, 0, parse_guided_request(fields, GuidedConfig(backend=backend_name)), prefill_done=True,
+                  max_tokens=10_000)
+        manager.begin_step([0])
+        manager.apply(torch.zeros((1, VOCAB)))
+        need = manager.budget.need(0)
+        manager.accept([0])
+        return need
+    finally:
+        manager.close()
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance", "auto"])
+def test_adversary_ends_valid_within_budget(backend_name):
+    needs = [minimum(backend_name, fields) for fields in REQUESTS]
+    cases = [(fields, need + extra) for fields, need in zip(REQUESTS, needs) for extra in (0, 1, 3)]
+    cases += [(fields, int(need * 2)) for fields, need in zip(REQUESTS, needs)]
+    results = run(backend_name, [f for f, _ in cases], [b for _, b in cases])
+    for (fields, budget), (finish, text, used) in zip(cases, results):
+        assert finish == "stop", (fields, budget, finish, text)
+        assert used < budget, (fields, budget, used)  # the stop token fits too
+        assert valid(fields, text), (fields, budget, text)
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_without_steering_the_adversary_is_cut(backend_name):
+    fields = REQUESTS[0]
+    need = minimum(backend_name, fields)
+    [(finish, text, _)] = run(backend_name, [fields], [need * 2], fit=False)
+    assert finish == "length" and not valid(fields, text)
+
+
+def test_a_budget_below_the_shortest_output_fails_naming_it():
+    fields = REQUESTS[1]
+    need = minimum("xgrammar", fields)
+    [(finish, text, used)] = run("xgrammar", [fields], [need - 1])
+    assert finish.startswith("error") and f"needs {need} tokens" in finish and f"max_tokens={need - 1}" in finish
+    assert used == 0
+
+
+def test_request_field():
+    assert fit_budget_requested({}) is True
+    assert fit_budget_requested({"guided_fit_budget": False}) is False
+    with pytest.raises(InvalidGrammarError) as error:
+        fit_budget_requested({"guided_fit_budget": "no"})
+    assert error.value.part == "guided_fit_budget"
