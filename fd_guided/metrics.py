@@ -53,6 +53,12 @@ class GuidedMetrics:
         "jump_forward_tokens_total": "Tokens emitted by jump-forward without a sample.",
         "jump_forward_retracted_tokens_total": "Sampled tokens jump-forward re-encoded at the boundary (retracted, then re-emitted).",
         "reasoning_forced_tokens_total": "Think-end marker tokens forced because a request spent its reasoning budget.",
+        "budget_steered_requests_total": "Requests whose rows budget steering restricted to end complete within max_tokens.",
+        "budget_forced_tokens_total": "Rows budget steering restricted (tokens chosen within the closing plan).",
+        "budget_refused_requests_total": "Requests failed at their first step: max_tokens below the shortest valid output.",
+        "budget_reasoning_cut_total": "Reasoning sections ended early to leave max_tokens room for the shortest valid output.",
+        "budget_overruns_total": "Budgeted requests whose shortest completion outgrew the tokens left before their closing phase.",
+        "budget_search_failures_total": "Shortest-completion searches that found nothing within their bound (the request is not steered).",
     }
     GAUGES = {
         "compiles_in_flight": "Compiles submitted and not finished.",

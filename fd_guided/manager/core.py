@@ -14,6 +14,7 @@ from ..interface import GuidedBackend
 from ..metrics import GuidedMetrics
 from ..reasoning import MarkerLike, ReasoningMarker, ReasoningState, starts_in_reasoning
 from ..spec import GrammarSpec, check_with_backend, parse_guided_request
+from ..budget import BudgetSteering
 from .slot import GuidedFinish, SlotState, StepTimings, host_words, token_row
 from .step import StepHooks, _Entry
 
@@ -76,6 +77,7 @@ class GuidedDecodingManager(StepHooks):
         self._reasoning_rows: set[int] = set()
         self._deferred: list[_Entry] = []
         self._drafting = None  # the open `DraftingSession`, if any
+        self.budget = BudgetSteering(backend, self.metrics)  # complete within max_tokens (fd_guided.budget)
 
     @property
     def think_end_id(self) -> int | None:
@@ -104,7 +106,8 @@ class GuidedDecodingManager(StepHooks):
 
     def add_request(self, slot: int, spec: GrammarSpec | None, *, request_id: Any = None, prompt_token_ids: Sequence[int] = (),
                     output_token_ids: Sequence[int] = (), enable_thinking: bool | None = None, prefill_done: bool = False,
-                    reasoning_budget: int | None = None, jump_forward: bool | None = None) -> None:
+                    reasoning_budget: int | None = None, jump_forward: bool | None = None, max_tokens: int | None = None,
+                    fit_budget: bool = True) -> None:
         """Start guiding `slot` with `spec` (None: an unguided request, nothing to do).
 
         `output_token_ids` are tokens already generated for this request elsewhere (a prefill
@@ -114,7 +117,9 @@ class GuidedDecodingManager(StepHooks):
         prompt already closed it; ``None`` and ``False`` constrain from the first token.
         `reasoning_budget`: reasoning tokens allowed before the think-end marker is forced (None:
         no limit). `jump_forward`: let `jump_forward` emit forced tokens for this request (None:
-        ``GuidedConfig.jump_forward``).
+        ``GuidedConfig.jump_forward``). `max_tokens`: the most tokens the request may generate
+        (reasoning included; None: no budget); with `fit_budget` (the default) its output is steered
+        to end complete and valid within them (`fd_guided.budget`).
 
         Raises:
             SlotStateError: `slot` is out of range or still holds a request (release it first).
@@ -134,6 +139,7 @@ class GuidedDecodingManager(StepHooks):
             prefill_done=prefill_done or bool(output_token_ids),
             jump_forward=self.config.jump_forward if jump_forward is None else bool(jump_forward),
         )
+        self.budget.track(slot, max_tokens, fit_budget)
 
     def add_failed_request(self, slot: int, message: str, *, request_id: Any = None) -> None:
         """Hold `slot` for a request whose constraint failed before it reached this manager (e.g.
@@ -168,6 +174,7 @@ class GuidedDecodingManager(StepHooks):
         if slot in self._slots and self._drafting is not None and slot in self._drafting.slots:
             raise SlotStateError(f"slot {slot} is being drafted: close the drafting session first")
         self._slots.pop(slot, None)
+        self.budget.forget(slot)
 
     def is_guided(self, slot: int) -> bool:
         return slot in self._slots

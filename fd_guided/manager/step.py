@@ -129,6 +129,8 @@ class StepHooks:
         masked: set[int] = set(self._forced_rows)
         for entry in self._entries:
             self._settle(entry, masked)
+        # Rows near max_tokens keep a complete output within it (fd_guided.budget).
+        self.budget.steer(self._entries, self._slots.get, self._fail, self._bitmask_words, masked, self._stop_rows, self._stop_ids)
         words = self._bitmask_words
         for row in self._stop_rows:
             words[row] = self._stop_row
