@@ -24,8 +24,10 @@ acceptance, never validity: the target's verification rows are masked all the sa
 
 The draft of a request that is not guided, not yet compiled, finished or failed is left alone.
 A session left open (FastDeploy's loop stopped early) is closed before the next verification
-and before a slot is reset. One host sync per substep (reading the drafts) while a guided
-request is in the batch; none otherwise.
+and before a slot is reset. Host reads (each a sync on a GPU): none while the manager holds no
+slot, or after substep 0 when no session opened; otherwise one batched transfer before the mask
+(``seq_lens_this_time`` and ``seq_lens_encoder`` together) and one after FastDeploy's argmax (the
+drafts taken).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ import numpy as np
 
 from .config import read
 from .patching import install_methods
-from .sampler import host_array
+from .sampler import guides_any, host_array, host_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +87,10 @@ class DraftMasking:
         substep = self._substep = int(_get(share_inputs, "substep", 0))
         if substep == 0:
             self.close()
-        layout = draft_rows(host_array(_get(share_inputs, "seq_lens_this_time")), host_array(_get(share_inputs, "seq_lens_encoder")),
-                            int(logits.shape[0]))
+        if self.session is None and (substep != 0 or not guides_any(manager)):
+            return  # nothing to mask: no device read (no sync)
+        lens, encoder = host_arrays(_get(share_inputs, "seq_lens_this_time"), _get(share_inputs, "seq_lens_encoder"))
+        layout = draft_rows(lens, encoder, int(logits.shape[0]))
         if layout is None:
             self._unmasked("the logits rows match no known layout")
             return

@@ -16,10 +16,18 @@ nothing waits. Which chunk ends it comes from the request itself (`RequestContex
 context FastDeploy's rule holds (``p_done_idxs``, or at once when ``prefill_tokens`` are given).
 The request's generated tokens are replayed, so a resumed or PD-decode request is masked from the
 right state; its own ``enable_thinking`` decides whether it thinks first.
+
+Host reads (device-to-host transfers, each a sync on a GPU): none in a step whose batch holds no
+slot of the manager (nothing guided: the sampled tokens are not read); one otherwise, the
+sampled tokens, read once as one array. Tokens FastDeploy writes over a sample are accepted as
+host-forced only when FastDeploy is known to write them (`host_forced_tokens`); any other token
+outside its row's mask fails its request with an error (see `GuidedDecodingManager.accept`).
 """
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -49,6 +57,7 @@ class GuidedDecoding:
         self._stopped: dict[int, GuidedFinish] = {}      # finished by guided decoding, until FastDeploy resets them
         self._planned_rows: int | None = None
         self._last_rows = 0
+        self.host_forced_tokens: dict[int, str] = {}  # token -> name; set when a backend is bound
         if backend is not None:
             self._bind(backend)
 
@@ -60,6 +69,7 @@ class GuidedDecoding:
         self._parser_set = True
         if self.manager is not None:
             self.manager.think_end_id = self._think_end_id
+            self.host_forced_tokens = host_forced_tokens(self.fd_config, self._think_end_id)
 
     set_reasoning_parser = apply_reasoning_parser
 
@@ -148,15 +158,18 @@ class GuidedDecoding:
         """
         if self.manager is None or self._planned_rows is None:
             return []
+        rows, self._planned_rows = self._planned_rows, None
+        if not guides_any(self.manager, rows):
+            return []  # nothing guided in the batch: the sampled tokens are not read (no sync)
         tokens = _token_list(next_tokens)
-        if len(tokens) != self._planned_rows:
-            raise SlotStateError(f"update_output_tokens got {len(tokens)} tokens for {self._planned_rows} logits rows")
+        if len(tokens) != rows:
+            raise SlotStateError(f"update_output_tokens got {len(tokens)} tokens for {rows} logits rows")
         for idx, token in enumerate(tokens):
             if token < 0 and (idx in self._pending or idx in self._active or idx in self._stopped):
                 self.reset_processor(idx)  # FastDeploy stopped the slot
-        # A token outside its row's applied mask was put there by FastDeploy after sampling.
-        finishes = self.manager.accept(tokens, masked_out="host")
-        self._planned_rows = None
+        # A token outside its row's applied mask: FastDeploy's own (a stop token, its thinking
+        # limit's) or an error (the manager fails the request).
+        finishes = self.manager.accept(tokens, masked_out="host", host_forced=self.host_forced_tokens)
         return self._report(finishes)
 
     def _report(self, finishes: list[GuidedFinish]) -> list[GuidedFinish]:
@@ -199,6 +212,7 @@ class GuidedDecoding:
         size = max_num_seqs_of(self.fd_config) if read(self.fd_config, "scheduler_config") else backend.max_num_seqs
         self.manager = GuidedDecodingManager(backend.guided_backend, size, metrics=backend.metrics,
                                              think_end_id=think_end, compile_service=self._handoff, **self._manager_options())
+        self.host_forced_tokens = host_forced_tokens(self.fd_config, think_end)
 
     def _manager_options(self) -> dict:
         """Extra `GuidedDecodingManager` arguments (the speculative sampler's draft rows)."""
@@ -225,10 +239,40 @@ class GuidedDecoding:
         if request_id is None:
             logger.warning("guided request in slot %d failed (no request id to report it): %s", idx, finish.error)
         elif self._reporter:
-            self.reports.post(request_id, f"guided decoding failed: {finish.error}", error_code)
+            message = finish.error if finish.error.startswith("guided decoding") else f"guided decoding failed: {finish.error}"
+            self.reports.post(request_id, message, error_code)
 
 def _request_id(future: ProcessorFuture | None) -> str | None:
     return future.request.request_id if future is not None and future.request is not None else None
+
+
+# FastDeploy's thinking-length limit (``limit_thinking_content_length_v1``/``_v2``, chosen by
+# FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR) writes model_config.think_end_id, and for "\n</think>\n\n"
+# also model_config.line_break_id, over the sampled tokens; the last two line breaks land in the
+# constrained part.
+_LINE_BREAK_STRATEGY = "\n</think>\n\n"
+
+
+def host_forced_tokens(fd_config: Any, think_end_id: int | None = None) -> dict[int, str]:
+    """The tokens FastDeploy may write over a sample, each named (besides the stop tokens, which the
+    manager always takes as ``stop``): the thinking limit's ``</think>`` (``think_end``) and, with
+    the line-break strategy (``_LINE_BREAK_STRATEGY``), its line break (``line_break``)."""
+    model = read(fd_config, "model_config")
+    named: dict[int, str] = {}
+    for token in (read(model, "think_end_id"), think_end_id):
+        if isinstance(token, int) and token >= 0:
+            named[token] = "think_end"
+    line_break = read(model, "line_break_id")
+    strategy = os.environ.get("FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR", "</think>")
+    if isinstance(line_break, int) and line_break >= 0 and strategy == _LINE_BREAK_STRATEGY:
+        named.setdefault(line_break, "line_break")
+    return named
+
+
+def guides_any(manager: GuidedDecodingManager, rows: int | None = None) -> bool:
+    """Whether the manager holds any slot among the first `rows` (all slots by default): pure host
+    bookkeeping, so a batch with nothing guided costs no device read."""
+    return any(manager.is_guided(slot) for slot in range(manager.max_num_seqs if rows is None else rows))
 
 
 def host_array(tensor) -> np.ndarray:
@@ -236,6 +280,29 @@ def host_array(tensor) -> np.ndarray:
     if tensor is None:
         return np.zeros(0, dtype=np.int64)
     return tensor.numpy() if hasattr(tensor, "numpy") else np.asarray(tensor)
+
+
+def host_arrays(*tensors) -> list[np.ndarray]:
+    """Host copies of several integer tensors in ONE device-to-host transfer: Paddle tensors are
+    flattened, cast to int64 and concatenated on their device first (asynchronous kernels), then
+    read once. Each comes back with its own shape, as int64; None gives an empty array. Inputs
+    that are not all Paddle tensors (numpy arrays) are read one by one."""
+    present = [t for t in tensors if t is not None]
+    paddle = sys.modules.get("paddle")
+    if not present or paddle is None or not all(isinstance(t, paddle.Tensor) for t in present):
+        return [host_array(t).astype(np.int64, copy=False) for t in tensors]
+    flat = [t.reshape([-1]).astype("int64") for t in present]
+    host = (paddle.concat(flat) if len(flat) > 1 else flat[0]).numpy()
+    out, offset = [], 0
+    for tensor in tensors:
+        if tensor is None:
+            out.append(np.zeros(0, dtype=np.int64))
+            continue
+        shape = [int(d) for d in tensor.shape]
+        size = int(np.prod(shape, dtype=np.int64))
+        out.append(host[offset:offset + size].reshape(shape))
+        offset += size
+    return out
 
 
 def _token_list(sampled_token_ids) -> list[int]:

@@ -27,6 +27,12 @@ Every guided request keeps one matcher; rows of finished or failed requests allo
 nothing waits for a compile beyond ``first_token_wait_s``, as in the non-speculative sampler.
 The MTP proposer's own draft sampling is masked too (`mtp.py`); a draft session it left open
 is closed here before the verification rows are planned and before a slot is reset.
+
+Host reads (each a sync on a GPU): none in a step while the manager holds no slot (nothing is
+read, planned or masked); otherwise one batched transfer before the mask (``seq_lens_this_time``,
+``seq_lens_encoder`` and ``draft_tokens`` together, `host_arrays`) and one after verification
+(``accept_tokens`` and ``accept_num`` together). Cut drafts are written back from that host copy
+(one host-to-device copy, only when a draft is cut).
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ from ...manager import GuidedFinish
 from . import mtp
 from .config import read
 from .patching import install_methods
-from .sampler import GuidedDecoding, host_array
+from .sampler import GuidedDecoding, guides_any, host_arrays
 
 
 class SpeculativeGuidedDecoding(GuidedDecoding):
@@ -76,10 +82,12 @@ class SpeculativeGuidedDecoding(GuidedDecoding):
         if self.manager is None:
             return
         self._close_drafting()
-        lens = host_array(share_inputs["seq_lens_this_time"]).reshape(-1)
-        encoder = host_array(share_inputs["seq_lens_encoder"]).reshape(-1)
+        self._planned_rows, self._share_inputs, self._spec_slots = None, None, []
+        if not guides_any(self.manager):
+            return  # nothing guided: no read, no mask (no sync)
         draft_tokens = share_inputs["draft_tokens"]
-        drafts_host = host_array(draft_tokens)
+        lens, encoder, drafts_host = host_arrays(share_inputs["seq_lens_this_time"], share_inputs["seq_lens_encoder"], draft_tokens)
+        lens, encoder = lens.reshape(-1), encoder.reshape(-1)
         slots, drafts = [], []
         for idx, count in enumerate(lens.tolist()):
             if count <= 0:
@@ -105,8 +113,9 @@ class SpeculativeGuidedDecoding(GuidedDecoding):
         """After FastDeploy's verification and post-processing: push each request's accepted tokens."""
         if self.manager is None or self._planned_rows is None or self._share_inputs is None:
             return []
-        tokens = host_array(accept_tokens if accept_tokens is not None else self._share_inputs["accept_tokens"])
-        counts = host_array(self._share_inputs["accept_num"]).reshape(-1)
+        tokens, counts = host_arrays(accept_tokens if accept_tokens is not None else self._share_inputs["accept_tokens"],
+                                     self._share_inputs["accept_num"])
+        counts = counts.reshape(-1)
         accepted = []
         for idx in self._spec_slots:
             row = [int(t) for t in tokens[idx, :max(0, int(counts[idx]))]]
@@ -114,7 +123,7 @@ class SpeculativeGuidedDecoding(GuidedDecoding):
                 self.reset_processor(idx)  # FastDeploy stopped the slot
                 row = []
             accepted.append(row)
-        finishes = self.manager.accept_speculative(accepted, masked_out="host")
+        finishes = self.manager.accept_speculative(accepted, masked_out="host", host_forced=self.host_forced_tokens)
         self._planned_rows, self._share_inputs = None, None
         return self._report(finishes)
 
@@ -157,6 +166,11 @@ def install(sampler_cls, mark: str) -> None:
 
 
 def _write_back(tensor, array: np.ndarray) -> None:
+    """`array` into FastDeploy's tensor, in place, in the tensor's own dtype (read from its
+    metadata: no device read) and place: one host-to-device copy."""
+    if isinstance(tensor, np.ndarray):
+        tensor[...] = array
+        return
     import paddle
 
-    paddle.assign(paddle.to_tensor(array.astype(tensor.numpy().dtype), place=tensor.place), tensor)
+    paddle.assign(paddle.to_tensor(array, dtype=tensor.dtype, place=tensor.place), tensor)

@@ -252,22 +252,50 @@ def test_valid_regex_passes_admission_unchanged():
     assert request.guided_regex == REGEXES["semver"]
 
 
-def test_tokens_the_host_forced_are_not_grammar_rejections(tokenizer):
-    # A scripted token bypasses the mask, as a token FastDeploy overwrites after sampling does
-    # (the thinking-length limit's line breaks): it is not fed to the matcher, the constraint holds.
-    letter_a, letter_z = token_of(tokenizer, "a"), token_of(tokenizer, "z")
-    request = make_request(tokenizer, "forced", "Letters:", guided_regex="[a-c]{6}", scripted_tokens=[letter_a, letter_z])
+def test_tokens_the_host_forced_are_not_grammar_rejections(tokenizer, monkeypatch):
+    # A scripted token bypasses the mask, as a token FastDeploy overwrites after sampling does:
+    # the "\n</think>\n\n" thinking limit writes model_config.line_break_id. Named, it is not
+    # fed to the matcher and the constraint holds.
+    monkeypatch.setenv("FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR", "\n</think>\n\n")
+    letter_a, newline = token_of(tokenizer, "a"), tokenizer.encode("\n")[0]
+    request = make_request(tokenizer, "forced", "Letters:", guided_regex="[a-c]{6}", scripted_tokens=[letter_a, newline])
     admit(schema_checker("xgrammar"), request)
-    runner = MiniFastDeployRunner(fd_config(max_num_seqs=2))
+    config = fd_config(max_num_seqs=2)
+    config.model_config.line_break_id = newline
+    runner = MiniFastDeployRunner(config)
     try:
         runner.run([request])
         assert request.finish_reason == "stop" and request.error is None
-        assert request.output_token_ids[:2] == [letter_a, letter_z]
+        assert request.output_token_ids[:2] == [letter_a, newline]
         text = tokenizer.decode(request.output_token_ids[:1] + request.output_token_ids[2:])
         assert validate_output(parse_guided_request({"guided_regex": "[a-c]{6}"}), text).valid, text
         metrics = runner.guided_backend.metrics
-        assert metrics.value("rejected_tokens_total") == 0
-        assert metrics.labelled("host_forced_tokens_total") == {"other": 1}
+        assert metrics.value("rejected_tokens_total") == 0 and metrics.value("out_of_mask_tokens_total") == 0
+        assert metrics.labelled("host_forced_tokens_total") == {"line_break": 1}
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("strategy", ["</think>", "\n</think>\n\n"])
+def test_a_token_outside_the_mask_fastdeploy_does_not_force_fails_the_request(tokenizer, monkeypatch, strategy):
+    # "z" (or, with the "</think>" strategy, a line break FastDeploy never writes) is outside the
+    # grammar: the request ends with a visible error instead of an output that breaks it.
+    monkeypatch.setenv("FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR", strategy)
+    letter_a, newline = token_of(tokenizer, "a"), tokenizer.encode("\n")[0]
+    stray = newline if strategy == "</think>" else token_of(tokenizer, "z")
+    request = make_request(tokenizer, "stray", "Letters:", guided_regex="[a-c]{6}", scripted_tokens=[letter_a, stray])
+    admit(schema_checker("xgrammar"), request)
+    config = fd_config(max_num_seqs=2)
+    config.model_config.line_break_id = newline
+    runner = MiniFastDeployRunner(config)
+    try:
+        runner.run([request])
+        assert request.finish_reason == "error"
+        assert request.error == f"guided decoding: token {stray} outside the grammar at position 1"
+        assert request.output_token_ids == [letter_a, stray]  # nothing after it: only EOS was allowed
+        metrics = runner.guided_backend.metrics
+        assert metrics.value("out_of_mask_tokens_total") == 1
+        assert metrics.labelled("host_forced_tokens_total") == {}
     finally:
         runner.close()
 
