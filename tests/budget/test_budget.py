@@ -66,7 +66,7 @@ def run(backend_name: str, fields_list: list[dict], budgets: list[int], *, fit: 
             rows = [slot if slot not in finish else None for slot in range(len(fields_list))]
             manager.begin_step(rows)
             manager.apply(logits)
-            words = manager._bitmask_words
+            words = manager.bitmask.numpy()  # the rows as applied (host memory)
             tokens = [pick(tokenizer, words[row], VOCAB) if rows[row] is not None else 0 for row in range(len(rows))]
             done = {f.slot: f for f in manager.accept(tokens)}
             for slot, token in enumerate(tokens):
