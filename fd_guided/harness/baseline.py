@@ -14,22 +14,23 @@ from __future__ import annotations
 import time
 
 from fd_guided.manager import GuidedDecodingManager
-from fd_guided.manager.step import _Entry
 from fd_guided.manager.plan import EMPTY
+from fd_guided.manager.step import BatchStep, StepEntry
 
 FASTDEPLOY_CACHE_BYTES = 4 * 1024 * 1024
 
 
-class FastDeployStyleManager(GuidedDecodingManager):
+class FastDeployStyleStep(BatchStep):
+    """The step as FastDeploy's xgrammar backend runs it: nothing starts before the forward."""
+
     def begin_step(self, rows) -> None:
         self._join_fill()
-        self._entries = [_Entry(slot, row, EMPTY) for row, slot in enumerate(rows)]
-        self._rows, self._speculative, self._phase = list(rows), False, "begun"
+        self._entries = [StepEntry(slot, row, EMPTY) for row, slot in enumerate(rows)]
+        self._rows, self._speculative, self.phase = list(rows), False, "begun"
         self._stop_rows, self._forced_rows = [], {}
         self._deferred = [
             entry for entry in self._entries
-            if entry.slot is not None and entry.slot in self._slots and self._slots[entry.slot].prefill_done
-            and self._slots[entry.slot].finish is None
+            if (state := self.slots.get(entry.slot)) is not None and state.prefill_done and state.finish is None
         ]
 
     def apply(self, logits):
@@ -39,7 +40,7 @@ class FastDeployStyleManager(GuidedDecodingManager):
         import xgrammar as xgr
 
         started = time.perf_counter()
-        self.wait_ready([entry.slot for entry in self._deferred])
+        self.slots.wait_ready([entry.slot for entry in self._deferred if entry.slot is not None])
         self.timings.compile_wait += time.perf_counter() - started
         jobs = self._resolve_deferred()
         if jobs:
@@ -48,7 +49,7 @@ class FastDeployStyleManager(GuidedDecodingManager):
         for entry in self._entries:
             self._settle(entry, masked)
         rows = sorted(masked)
-        self._phase = "applied"
+        self.phase = "applied"
         started = time.perf_counter()
         if not rows:
             return logits
@@ -59,3 +60,9 @@ class FastDeployStyleManager(GuidedDecodingManager):
         self.timings.apply += elapsed
         self.metrics.observe("apply_seconds", elapsed)
         return masked_logits
+
+
+class FastDeployStyleManager(GuidedDecodingManager):
+    """`GuidedDecodingManager` stepping as FastDeploy does (`FastDeployStyleStep`)."""
+
+    step_class = FastDeployStyleStep

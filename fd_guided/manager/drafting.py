@@ -33,9 +33,10 @@ class DraftingSession:
     """Masks for a draft model's steps over `slots` (row i of every draft step is slots[i])."""
 
     def __init__(self, manager, slots: Sequence[int | None]):
-        if manager._drafting is not None:
+        step = manager.step
+        if step.drafting is not None:
             raise SlotStateError("a drafting session is already open")
-        if manager._phase == "begun":
+        if step.phase == "begun":
             raise SlotStateError("a step is between its begin hook and apply(): draft before beginning it")
         if len(slots) > manager.max_num_seqs:
             raise ValueError(f"{len(slots)} rows exceed max_num_seqs={manager.max_num_seqs}")
@@ -46,17 +47,15 @@ class DraftingSession:
         self._reasoning = []
         self._active = []
         for slot in self.slots:
-            state = manager._slots.get(slot) if slot is not None else None
+            state = manager.slots.get(slot)
             if state is not None and state.prefill_done and state.finish is None and state.ticket.done():
-                manager._materialise(slot, state)
+                manager.slots.materialise(slot, state)
             guided = state is not None and state.prefill_done and state.finish is None and state.grammar is not None
             self._active.append(guided)
             self._reasoning.append(state.reasoning if guided and state.in_reasoning else None)
-        if getattr(manager, "_draft_bitmask", None) is None:
-            manager._draft_bitmask = manager.backend.allocate_bitmask(manager.max_num_seqs)
-        self._bitmask = manager._draft_bitmask
+        self._bitmask = step.draft_bitmask
         self._words = host_words(self._bitmask)
-        manager._drafting = self
+        step.drafting = self
 
     def __enter__(self) -> "DraftingSession":
         return self
@@ -90,13 +89,13 @@ class DraftingSession:
                     self._words[row] = token_row([forced], self._words.shape[1])
                     masked.append(row)
                 continue
-            grammars.append(manager._slots[slot].grammar)
+            grammars.append(manager.slots[slot].grammar)
             fill_rows.append(row)
         if fill_rows:
             manager.backend.fill_bitmasks(grammars, self._bitmask, fill_rows)
         for row in fill_rows:
             if not self._words[row].any():  # a dead end: the chain stops; never an all -inf row
-                self._words[row] = manager._stop_row
+                self._words[row] = manager.step.stop_row
                 self._active[row] = False
             masked.append(row)
         if masked:
@@ -114,8 +113,8 @@ class DraftingSession:
             if not self._active[row]:
                 continue
             token = int(token)
-            if token in manager._stop_ids:  # the request would end here: valid iff the grammar allows it
-                state = manager._slots[slot]
+            if token in manager.step.stop_ids:  # the request would end here: valid iff the grammar allows it
+                state = manager.slots[slot]
                 reasoning = self._reasoning[row]
                 ok = reasoning is not None and reasoning.thinking or state.grammar.validate_tokens([token]) == 1
                 self.valid[row] += ok
@@ -130,7 +129,7 @@ class DraftingSession:
                 self._reasoning[row] = reasoning.step(token)
                 self.valid[row] += 1
                 continue
-            if manager._slots[slot].grammar.accept_tokens([token]) != 1:
+            if manager.slots[slot].grammar.accept_tokens([token]) != 1:
                 self._active[row] = False
                 continue
             self._pushed[row] += 1
@@ -139,22 +138,22 @@ class DraftingSession:
     def close(self) -> list[int]:
         """Roll every matcher back to its accepted state; returns `valid`. Idempotent."""
         manager = self._manager
-        if manager._drafting is self:
+        if manager.step.drafting is self:
             for slot, pushed in zip(self.slots, self._pushed):
                 if pushed:
-                    manager._slots[slot].grammar.rollback(pushed)
+                    manager.slots[slot].grammar.rollback(pushed)
             self._pushed = [0] * len(self.slots)
-            manager._drafting = None
+            manager.step.drafting = None
         return self.valid
 
 
 def valid_prefix(manager, slot: int, tokens: list[int]) -> int:
     """`GuidedDecodingManager.valid_draft_prefix`: how many leading `tokens` the slot accepts."""
-    state = manager._slots.get(slot)
+    state = manager.slots.get(slot)
     if state is None or not state.prefill_done:
         return len(tokens)
     if state.finish is None and state.grammar is None and state.ticket.done():
-        manager._materialise(slot, state)
+        manager.slots.materialise(slot, state)
     if state.finish is not None or state.grammar is None:
         return 0
     reasoning, index = (state.reasoning if state.in_reasoning else None), 0
@@ -162,7 +161,7 @@ def valid_prefix(manager, slot: int, tokens: list[int]) -> int:
         forced = reasoning.forced_token()
         if forced is not None and tokens[index] != forced:
             return index
-        if tokens[index] in manager._stop_ids:
+        if tokens[index] in manager.step.stop_ids:
             return index + 1
         reasoning = reasoning.step(tokens[index])
         index += 1

@@ -39,9 +39,9 @@ class JumpForward:
 
 def jump_forward(manager, slot: int, max_new_tokens: int | None) -> JumpForward | None:
     """`GuidedDecodingManager.jump_forward`; None when nothing can be emitted for `slot` now."""
-    if manager._phase == "begun" or manager._drafting is not None:
+    if manager.step.phase == "begun" or manager.step.drafting is not None:
         raise SlotStateError("jump_forward is called between steps (after accept), not inside one")
-    state = manager._slots.get(slot)
+    state = manager.slots.get(slot)
     if (state is None or not state.jump_forward or not state.prefill_done or state.finish is not None
             or state.grammar is None or state.in_reasoning or state.grammar.is_terminated()):
         return None

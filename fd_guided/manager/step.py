@@ -3,8 +3,9 @@
 `begin_step` is `begin_speculative_step` with no drafts: every request is a `DraftTree` whose
 nodes get one logits row each (`fd_guided.manager.plan`). `apply` joins the background fill, turns
 ended chains into stop rows and masks with one kernel call; `accept`/`accept_speculative` push the
-emitted tokens into each slot's matcher. `StepHooks` is mixed into the manager; it uses the
-manager's slot state and internals (`_slots`, `_materialise`, `_advance`, `_fail`, ...).
+emitted tokens into each slot's matcher. `BatchStep` owns the step's state (the bitmask, the
+rows of the step and what each became, the background fill) and reaches requests only through the
+`SlotTable`'s methods; the manager delegates its step hooks to it.
 """
 from __future__ import annotations
 
@@ -13,14 +14,22 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from ..config import GuidedConfig
+from ..budget import BudgetSteering
 from ..errors import SlotStateError
+from ..interface import GuidedBackend
 from ..kernels import apply_token_bitmask_inplace
+from ..metrics import GuidedMetrics
 from .plan import EMPTY, FORCED, FREE, GRAMMAR, INVALID, STOP, DraftTree, NodePlan, TreeFill, fill_trees, plan_nodes
-from .slot import GuidedFinish, SlotState, allows, token_row
+from .slot import GuidedFinish, SlotState, StepTimings, allows, host_words, token_row
+from .slots import SlotTable
 
 
 @dataclass
-class _Entry:
+class StepEntry:
     """One request's rows in the current step: `tree.num_nodes` rows from `first_row`."""
 
     slot: int | None
@@ -32,8 +41,59 @@ class _Entry:
     limit: int = 0
 
 
-class StepHooks:
-    """The per-step hooks (see `fd_guided.manager` for the flow)."""
+class BatchStep:
+    """The per-step hooks over a `SlotTable` (see `fd_guided.manager` for the flow).
+
+    Owns the bitmask (``max_rows`` rows), the current step's rows and what each became, and the
+    background fill thread. `phase` is ``idle`` between steps, ``begun`` between a begin hook and
+    `apply`, ``applied`` until `accept`; `drafting` is the open `DraftingSession`, if any.
+    """
+
+    def __init__(self, slots: SlotTable, backend: GuidedBackend, config: GuidedConfig, metrics: GuidedMetrics, *,
+                 max_rows: int, max_num_seqs: int, max_draft_tokens: int, kernel_impl: str = "auto",
+                 overlap_fill: bool = True):
+        self.slots = slots
+        self.backend = backend
+        self.config = config
+        self.metrics = metrics
+        self.max_num_seqs = max_num_seqs
+        self.max_draft_tokens = max_draft_tokens
+        self.kernel_impl = kernel_impl
+        # Fill masks on a background thread during the forward (the default: the forward runs on
+        # a device), or inline in the begin hook (a model on the CPU shares the cores with the
+        # fill; measured for the serving loop's lag in docs/benchmarks.md: no clear difference).
+        self.overlap_fill = overlap_fill
+        self.bitmask = backend.allocate_bitmask(max_rows)
+        self.bitmask_words = host_words(self.bitmask)
+        self.stop_ids = frozenset(backend.stop_token_ids)
+        self.stop_row = token_row(backend.stop_token_ids, self.bitmask_words.shape[1])
+        self._not_stop = ~self.stop_row
+        self.timings = StepTimings()
+        self.phase: Literal["idle", "begun", "applied"] = "idle"
+        self.drafting: Any = None  # the open `DraftingSession`, if any
+        self._draft_bitmask: Any = None
+        self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-guided-fill")
+        self._fill_future: Future | None = None
+        self._rows: list[int | None] = []
+        self._entries: list[StepEntry] = []
+        self._speculative = False
+        self._applied_rows: set[int] = set()
+        self._stop_rows: list[int] = []
+        self.budget = BudgetSteering(backend, metrics)  # complete within max_tokens (fd_guided.budget)
+        self._forced_rows: dict[int, int] = {}
+        self._reasoning_rows: set[int] = set()
+        self._deferred: list[StepEntry] = []
+
+    @property
+    def draft_bitmask(self):
+        """A bitmask of `max_num_seqs` rows for drafting sessions, allocated on first use."""
+        if self._draft_bitmask is None:
+            self._draft_bitmask = self.backend.allocate_bitmask(self.max_num_seqs)
+        return self._draft_bitmask
+
+    def holds_row_of(self, slot: int) -> bool:
+        """Whether `slot` has a row in a step between its begin hook and `apply` (being filled)."""
+        return self.phase == "begun" and any(entry.slot == slot for entry in self._entries)
 
     # ----- the step -----------------------------------------------------------------------------
 
@@ -41,7 +101,7 @@ class StepHooks:
         """Before the forward: map logits rows to slots and start filling ready rows in the background."""
         if len(rows) > self.max_num_seqs:
             raise ValueError(f"{len(rows)} logits rows exceed max_num_seqs={self.max_num_seqs}")
-        self._begin([_Entry(slot, row, EMPTY) for row, slot in enumerate(rows)], speculative=False)
+        self._begin([StepEntry(slot, row, EMPTY) for row, slot in enumerate(rows)], speculative=False)
 
     def begin_speculative_step(self, slots: Sequence[int | None], drafts: Sequence[DraftTree | Sequence[int] | None]) -> None:
         """Before a verification forward: request i has ``len(drafts[i]) + 1`` consecutive logits
@@ -58,27 +118,27 @@ class StepHooks:
             tree = DraftTree.of(draft)
             if tree.num_nodes - 1 > self.max_draft_tokens:
                 raise ValueError(f"slot {slot}: {tree.num_nodes - 1} drafts exceed max_draft_tokens={self.max_draft_tokens}")
-            entries.append(_Entry(slot, row, tree))
+            entries.append(StepEntry(slot, row, tree))
             row += tree.num_nodes
         self._begin(entries, speculative=True)
 
-    def _begin(self, entries: list[_Entry], *, speculative: bool) -> None:
-        if self._drafting is not None:
+    def _begin(self, entries: list[StepEntry], *, speculative: bool) -> None:
+        if self.drafting is not None:
             raise SlotStateError("a drafting session is open: close it before the verification step")
         self._join_fill()
-        self._entries, self._speculative, self._phase = entries, speculative, "begun"
+        self._entries, self._speculative, self.phase = entries, speculative, "begun"
         self._rows = [e.slot for e in entries for _ in range(e.tree.num_nodes)]
         self._stop_rows, self._forced_rows, self._deferred, self._reasoning_rows = [], {}, [], set()
         jobs = []
         for entry in entries:
-            state = self._slots.get(entry.slot) if entry.slot is not None else None
+            state = self.slots.get(entry.slot)
             if state is None or not state.prefill_done:
                 entry.limit = len(entry.tree.tokens)
                 continue
             if state.finish is None and state.grammar is None and not state.ticket.done():
                 self._deferred.append(entry)
                 continue
-            self._materialise(entry.slot, state)
+            self.slots.materialise(entry.slot, state)
             job = self._prepare(entry, state)
             if job is not None:
                 jobs.append(job)
@@ -87,14 +147,14 @@ class StepHooks:
         elif jobs:
             self._timed_fill(jobs)
 
-    def _prepare(self, entry: _Entry, state: SlotState) -> TreeFill | None:
+    def _prepare(self, entry: StepEntry, state: SlotState) -> TreeFill | None:
         """Plan `entry`'s rows; returns the grammar rows to fill (None if there are none)."""
         rows = range(entry.first_row, entry.first_row + entry.tree.num_nodes)
         if state.finish is not None:
             entry.stopped = True
             self._stop_rows.extend(rows)
             return None
-        entry.plans = plans = plan_nodes(entry.tree, state.reasoning if state.in_reasoning else None, self._stop_ids)
+        entry.plans = plans = plan_nodes(entry.tree, state.reasoning if state.in_reasoning else None, self.stop_ids)
         nodes = []
         for node, plan in enumerate(plans):
             row = entry.first_row + node
@@ -130,10 +190,10 @@ class StepHooks:
         for entry in self._entries:
             self._settle(entry, masked)
         # Rows near max_tokens keep a complete output within it (fd_guided.budget).
-        self.budget.steer(self._entries, self._slots.get, self._fail, self._bitmask_words, masked, self._stop_rows, self._stop_ids)
-        words = self._bitmask_words
+        self.budget.steer(self._entries, self.slots.get, self.slots.fail, self.bitmask_words, masked, self._stop_rows, self.stop_ids)
+        words = self.bitmask_words
         for row in self._stop_rows:
-            words[row] = self._stop_row
+            words[row] = self.stop_row
         for row, token in self._forced_rows.items():
             words[row] = token_row([token], words.shape[1])
         rows = sorted(masked | set(self._stop_rows))
@@ -143,20 +203,20 @@ class StepHooks:
             apply_token_bitmask_inplace(logits, self.bitmask, indices=None if len(rows) == len(self._rows) else rows,
                                         impl=self.kernel_impl)
         self._applied_rows = set(rows)
-        self._phase = "applied"
+        self.phase = "applied"
         elapsed = time.perf_counter() - started
         self.timings.apply += elapsed
         self.metrics.observe("apply_seconds", elapsed)
 
-    def _settle(self, entry: _Entry, masked: set[int]) -> None:
+    def _settle(self, entry: StepEntry, masked: set[int]) -> None:
         """After the fill: fail a dead-end root, turn ended chains into stop rows, set the limit."""
         if entry.plans is None:
             return
         fill = entry.fill
         if fill is not None and fill.root_dead:
-            slot, state = entry.slot, self._slots[entry.slot]
+            slot, state = entry.slot, self.slots[entry.slot]
             self.metrics.inc("dead_end_rows_total")
-            self._fail(slot, state, f"the {state.spec.kind} grammar allows no token here (after {state.accepted} accepted "
+            self.slots.fail(slot, state, f"the {state.spec.kind} grammar allows no token here (after {state.accepted} accepted "
                        "tokens): no valid continuation exists")
             entry.stopped, entry.plans = True, None
             self._stop_rows.extend(range(entry.first_row, entry.first_row + entry.tree.num_nodes))
@@ -186,7 +246,7 @@ class StepHooks:
         after it allow only stop tokens): an exact verifier never accepts it, since its masked
         probability is 0; a host whose verifier is not exact must cut there. 0 for a finished or
         failed request; every draft for an unguided one."""
-        if self._phase != "applied":
+        if self.phase != "applied":
             raise SlotStateError("draft_limits() is known only after apply()")
         return [entry.limit for entry in self._entries]
 
@@ -195,16 +255,16 @@ class StepHooks:
         finished or failed, or its grammar is complete). The `min_tokens` rule: a host that bans
         stop tokens until `min_tokens` must not ban them in such a row (the constraint wins, the
         request ends shorter), or the row would have no legal token at all."""
-        if self._phase != "applied":
+        if self.phase != "applied":
             raise SlotStateError("allows_only_stop() is known only after apply()")
-        return row in self._applied_rows and not (self._bitmask_words[row] & self._not_stop).any()
+        return row in self._applied_rows and not (self.bitmask_words[row] & self._not_stop).any()
 
     def is_reasoning_row(self, row: int) -> bool:
         """After `apply`: True when logits row `row` belongs to a guided request still inside its
         reasoning section (unmasked, or forced to the think-end marker). A host that will not let
         a guided request end before its constraint ran bans stop tokens there (the reference
         engine does); the manager itself leaves reasoning rows unmasked."""
-        if self._phase != "applied":
+        if self.phase != "applied":
             raise SlotStateError("is_reasoning_row() is known only after apply()")
         return row in self._reasoning_rows
 
@@ -257,28 +317,28 @@ class StepHooks:
     def _accept(self, accepted: list[list[int]], masked_out: str, host_forced: Mapping[int, str] | None = None) -> list[GuidedFinish]:
         started = time.perf_counter()
         paths = [self._path(entry, tokens) for entry, tokens in zip(self._entries, accepted)]
-        words = self._bitmask_words
+        words = self.bitmask_words
         for entry, tokens, path in zip(self._entries, accepted, paths):
             slot = entry.slot
-            state = self._slots.get(slot) if slot is not None else None
+            state = self.slots.get(slot)
             if not tokens or state is None or not state.prefill_done or state.finish is not None or state.grammar is None:
                 continue
             forced_at = None
             if masked_out == "host":
                 rows = [entry.first_row + node for node in path]
                 forced_at = next((j for j, row in enumerate(rows) if row in self._applied_rows and not allows(words[row], tokens[j])), None)
-            self._advance(slot, state, tokens if forced_at is None else tokens[:forced_at])
+            self.slots.advance(slot, state, tokens if forced_at is None else tokens[:forced_at])
             if forced_at is not None and state.finish is None:
                 self._host_forced(slot, state, tokens[forced_at], host_forced or {})
-        self._phase = "idle"
-        finished = self._collect_finishes()
+        self.phase = "idle"
+        finished = self.slots.collect_finishes()
         elapsed = time.perf_counter() - started
         self.timings.accept += elapsed
         self.timings.steps += 1
         self.metrics.observe("accept_seconds", elapsed)
         return finished
 
-    def _path(self, entry: _Entry, tokens: list[int]) -> list[int]:
+    def _path(self, entry: StepEntry, tokens: list[int]) -> list[int]:
         """The node each of `tokens` is sampled at: the root, then the draft children they follow."""
         path, node = [], 0
         for j, token in enumerate(tokens):
@@ -293,10 +353,10 @@ class StepHooks:
 
     def _host_forced(self, slot: int, state: SlotState, token: int, named: Mapping[int, str]) -> None:
         """`token` was outside its row's applied mask under ``masked_out="host"`` (see `accept`)."""
-        kind = "stop" if token in self._stop_ids else named.get(token)
+        kind = "stop" if token in self.stop_ids else named.get(token)
         if kind is None:  # not a token the host is known to force: never taken silently
             self.metrics.inc("out_of_mask_tokens_total")
-            self._fail(slot, state, f"guided decoding: token {token} outside the grammar at position {state.accepted}")
+            self.slots.fail(slot, state, f"guided decoding: token {token} outside the grammar at position {state.accepted}")
             return
         self.metrics.inc_labelled("host_forced_tokens_total", "kind", kind)
         if kind == "stop":
@@ -308,17 +368,17 @@ class StepHooks:
         pending after `first_token_wait_s` -> the request fails alone (its rows allow only stop tokens)."""
         if self._deferred and self.config.first_token_wait_s > 0:
             started = time.perf_counter()
-            wait_futures([self._slots[e.slot].ticket for e in self._deferred], timeout=self.config.first_token_wait_s)
+            wait_futures([self.slots[e.slot].ticket for e in self._deferred], timeout=self.config.first_token_wait_s)
             self.timings.compile_wait += time.perf_counter() - started
         jobs = []
         for entry in self._deferred:
-            state = self._slots[entry.slot]
+            state = self.slots[entry.slot]
             if not state.ticket.done():
                 self.metrics.inc("unready_samples_total")
-                self._fail(entry.slot, state, "its grammar was still compiling when its first token was sampled "
+                self.slots.fail(entry.slot, state, "its grammar was still compiling when its first token was sampled "
                            "(the host must wait until is_ready(slot))")
             else:
-                self._materialise(entry.slot, state)
+                self.slots.materialise(entry.slot, state)
             job = self._prepare(entry, state)
             if job is not None:
                 jobs.append(job)
@@ -327,7 +387,7 @@ class StepHooks:
 
     def _timed_fill(self, jobs: list[TreeFill]) -> None:
         started = time.perf_counter()
-        fill_trees(self.backend, self.bitmask, self._bitmask_words, jobs)
+        fill_trees(self.backend, self.bitmask, self.bitmask_words, jobs)
         elapsed = time.perf_counter() - started
         self.timings.fill += elapsed
         self.metrics.observe("fill_seconds", elapsed)
@@ -337,3 +397,7 @@ class StepHooks:
         if future is not None:
             future.result()
 
+
+    def close(self) -> None:
+        self._join_fill()
+        self._fill_pool.shutdown(wait=True)

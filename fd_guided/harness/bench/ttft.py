@@ -22,7 +22,7 @@ class InlineCompileManager(GuidedDecodingManager):
 
     def add_request(self, slot, spec, **kwargs) -> None:
         super().add_request(slot, spec, **kwargs)
-        if slot in self._slots:
+        if self.is_guided(slot):
             self.wait_ready([slot])
 
 

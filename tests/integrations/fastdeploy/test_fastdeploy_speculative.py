@@ -270,7 +270,7 @@ def test_mtp_drafts_are_sampled_under_the_grammar(fd):
     # Every MTP draft the grammar could judge obeyed it: none was cut before verification, and
     # the matchers were rolled back after each drafting round (the outputs above are valid).
     assert loop.invalid_drafts == 0 and manager.metrics.value("draft_tokens_invalid_total") == 0
-    assert manager._drafting is None
+    assert manager.step.drafting is None
 
 
 def test_unmasked_mtp_drafts_break_the_grammar(fd):
