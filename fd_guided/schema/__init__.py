@@ -24,6 +24,7 @@ Layout: `drafts` (draft, keywords, references), `walk` (which values are subsche
 `languages` + `automaton` and `formats` (patterns for engines), `emit` + `pattern_properties`
 + `emitted` (per engine), `capabilities` (the keyword table).
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,7 +40,9 @@ ENGINES = ("xgrammar", "llguidance")
 UNKNOWN_FORMAT_POLICIES = ("refuse", "annotate")
 
 
-def for_engine(engine: str, schema: Any, json_format=None, *, part: str = "json schema", unique_guard: bool = False) -> dict:
+def for_engine(
+    engine: str, schema: Any, json_format=None, *, part: str = "json schema", unique_guard: bool = False
+) -> dict:
     """The schema to hand `engine` for `schema` under the request's `json_format` (module docstring).
     `unique_guard`: the output is this one JSON value and `fd_guided.unique_guard` will run around
     the engine's matcher, so ``uniqueItems`` over open item domains is accepted (left to it)."""
@@ -56,7 +59,9 @@ def regex_for_engine(engine: str, pattern: str, *, part: str = "guided_regex") -
     try:
         return translate_full_match(pattern, engine)
     except Refusal as refusal:
-        raise InvalidGrammarError(f"{engine} cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
+        raise InvalidGrammarError(
+            f"{engine} cannot enforce {refusal.feature}", part=part, feature=refusal.feature
+        ) from None
     except Unsatisfiable as error:
         raise UnsatisfiableGrammarError(error.reason, part=part) from None
 
@@ -69,7 +74,7 @@ def narrows(engine: str, schema: Any, json_format=None, *, unique_guard: bool = 
     return _run(engine, schema, json_format, "json schema", unique_guard)[1]
 
 
-def _run(engine: str, schema: Any, json_format, part: str, unique_guard: bool = False) -> tuple[str, bool]:
+def _run(engine: str, schema: Any, json_format, part: str, unique_guard: bool | str = False) -> tuple[str, bool]:
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
     strict = True if json_format is None else bool(json_format.strict)
@@ -81,13 +86,15 @@ def _run(engine: str, schema: Any, json_format, part: str, unique_guard: bool = 
 
 
 @functools.lru_cache(maxsize=8)
-def _normaliser(text: str, strict: bool, unknown: str, unique_guard: "bool | str") -> Normaliser:
+def _normaliser(text: str, strict: bool, unknown: str, unique_guard: bool | str) -> Normaliser:
     """One normaliser per schema and layout, shared by both engines' emitters (auto asks both)."""
     return Normaliser(json.loads(text), strict=strict, unknown_formats=unknown, unique_guard=unique_guard)
 
 
 @functools.lru_cache(maxsize=64)
-def _cached(engine: str, text: str, strict: bool, unknown: str, part: str, unique_guard: "bool | str") -> tuple[str, bool]:
+def _cached(
+    engine: str, text: str, strict: bool, unknown: str, part: str, unique_guard: bool | str
+) -> tuple[str, bool]:
     # Cached as text: callers get a fresh dict each time, and a refusal is recomputed.
     try:
         normaliser = _normaliser(text, strict, unknown, unique_guard)
@@ -95,19 +102,34 @@ def _cached(engine: str, text: str, strict: bool, unknown: str, part: str, uniqu
             emitter = Emitter(normaliser, engine)
             document = emitter.document()
     except Refusal as refusal:
-        raise InvalidGrammarError(f"{engine} cannot enforce {refusal.feature}", part=f"{part} {refusal.location}",
-                                  feature=refusal.feature) from None
+        raise InvalidGrammarError(
+            f"{engine} cannot enforce {refusal.feature}", part=f"{part} {refusal.location}", feature=refusal.feature
+        ) from None
     except Unsatisfiable as error:
-        raise UnsatisfiableGrammarError(f"the schema admits no value ({error.reason})", part=f"{part} {error.location}") from None
+        raise UnsatisfiableGrammarError(
+            f"the schema admits no value ({error.reason})", part=f"{part} {error.location}"
+        ) from None
     except RecursionError:
-        raise InvalidGrammarError(f"{engine} cannot enforce a schema nested this deeply", part=part,
-                                  feature="schema nesting too deep to normalise") from None
+        raise InvalidGrammarError(
+            f"{engine} cannot enforce a schema nested this deeply",
+            part=part,
+            feature="schema nesting too deep to normalise",
+        ) from None
     except (TypeError, ValueError, AttributeError) as error:
         # A keyword value of the wrong type ("minLength": "#/x"). Admission meta-validates first
         # (`meta.check_schema`), so this is for direct callers: a typed refusal, never a crash.
-        raise InvalidGrammarError(f"{engine} cannot read this schema: a keyword value of the wrong type ({type(error).__name__})",
-                                  part=part) from None
+        raise InvalidGrammarError(
+            f"{engine} cannot read this schema: a keyword value of the wrong type ({type(error).__name__})", part=part
+        ) from None
     return json.dumps(document, ensure_ascii=False), emitter.narrowed
 
 
-__all__ = ["for_engine", "regex_for_engine", "narrows", "ENGINES", "UNKNOWN_FORMAT_POLICIES", "Refusal", "Unsatisfiable"]
+__all__ = [
+    "for_engine",
+    "regex_for_engine",
+    "narrows",
+    "ENGINES",
+    "UNKNOWN_FORMAT_POLICIES",
+    "Refusal",
+    "Unsatisfiable",
+]

@@ -7,10 +7,11 @@ them, `minimise` keeps the live states and merges equivalent ones (Moore), `to_t
 tree again (state elimination). Every step is bounded (`MAX_NFA_STATES`, `MAX_DFA_STATES`,
 `MAX_TREE_NODES`, a `Work` budget of steps); past a bound the caller refuses, never approximates.
 """
+
 from __future__ import annotations
 
 import bisect
-from typing import Iterable
+from collections.abc import Iterable
 
 from .refusal import Refusal
 from .regex_parse import nodes, normalise
@@ -19,7 +20,7 @@ MAX_NFA_STATES = 20_000
 MAX_DFA_STATES = 2_000
 MAX_TREE_NODES = 20_000
 MAX_WORK = 3_000_000  # elementary steps (moves followed, rows compared, paths joined): about a second
-EPSILON = ("cat", [])
+EPSILON: tuple = ("cat", [])
 
 
 class Work:
@@ -55,7 +56,7 @@ class Alphabet:
         self.bounds = sorted(cuts)
 
     def classes(self, ranges: tuple) -> frozenset:
-        out = set()
+        out: set[int] = set()
         for lo, hi in ranges:
             first = bisect.bisect_right(self.bounds, lo) - 1
             last = bisect.bisect_right(self.bounds, hi) - 1
@@ -208,6 +209,7 @@ def _to_dfa_with_boundaries(nfa: _Nfa, start: int, end: int) -> Dfa:
     what the next character must be) pairs and whether the previous character was a word one;
     crossing a boundary fixes what the next character must be, a character that is not that
     ends the path, and the end of the string counts as a non-word character."""
+    assert nfa.word is not None  # set by every boundary edge, and this automaton has some
     word = nfa.alphabet.classes(nfa.word)
     work = nfa.work
 
@@ -238,8 +240,12 @@ def _to_dfa_with_boundaries(nfa: _Nfa, start: int, end: int) -> Dfa:
                 for cls in classes:
                     if need is None or (need == _WORD) == (cls in word):
                         targets.setdefault(cls, set()).add((target, None))
-        moves.append({cls: state_of((closure(reached, cls in word), cls in word), index, order)
-                      for cls, reached in targets.items()})
+        moves.append(
+            {
+                cls: state_of((closure(reached, cls in word), cls in word), index, order)
+                for cls, reached in targets.items()
+            }
+        )
     accepting = {i for i, (pairs, _) in enumerate(order) if any(s == end and need != _WORD for s, need in pairs)}
     return Dfa(moves, accepting)
 
@@ -262,8 +268,12 @@ def product(first: Dfa, second: Dfa, keep_second: bool, work: Work) -> Dfa:
                 continue
             row[cls] = state_of(pair, index, order)
         moves.append(row)
-    accepting = {i for i, (a, b) in enumerate(order)
-                 if a in first.accepting and ((b in second.accepting) if keep_second else (b is None or b not in second.accepting))}
+    accepting = {
+        i
+        for i, (a, b) in enumerate(order)
+        if a in first.accepting
+        and ((b in second.accepting) if keep_second else (b is None or b not in second.accepting))
+    }
     return Dfa(moves, accepting)
 
 
@@ -283,7 +293,9 @@ def minimise(dfa: Dfa, work: Work) -> Dfa:
     block = {state: int(state in dfa.accepting) for state in live}
     while True:
         work.spend(sum(len(rows[state]) for state in live))
-        signatures = {state: (block[state], tuple(sorted((cls, block[t]) for cls, t in rows[state].items()))) for state in live}
+        signatures = {
+            state: (block[state], tuple(sorted((cls, block[t]) for cls, t in rows[state].items()))) for state in live
+        }
         numbering: dict[tuple, int] = {}
         refined = {state: numbering.setdefault(signatures[state], len(numbering)) for state in sorted(live)}
         if len(numbering) == len(set(block.values())):
@@ -366,7 +378,9 @@ def to_tree(dfa: Dfa, alphabet: Alphabet, work: Work) -> tuple | None:
     into: dict[int, set[int]] = {state: set() for state in range(n + 2)}
 
     def join(a: int, b: int, path: tuple) -> None:
-        out[a][b] = _alt([out[a].get(b), path])
+        joined = _alt([out[a].get(b), path])
+        assert joined is not None  # `path` is a string set, never None
+        out[a][b] = joined
         into[b].add(a)
 
     for state, row in enumerate(dfa.moves):
@@ -391,6 +405,7 @@ def to_tree(dfa: Dfa, alphabet: Alphabet, work: Work) -> tuple | None:
             into_edge = out[a].pop(state)
             for b, out_edge in targets:
                 path = _cat([into_edge, loop, out_edge])
+                assert path is not None  # no part is None: each edge is a path, the loop at least EPSILON
                 work.spend(_size(path))
                 join(a, b, path)
         for b, _ in targets:

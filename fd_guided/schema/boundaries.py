@@ -17,6 +17,7 @@ unanchored search over counted repetitions). Anything else (a boundary inside a 
 an item that may be empty, two in a row) goes to that whole-pattern automaton
 (`languages.without_boundaries`), exact as well, or is refused past its bounds.
 """
+
 from __future__ import annotations
 
 from . import languages
@@ -68,13 +69,16 @@ def _sequence(items: list, any_char: tuple, budget: list[int]) -> tuple:
     if budget[0] < 0:
         raise _NotLocal
     word = items[where][1]
-    left, right = items[:where], items[where + 1:]
+    left, right = items[:where], items[where + 1 :]
     if any(has_boundary(item) for item in left):
         raise _NotLocal
     left_word, left_other = _ends(left, word, any_char)
     right_word, right_other = _starts(right, word, any_char)
-    branches = [_sequence(l + r, any_char, budget) for l, r in ((left_word, right_other), (left_other, right_word))
-                if l is not None and r is not None]
+    branches = [
+        _sequence(head + tail, any_char, budget)
+        for head, tail in ((left_word, right_other), (left_other, right_word))
+        if head is not None and tail is not None
+    ]
     return _alt(branches)
 
 
@@ -92,8 +96,10 @@ def _ends(left: list, word: tuple, any_char: tuple) -> tuple[list | None, list |
         raise _NotLocal
     ending_word = languages.intersection(last, ("cat", [star, is_word]), any_char)
     ending_other = languages.intersection(last, ("cat", [star, not_word]), any_char)
-    return (None if ending_word == EMPTY_SET else left[:-1] + [ending_word],
-            None if ending_other == EMPTY_SET else left[:-1] + [ending_other])
+    return (
+        None if ending_word == EMPTY_SET else left[:-1] + [ending_word],
+        None if ending_other == EMPTY_SET else left[:-1] + [ending_other],
+    )
 
 
 def _starts(right: list, word: tuple, any_char: tuple) -> tuple[list | None, list | None]:
@@ -110,8 +116,10 @@ def _starts(right: list, word: tuple, any_char: tuple) -> tuple[list | None, lis
         raise _NotLocal
     starting_word = languages.intersection(first, ("cat", [is_word, star]), any_char)
     starting_other = languages.intersection(first, ("cat", [not_word, star]), any_char)
-    return (None if starting_word == EMPTY_SET else [starting_word] + right[1:],
-            None if starting_other == EMPTY_SET else [starting_other] + right[1:])
+    return (
+        None if starting_word == EMPTY_SET else [starting_word] + right[1:],
+        None if starting_other == EMPTY_SET else [starting_other] + right[1:],
+    )
 
 
 def _classes(word: tuple, any_char: tuple) -> tuple[tuple, tuple]:

@@ -9,12 +9,13 @@ non-integer numbers of ``¬integer``), that part is *dropped*: the result is a s
 complement and is marked inexact. A subset is sound wherever it is used positively; the
 complement of an inexact union would be a superset, so `complement` refuses one.
 """
+
 from __future__ import annotations
 
 import re
 
 from .intersection import Context, intersect
-from .leaves import ANY, BARE_KINDS, NONE, U, Leaf, unique_values, value_kind
+from .leaves import ANY, BARE_KINDS, NONE, Leaf, U, unique_values, value_kind
 from .refusal import Refusal
 
 MAX_EXCLUDED_NUMBERS = 16
@@ -29,13 +30,15 @@ def complement(u: U, ctx: Context, location: str) -> U:
         # u is (a subset of) ¬V for an exact V: ¬u is V (or, u being a subset, contains V). Given
         # back as leaves a complement made, so an engine that cannot take one may drop it.
         original = u.negation_of
-        given = U(None if original.leaves is None else [_unannotated(leaf) for leaf in original.leaves],
-                  original.exact and u.exact)
+        given = U(
+            None if original.leaves is None else [_unannotated(leaf) for leaf in original.leaves],
+            original.exact and u.exact,
+        )
         given.negation_of = u if u.exact else None
         return given
     if not u.exact:
         raise Refusal("a not/if/oneOf over a schema that could only be approximated", location)
-    if u.is_any:
+    if u.leaves is None:  # u.is_any
         return NONE
     if u.is_none:
         return ANY
@@ -49,7 +52,10 @@ def complement(u: U, ctx: Context, location: str) -> U:
             result = intersect(result, complement_leaf(leaf, ctx, location), ctx)
     finally:
         ctx.complement_depth = depth
-    negated = U(None if result.leaves is None else [Leaf(l.kind, l.kw, l.origin, True) for l in result.leaves], result.exact)
+    negated = U(
+        None if result.leaves is None else [Leaf(part.kind, part.kw, part.origin, True) for part in result.leaves],
+        result.exact,
+    )
     negated.negation_of = u
     return negated
 
@@ -234,10 +240,20 @@ def _complement_enum(values: tuple, origin: str) -> U:
             points = sorted(set(listed))
             edges = [None] + points + [None]
             for low, high in zip(edges, edges[1:]):
-                kw = {"lo": None if low is None else (low, True), "hi": None if high is None else (high, True), "steps": ()}
+                kw = {
+                    "lo": None if low is None else (low, True),
+                    "hi": None if high is None else (high, True),
+                    "steps": (),
+                }
                 leaves.append(Leaf("number", kw, origin))
-        elif kind == "string" and sum(map(len, listed)) <= MAX_EXCLUDED_TEXT and max(map(len, listed)) <= MAX_EXCLUDED_LENGTH:
-            leaves.append(Leaf("string", {"min": 0, "max": None, "patterns": (excluding_pattern(listed),), "formats": ()}, origin))
+        elif (
+            kind == "string"
+            and sum(map(len, listed)) <= MAX_EXCLUDED_TEXT
+            and max(map(len, listed)) <= MAX_EXCLUDED_LENGTH
+        ):
+            leaves.append(
+                Leaf("string", {"min": 0, "max": None, "patterns": (excluding_pattern(listed),), "formats": ()}, origin)
+            )
         else:
             exact = False
     return U(leaves, exact)

@@ -7,19 +7,32 @@ chains). A weak leaf (`leaves.Leaf.weak`) the engine cannot take is dropped rath
 The per-keyword engine limits below were measured with real matchers; each one is tested in
 tests/schema/test_engine_keywords.py.
 """
+
 from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Literal
 
 from . import languages, regex
+from .emitted import check_emitted
 from .formats import FORMAT_PATTERNS, SUBSET_NOTES
 from .intersection import array_max, intersect
 from .leaves import BARE_KINDS, Leaf, U
-from .numbers import (LLGUIDANCE_EXACT_LIMIT, XGRAMMAR_INT_LIMIT, XGRAMMAR_MAX_MULTIPLE_OF, binary_fraction, bounded, enumerate_multiples,
-                      every_integer_is_multiple, has_big_integer, spellable, spelled_numbers, step_feature, value_schema)
-from .emitted import check_emitted
+from .numbers import (
+    LLGUIDANCE_EXACT_LIMIT,
+    XGRAMMAR_INT_LIMIT,
+    XGRAMMAR_MAX_MULTIPLE_OF,
+    binary_fraction,
+    bounded,
+    enumerate_multiples,
+    every_integer_is_multiple,
+    has_big_integer,
+    spellable,
+    spelled_numbers,
+    step_feature,
+    value_schema,
+)
 from .pattern_properties import pattern_properties
 from .refusal import Refusal, Unsatisfiable
 from .unique_items import finish_unique
@@ -74,7 +87,8 @@ class Emitter:
         body = self.union(root, "$")
         if body is False:
             raise Refusal("not/if/oneOf whose remaining alternatives this engine cannot express")
-        defs, newly_empty = {}, set()
+        defs: dict[str, dict | bool] = {}
+        newly_empty: set[tuple] = set()
         while self._pending:
             key, closed, name = self._pending.pop(0)
             target = self.normaliser.expand(Leaf("ref", {"target": key, "closed": closed}))
@@ -91,8 +105,8 @@ class Emitter:
 
     # ----- unions and leaves ----------------------------------------------------------------------
 
-    def union(self, u: U, path: str) -> dict | bool:
-        if u.is_any:
+    def union(self, u: U, path: str) -> dict | Literal[False]:
+        if u.leaves is None:  # u.is_any
             return {}
         out: list[dict] = []
         for leaf in u.leaves:
@@ -138,14 +152,20 @@ class Emitter:
 
     def _enum(self, values: tuple, origin: str, *, every_spelling: bool = False) -> dict:
         if self.engine == "llguidance" and any(has_big_integer(v) for v in values):
-            raise Refusal("enum/const integers beyond 2^53 (llguidance compares them as floating point)", f"{origin}.enum")
+            raise Refusal(
+                "enum/const integers beyond 2^53 (llguidance compares them as floating point)", f"{origin}.enum"
+            )
         if self.engine == "xgrammar" and every_spelling:
             return self._xgrammar_enum(values)
         out = list(values)
         # 1 and 1.0 are the same JSON Schema value, so both are listed; but both engines (llguidance
         # 1.9.1, xgrammar 0.2.8, measured) write an enum number in one spelling, so this alone does not
         # admit `1.0` for `1`: xgrammar's leaf enums get every spelling from `_xgrammar_enum`.
-        out += [float(v) for v in values if isinstance(v, int) and not isinstance(v, bool) and abs(v) < LLGUIDANCE_EXACT_LIMIT]
+        out += [
+            float(v)
+            for v in values
+            if isinstance(v, int) and not isinstance(v, bool) and abs(v) < LLGUIDANCE_EXACT_LIMIT
+        ]
         return {"enum": out}
 
     @staticmethod
@@ -171,9 +191,10 @@ class Emitter:
         if kind == "number" and steps and all(isinstance(s, int) for s in steps):
             from .intersection import make_integer
 
-            kw = make_integer(kw)  # integer multiples only: a subset (4.0 is not produced)
-            if kw is None:
+            integer_kw = make_integer(kw)  # integer multiples only: a subset (4.0 is not produced)
+            if integer_kw is None:
                 return None
+            kw = integer_kw
             kind = "integer"
         if kind == "integer":
             steps = tuple(s for s in steps if not every_integer_is_multiple(s))
@@ -193,10 +214,15 @@ class Emitter:
                 raise Refusal("number bounds beyond 2^53", f"{origin}.minimum")
         if steps:
             return self._number_steps(lo, hi, steps, origin)
-        return bounded({"type": "number"}, None if lo is None else lo[0], None if hi is None else hi[0],
-                        bool(lo and lo[1]), bool(hi and hi[1]))
+        return bounded(
+            {"type": "number"},
+            None if lo is None else lo[0],
+            None if hi is None else hi[0],
+            bool(lo and lo[1]),
+            bool(hi and hi[1]),
+        )
 
-    def _integer_steps(self, lo, hi, steps, origin: str) -> dict:
+    def _integer_steps(self, lo, hi, steps, origin: str) -> dict | None:
         if all(isinstance(s, int) for s in steps):
             step = math.lcm(*steps)
             if self.engine == "llguidance" or (step <= XGRAMMAR_MAX_MULTIPLE_OF and lo is None and hi is None):
@@ -206,10 +232,15 @@ class Emitter:
             raise Refusal(step_feature(self.engine, steps), f"{origin}.multipleOf")
         return self._enum(tuple(values), origin) if values else None
 
-    def _number_steps(self, lo, hi, steps, origin: str) -> dict:
+    def _number_steps(self, lo, hi, steps, origin: str) -> dict | None:
         if self.engine == "llguidance" and len(steps) == 1 and binary_fraction(steps[0]):
-            return bounded({"type": "number", "multipleOf": steps[0]}, None if lo is None else lo[0],
-                            None if hi is None else hi[0], bool(lo and lo[1]), bool(hi and hi[1]))
+            return bounded(
+                {"type": "number", "multipleOf": steps[0]},
+                None if lo is None else lo[0],
+                None if hi is None else hi[0],
+                bool(lo and lo[1]),
+                bool(hi and hi[1]),
+            )
         values = enumerate_multiples(lo, hi, steps, False)
         if values is None:
             raise Refusal(step_feature(self.engine, steps), f"{origin}.multipleOf")
@@ -266,8 +297,10 @@ class Emitter:
         characters, and its bounded repetitions past 128 fail to compile (per_rule_fsm_hashes)."""
         low, high = kw["min"], kw["max"]
         if translated or max(low, high or 0) > regex.XGRAMMAR_MAX_COUNT:
-            raise Refusal(f"minLength/maxLength beside a pattern or format, or past {regex.XGRAMMAR_MAX_COUNT}",
-                          f"{origin}.maxLength")
+            raise Refusal(
+                f"minLength/maxLength beside a pattern or format, or past {regex.XGRAMMAR_MAX_COUNT}",
+                f"{origin}.maxLength",
+            )
         self.narrowed = True
         return {"type": "string", "pattern": f"^{_XGRAMMAR_PLAIN_CHAR}{{{low},{'' if high is None else high}}}$"}
 
@@ -309,8 +342,13 @@ class Emitter:
         a verdict that keeps the items as they are is taken (the guard then enforces it): moving
         a property last would inline the definition the array sits in, again at every level."""
         finished = finish_unique(Leaf("array", kw, origin), self.normaliser)
-        if len(finished) == 1 and finished[0].kind == "array" and not finished[0].kw["unique"] \
-                and finished[0].kw["items"] is kw["items"] and finished[0].kw["prefix"] == kw["prefix"]:
+        if (
+            len(finished) == 1
+            and finished[0].kind == "array"
+            and not finished[0].kw["unique"]
+            and finished[0].kw["items"] is kw["items"]
+            and finished[0].kw["prefix"] == kw["prefix"]
+        ):
             return finished[0].kw
         return kw
 
@@ -331,7 +369,10 @@ class Emitter:
                 if self.engine == "xgrammar":
                     if closed and not kw["pprops"]:
                         continue  # absent anyway: nothing else may name it
-                    raise Refusal("a property that must be absent (false) beside open additionalProperties", f"{origin}.properties.{name}")
+                    raise Refusal(
+                        "a property that must be absent (false) beside open additionalProperties",
+                        f"{origin}.properties.{name}",
+                    )
             props[name] = emitted
         if props:
             out["properties"] = props
@@ -341,8 +382,14 @@ class Emitter:
         if required:
             out["required"] = required
         if kw["pprops"]:
-            out["patternProperties"] = pattern_properties(kw["pprops"], self.engine, f"{origin}.patternProperties",
-                                                          self.union, lambda a, b: intersect(a, b, self.normaliser), props)
+            out["patternProperties"] = pattern_properties(
+                kw["pprops"],
+                self.engine,
+                f"{origin}.patternProperties",
+                self.union,
+                lambda a, b: intersect(a, b, self.normaliser),
+                props,
+            )
         if kw["additional"] is not None:
             out["additionalProperties"] = self.union(kw["additional"], f"{origin}.additionalProperties")
         self._property_counts(kw, out, origin, closed)
@@ -355,8 +402,11 @@ class Emitter:
         open_keys = not closed or bool(kw["pprops"])
         if low > max(1, len(required)):
             if self.engine == "llguidance" or open_keys or low > MAX_MIN_ITEMS:
-                raise Refusal("minProperties above 1 beyond the required properties (additional keys may repeat, "
-                              "and llguidance cannot count optional ones)", f"{origin}.minProperties")
+                raise Refusal(
+                    "minProperties above 1 beyond the required properties (additional keys may repeat, "
+                    "and llguidance cannot count optional ones)",
+                    f"{origin}.minProperties",
+                )
             out["minProperties"] = low
         elif low == 1 and not required:
             out["minProperties"] = 1
@@ -378,7 +428,7 @@ def _combine(leaves: list[dict]) -> dict:
         kinds.discard("integer")
     if kinds >= set(BARE_KINDS):
         return {}
-    merged = [{"type": k} for k in BARE_KINDS + ("integer",) if k in kinds]
+    merged: list[dict] = [{"type": k} for k in BARE_KINDS + ("integer",) if k in kinds]
     if len(merged) > 1:
         merged = [{"type": [m["type"] for m in merged]}]
     unique, seen = [], set()

@@ -4,6 +4,7 @@ An engine silently ignores a keyword it does not know (xgrammar reads ``{"not": 
 value), so `check_emitted` walks every node of what `emit.Emitter` wrote and refuses, as an
 internal error, any keyword outside `EMITTED_KEYWORDS` (and the engine's extras).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,10 +12,32 @@ from typing import Any
 from .refusal import Refusal
 
 # Every keyword the emitter writes, per engine: what each engine enforces exactly (capabilities).
-EMITTED_KEYWORDS = frozenset({
-    "type", "enum", "anyOf", "$ref", "properties", "required", "additionalProperties", "patternProperties", "items",
-    "prefixItems", "minItems", "maxItems", "pattern", "minLength", "maxLength", "minProperties", "maxProperties",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+EMITTED_KEYWORDS = frozenset(
+    {
+        "type",
+        "enum",
+        "anyOf",
+        "$ref",
+        "properties",
+        "required",
+        "additionalProperties",
+        "patternProperties",
+        "items",
+        "prefixItems",
+        "minItems",
+        "maxItems",
+        "pattern",
+        "minLength",
+        "maxLength",
+        "minProperties",
+        "maxProperties",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+    }
+)
 ENGINE_EXTRA_KEYWORDS = {"xgrammar": frozenset(), "llguidance": frozenset({"allOf"})}
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs")
 _SCHEMA_LISTS = ("anyOf", "allOf", "prefixItems")

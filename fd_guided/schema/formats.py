@@ -13,6 +13,7 @@ simply, the pattern is a documented subset (`SUBSET_NOTES`): a valid output is a
 format, some valid strings cannot be produced. tests/schema/test_formats.py checks each pattern
 against the checkers on generated strings.
 """
+
 from __future__ import annotations
 
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])"
@@ -109,7 +110,7 @@ _RE_CLASS_ITEM = r"\\[dDwWsSntrfv\\\[\]^\-]|[^\\\[\]\-]"
 def _re_class_ranges() -> str:
     ranges = []
     for alphabet in ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"):
-        for index, low in enumerate(alphabet[:-1]):
+        for low in alphabet[:-1]:
             ranges.append(f"{low}-[{low}-{alphabet[-1]}]")
         ranges.append(f"{alphabet[-1]}-{alphabet[-1]}")
     return "|".join(ranges)
@@ -131,9 +132,30 @@ REGEX = _re_alternation(3)
 
 # CSS 2.1 colours as jsonschema's "color" checker reads them: one of the 17 names (any case) or
 # #rgb / #rrggbb (rgb() forms are left out: the checker refuses them).
-_CSS21_NAMES = ("aqua", "black", "blue", "fuchsia", "gray", "green", "lime", "maroon", "navy", "olive", "orange",
-                "purple", "red", "silver", "teal", "white", "yellow")
-COLOR = "(" + "|".join("".join(f"[{c.lower()}{c.upper()}]" for c in name) for name in _CSS21_NAMES) + rf"|#({_HEX}{{3}}|{_HEX}{{6}}))"
+_CSS21_NAMES = (
+    "aqua",
+    "black",
+    "blue",
+    "fuchsia",
+    "gray",
+    "green",
+    "lime",
+    "maroon",
+    "navy",
+    "olive",
+    "orange",
+    "purple",
+    "red",
+    "silver",
+    "teal",
+    "white",
+    "yellow",
+)
+COLOR = (
+    "("
+    + "|".join("".join(f"[{c.lower()}{c.upper()}]" for c in name) for name in _CSS21_NAMES)
+    + rf"|#({_HEX}{{3}}|{_HEX}{{6}}))"
+)
 # OpenAPI "byte": base64 (RFC 4648 section 4) with its padding.
 BASE64 = r"([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
 
@@ -191,9 +213,11 @@ SUBSET_NOTES = {
     "ip-address": "draft 3's name for ipv4: as ipv4",
     "url": "read as uri (no validator checks 'url')",
     "datetime": "read as date-time (no validator checks 'datetime')",
-    "regex": ("valid in both Python's re and ECMA-262; groups nest at most 3 deep; no look-around, "
-              "back-references, named groups, flags or \\u/\\x escapes; ranges only within digits or one "
-              "letter case; {n,m} with a one-digit n"),
+    "regex": (
+        "valid in both Python's re and ECMA-262; groups nest at most 3 deep; no look-around, "
+        "back-references, named groups, flags or \\u/\\x escapes; ranges only within digits or one "
+        "letter case; {n,m} with a one-digit n"
+    ),
 }
 
 

@@ -6,14 +6,16 @@ domains (``uniqueItems``). It follows `jsonschema`'s semantics where they matter
 ``re.search``, formats with jsonschema's format checker, ``1.0`` an integer, ``True`` not a number.
 tests/schema/test_normalise.py runs it against the JSON-Schema-Test-Suite's verdicts.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any
 
 from .intersection import schema_for
-from .leaves import U, Leaf, json_key
+from .leaves import Leaf, U, json_key
 
 
 def accepts(u: U, value: Any, expand: Callable[[Leaf], U], format_ok: Callable[[str, str], bool]) -> bool:

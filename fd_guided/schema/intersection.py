@@ -14,13 +14,15 @@ value dropped against a leaf that is not exact all the way down (`deeply_exact`)
 inexact. A complement or a disjointness proof can then tell "no value" from "no value the subset
 knows of".
 """
+
 from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from .leaves import ALL_KINDS, ANY, NONE, NONE_APPROX, STRICT_CLOSED, U, Leaf, check_size
+from .leaves import ALL_KINDS, ANY, NONE, NONE_APPROX, STRICT_CLOSED, Leaf, U, check_size
 from .refusal import Refusal
 
 MAX_MERGE_EXPANSIONS = 24
@@ -30,6 +32,9 @@ class Context:
     """What merging needs from the normaliser: expanding refs, checking enum values, a work budget."""
 
     merge_expansions = 0  # refs expanded by the merges in progress (see `merge`)
+    # Kept by the normaliser (`normalise.Normaliser`) for `complement`: no default here.
+    complement_depth: int
+    complementing: set[tuple]
     unique_guard = False  # the runtime uniqueness guard will run (`unique_items.finish_unique`)
 
     def ref_kinds(self, key: tuple) -> frozenset:
@@ -53,9 +58,9 @@ class Context:
 
 
 def intersect(a: U, b: U, ctx: Context) -> U:
-    if a.is_any:
+    if a.leaves is None:  # a.is_any, spelled so that the type checker narrows `leaves`
         return b
-    if b.is_any:
+    if b.leaves is None:
         return a
     if a.is_none or b.is_none:
         truly_empty = (a.is_none and a.exact) or (b.is_none and b.exact)
@@ -66,6 +71,7 @@ def intersect(a: U, b: U, ctx: Context) -> U:
         for right in b.leaves:
             ctx.spend()
             merged = merge(left, right, ctx)
+            assert merged.leaves is not None  # a merge of two leaves is never ANY
             out.extend(merged.leaves)
             exact = exact and merged.exact
     check_size(out)
@@ -78,7 +84,9 @@ def merge(a: Leaf, b: Leaf, ctx: Context) -> U:
         # Intersecting recursive definitions would need a new recursive definition: nested
         # expansions are bounded instead, and past the bound the schema is refused.
         if ctx.merge_expansions >= MAX_MERGE_EXPANSIONS:
-            raise Refusal("the intersection of recursive $ref definitions (allOf or siblings of recursive schemas)", a.origin)
+            raise Refusal(
+                "the intersection of recursive $ref definitions (allOf or siblings of recursive schemas)", a.origin
+            )
         ctx.merge_expansions += 1
         try:
             if a.kind == "ref":
@@ -154,8 +162,12 @@ def _merge_strings(a: dict, b: dict, ctx: Context) -> dict | None:
     high = a["max"] if b["max"] is None else b["max"] if a["max"] is None else min(a["max"], b["max"])
     if high is not None and low > high:
         return None
-    return {"min": low, "max": high, "patterns": tuple(dict.fromkeys(a["patterns"] + b["patterns"])),
-            "formats": tuple(dict.fromkeys(a["formats"] + b["formats"]))}
+    return {
+        "min": low,
+        "max": high,
+        "patterns": tuple(dict.fromkeys(a["patterns"] + b["patterns"])),
+        "formats": tuple(dict.fromkeys(a["formats"] + b["formats"])),
+    }
 
 
 def _min_max(a: dict, b: dict):
@@ -171,7 +183,7 @@ def _position(kw: dict, index: int) -> U:
     return ANY if kw["items"] is None else kw["items"]
 
 
-def _merge_arrays(a: dict, b: dict, ctx: Context) -> "dict | U":
+def _merge_arrays(a: dict, b: dict, ctx: Context) -> dict | U:
     a, b, closed = _opened(a, b, "items")
     low, high = _min_max(a, b)
     length = max(len(a["prefix"]), len(b["prefix"]))
@@ -180,9 +192,17 @@ def _merge_arrays(a: dict, b: dict, ctx: Context) -> "dict | U":
         items = STRICT_CLOSED if closed else None
     else:
         items = intersect(ANY if a["items"] is None else a["items"], ANY if b["items"] is None else b["items"], ctx)
-    kw = {"prefix": prefix, "items": items, "min": low, "max": high, "unique": a["unique"] or b["unique"],
-          "contains": a["contains"] + b["contains"], "ann_prefix": max(a["ann_prefix"], b["ann_prefix"]),
-          "ann_items": a["ann_items"] or b["ann_items"], "declared": a["declared"] or b["declared"]}
+    kw = {
+        "prefix": prefix,
+        "items": items,
+        "min": low,
+        "max": high,
+        "unique": a["unique"] or b["unique"],
+        "contains": a["contains"] + b["contains"],
+        "ann_prefix": max(a["ann_prefix"], b["ann_prefix"]),
+        "ann_items": a["ann_items"] or b["ann_items"],
+        "declared": a["declared"] or b["declared"],
+    }
     checked = check_array(kw)
     return emptied(kw, ctx) if checked is None else checked
 
@@ -248,10 +268,14 @@ def _opened(a: dict, b: dict, key: str) -> tuple[dict, dict, bool]:
     closed = a[key] is STRICT_CLOSED or b[key] is STRICT_CLOSED
     if not closed:
         return a, b, False
-    return ({**a, key: None} if a[key] is STRICT_CLOSED else a), ({**b, key: None} if b[key] is STRICT_CLOSED else b), True
+    return (
+        ({**a, key: None} if a[key] is STRICT_CLOSED else a),
+        ({**b, key: None} if b[key] is STRICT_CLOSED else b),
+        True,
+    )
 
 
-def _merge_objects(a: dict, b: dict, ctx: Context) -> "dict | U":
+def _merge_objects(a: dict, b: dict, ctx: Context) -> dict | U:
     a, b, closed = _opened(a, b, "additional")
     for one, other in ((a, b), (b, a)):
         rest_free = other["additional"] is None or other["additional"].is_any
@@ -271,10 +295,19 @@ def _merge_objects(a: dict, b: dict, ctx: Context) -> "dict | U":
     else:
         additional = intersect(a["additional"] or ANY, b["additional"] or ANY, ctx)
     low, high = _min_max(a, b)
-    kw = {"props": props, "pprops": pprops, "additional": additional,
-          "required": required, "min": low, "max": high,
-          "names": a["names"] + b["names"], "ann": a["ann"] | b["ann"], "ann_pp": a["ann_pp"] | b["ann_pp"],
-          "ann_rest": a["ann_rest"] or b["ann_rest"], "declared": a["declared"] or b["declared"]}
+    kw = {
+        "props": props,
+        "pprops": pprops,
+        "additional": additional,
+        "required": required,
+        "min": low,
+        "max": high,
+        "names": a["names"] + b["names"],
+        "ann": a["ann"] | b["ann"],
+        "ann_pp": a["ann_pp"] | b["ann_pp"],
+        "ann_rest": a["ann_rest"] or b["ann_rest"],
+        "declared": a["declared"] or b["declared"],
+    }
     checked = check_object(kw, ctx)
     return emptied(kw, ctx) if checked is None else checked
 
@@ -324,7 +357,7 @@ def children(kw: dict):
         yield child
 
 
-def emptied(kw: dict, ctx: "Context") -> U:
+def emptied(kw: dict, ctx: Context) -> U:
     """The union for an array or object leaf that `check_array`/`check_object` found to have no
     value: exactly empty (NONE) when an exact part proves it (counts that clash, a required
     property or a needed position that truly admits nothing), else empty only as far as the
@@ -335,7 +368,7 @@ def emptied(kw: dict, ctx: "Context") -> U:
     return NONE if exact_high is not None and kw["min"] > exact_high else NONE_APPROX
 
 
-def deeply_exact(u: U, ctx: "Context", seen: set | None = None) -> bool:
+def deeply_exact(u: U, ctx: Context, seen: set | None = None) -> bool:
     """True when `u` and every schema nested in it, through refs, is exact: a value `accepts`
     rejects against it is then truly invalid (a closed object's extra key, say, is not)."""
     if not u.exact:

@@ -9,10 +9,11 @@ word boundaries are written out (`without_boundaries`).
 Each builds automata (`fd_guided.schema.automaton`) within a step budget and is exact; past a
 bound the answer is a Refusal (or False), never an approximation.
 """
+
 from __future__ import annotations
 
 import bisect
-from typing import Iterable
+from collections.abc import Iterable
 
 from .automaton import Alphabet, Dfa, Work, minimise, product, state_of, to_dfa, to_tree
 from .refusal import Refusal
@@ -86,7 +87,6 @@ def _on_plain_cycle(state: int, plain_edges: list[list[int]], allowed: set[int])
     return False
 
 
-
 def regions(trees: list[tuple], any_char: tuple) -> dict[frozenset, tuple]:
     """The strings each non-empty combination of `trees` (full-match trees) shares and no other
     tree matches: subset of indexes -> a tree, for the subsets where some string exists. Together
@@ -99,7 +99,7 @@ def regions(trees: list[tuple], any_char: tuple) -> dict[frozenset, tuple]:
     moves: list[dict[int, int]] = []
     for states in order:
         row: dict[int, int] = {}
-        classes = set()
+        classes: set[int] = set()
         for dfa, state in zip(dfas, states):
             if state is not None:
                 classes.update(dfa.moves[state])
@@ -108,8 +108,10 @@ def regions(trees: list[tuple], any_char: tuple) -> dict[frozenset, tuple]:
             target = tuple(None if state is None else dfa.moves[state].get(cls) for dfa, state in zip(dfas, states))
             row[cls] = state_of(target, index, order)
         moves.append(row)
-    members = [frozenset(i for i, (dfa, state) in enumerate(zip(dfas, states)) if state is not None and state in dfa.accepting)
-               for states in order]
+    members = [
+        frozenset(i for i, (dfa, state) in enumerate(zip(dfas, states)) if state is not None and state in dfa.accepting)
+        for states in order
+    ]
     out: dict[frozenset, tuple] = {}
     for subset in sorted(set(members) - {frozenset()}, key=sorted):
         accepting = {state for state, member in enumerate(members) if member == subset}
@@ -203,9 +205,10 @@ class CountedLanguage:
         state = 0
         for char in text:
             cls = self._class_of(ord(char))
-            state = self.dfa.moves[state].get(cls) if cls is not None else None
-            if state is None:
+            following = self.dfa.moves[state].get(cls) if cls is not None else None
+            if following is None:
                 return None
+            state = following
         return state
 
     def completions(self, state: int, cap: int) -> int:
@@ -230,4 +233,3 @@ class CountedLanguage:
 
 def _plain_size(lo: int, hi: int, plain: tuple) -> int:
     return sum(max(0, min(hi, b) - max(lo, a) + 1) for a, b in plain)
-

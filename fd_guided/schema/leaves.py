@@ -19,6 +19,7 @@ leaves: ``ann`` (property names evaluated), ``ann_pp`` (patterns), ``ann_rest`` 
 properties evaluated), ``ann_prefix``/``ann_items`` for arrays. Leaves made by a complement
 evaluate nothing, as JSON Schema's ``not`` drops annotations.
 """
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -42,6 +43,8 @@ def kind_of(value: Any) -> str:
     if isinstance(value, str):
         return "string"
     return "array" if isinstance(value, list) else "object"
+
+
 MAX_LEAVES = 64
 MAX_ANY_OF_LEAVES = 256  # a plain anyOf only lists its branches: no product, so a longer list is cheap
 
@@ -59,7 +62,7 @@ class Leaf:
         self.origin = origin
         self.weak = weak
 
-    def replace(self, **changes) -> "Leaf":
+    def replace(self, **changes) -> Leaf:
         return Leaf(self.kind, {**self.kw, **changes}, self.origin, self.weak)
 
     def is_bare(self) -> bool:
@@ -80,7 +83,7 @@ class U:
         # Set by `complement.complement` on what it returns: the (exact) union this one is the
         # complement of, so complementing again gives it back (``not: {not: X}``, an ``if`` over a
         # ``not``) where writing the complement out again could only be done in part.
-        self.negation_of: "U | None" = None
+        self.negation_of: U | None = None
 
     @property
     def is_any(self) -> bool:
@@ -112,18 +115,43 @@ def defaults(kind: str) -> dict:
     if kind == "string":
         return {"min": 0, "max": None, "patterns": (), "formats": ()}
     if kind == "array":
-        return {"prefix": (), "items": None, "min": 0, "max": None, "unique": False, "contains": (),
-                "ann_prefix": 0, "ann_items": False, "declared": False}
+        return {
+            "prefix": (),
+            "items": None,
+            "min": 0,
+            "max": None,
+            "unique": False,
+            "contains": (),
+            "ann_prefix": 0,
+            "ann_items": False,
+            "declared": False,
+        }
     if kind == "object":
-        return {"props": {}, "pprops": {}, "additional": None, "required": (), "min": 0, "max": None, "names": (),
-                "ann": frozenset(), "ann_pp": frozenset(), "ann_rest": False, "declared": False}
+        return {
+            "props": {},
+            "pprops": {},
+            "additional": None,
+            "required": (),
+            "min": 0,
+            "max": None,
+            "names": (),
+            "ann": frozenset(),
+            "ann_pp": frozenset(),
+            "ann_rest": False,
+            "declared": False,
+        }
     if kind == "enum":
         return {"values": ()}
     return {}
 
 
+def bare_leaves(kinds=BARE_KINDS, origin: str = "$") -> tuple[Leaf, ...]:
+    """The leaves of `bare` (typed as a tuple: a union's ``leaves`` may be None)."""
+    return tuple(Leaf(kind, None, origin) for kind in kinds)
+
+
 def bare(kinds=BARE_KINDS, origin: str = "$") -> U:
-    return U([Leaf(kind, None, origin) for kind in kinds])
+    return U(bare_leaves(kinds, origin))
 
 
 def union(parts, limit: int = MAX_LEAVES) -> U:
@@ -144,8 +172,12 @@ def _enums_joined(leaves: list) -> list:
     enums = [leaf for leaf in leaves if leaf.kind == "enum"]
     if len(enums) < 2:
         return leaves
-    joined = Leaf("enum", {"values": unique_values(v for leaf in enums for v in leaf.kw["values"])}, enums[0].origin,
-                  all(leaf.weak for leaf in enums))
+    joined = Leaf(
+        "enum",
+        {"values": unique_values(v for leaf in enums for v in leaf.kw["values"])},
+        enums[0].origin,
+        all(leaf.weak for leaf in enums),
+    )
     out = []
     for leaf in leaves:
         if leaf is enums[0]:
@@ -173,7 +205,9 @@ def _absorbed(leaves: list) -> list:
                 kept_bare.add(leaf.kind)
                 out.append(leaf)
         elif leaf.kind == "enum":
-            values = tuple(v for v in leaf.kw["values"] if value_kind(v) not in bare_kinds and kind_of(v) not in bare_kinds)
+            values = tuple(
+                v for v in leaf.kw["values"] if value_kind(v) not in bare_kinds and kind_of(v) not in bare_kinds
+            )
             if values:
                 out.append(leaf if len(values) == len(leaf.kw["values"]) else leaf.replace(values=values))
         elif leaf.kind in ("array", "object", "ref") or leaf.kind not in bare_kinds:
@@ -231,7 +265,7 @@ def value_kind(value: Any) -> str:
     return "array" if isinstance(value, list) else "object"
 
 
-def item_at(kw: dict, index: int) -> "U":
+def item_at(kw: dict, index: int) -> U:
     """The schema of item `index` of an array leaf's keywords: its prefix item, else its items."""
     if index < len(kw["prefix"]):
         return kw["prefix"][index]

@@ -13,6 +13,7 @@ Costs are bounded: each node is normalised once per base URI (memoised), unions 
 `leaves.MAX_LEAVES` alternatives, a work budget caps merges, and nesting through in-place
 references is capped (`MAX_DEPTH`); going past any bound is a `Refusal`, never a hang.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,9 +25,18 @@ from .complement import complement
 from .drafts import Document, base_uri
 from .formats import ANNOTATION_FORMATS, FORMAT_PATTERNS, UNSUPPORTED_FORMATS
 from .instance import accepts
-from .intersection import (Context, bounds_empty, check_array, check_object, deeply_exact, emptied, intersect, make_integer,
-                           with_required_declared)
-from .leaves import ALL_KINDS, ANY, BARE_KINDS, NONE, STRICT_CLOSED, U, Leaf, kind_of, unique_values
+from .intersection import (
+    Context,
+    bounds_empty,
+    check_array,
+    check_object,
+    deeply_exact,
+    emptied,
+    intersect,
+    make_integer,
+    with_required_declared,
+)
+from .leaves import ALL_KINDS, ANY, BARE_KINDS, NONE, STRICT_CLOSED, Leaf, U, kind_of, unique_values
 from .one_of import one_of
 from .refusal import Refusal, Unsatisfiable
 
@@ -38,8 +48,15 @@ STANDARD_FORMATS = frozenset(FORMAT_PATTERNS) | frozenset(UNSUPPORTED_FORMATS)
 NUMBER_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 STRING_KEYS = ("minLength", "maxLength", "pattern", "format")
 ARRAY_KEYS = ("prefixItems", "items", "minItems", "maxItems", "uniqueItems", "contains")
-OBJECT_KEYS = ("properties", "patternProperties", "additionalProperties", "required", "minProperties",
-               "maxProperties", "propertyNames")
+OBJECT_KEYS = (
+    "properties",
+    "patternProperties",
+    "additionalProperties",
+    "required",
+    "minProperties",
+    "maxProperties",
+    "propertyNames",
+)
 
 
 class Normaliser(Context):
@@ -47,7 +64,9 @@ class Normaliser(Context):
     `unique_guard`: ``uniqueItems`` over open item domains is left to `fd_guided.unique_guard`;
     ``"any_order"`` says so too, for a request whose object properties may come in any order)."""
 
-    def __init__(self, schema: Any, *, strict: bool = True, unknown_formats: str = "refuse", unique_guard: "bool | str" = False):
+    def __init__(
+        self, schema: Any, *, strict: bool = True, unknown_formats: str = "refuse", unique_guard: bool | str = False
+    ):
         self.doc = Document(schema)
         self.strict = strict
         self.unknown_formats = unknown_formats
@@ -116,7 +135,10 @@ class Normaliser(Context):
                 types = [types]
             if isinstance(types, list):
                 kinds &= frozenset("number" if t == "integer" else t for t in types if isinstance(t, str))
-            for values in ([kw["const"]] if "const" in kw else None, kw.get("enum") if isinstance(kw.get("enum"), list) else None):
+            for values in (
+                [kw["const"]] if "const" in kw else None,
+                kw.get("enum") if isinstance(kw.get("enum"), list) else None,
+            ):
                 if values is not None:
                     kinds &= frozenset(kind_of(value) for value in values)
             if isinstance(kw.get("$ref"), str):
@@ -126,7 +148,9 @@ class Normaliser(Context):
                 kinds &= self._raw_kinds(part, resolver, path, seen)
             for combinator in ("anyOf", "oneOf"):
                 if isinstance(kw.get(combinator), list):
-                    kinds &= frozenset().union(*(self._raw_kinds(part, resolver, path, seen) for part in kw[combinator]))
+                    kinds &= frozenset().union(
+                        *(self._raw_kinds(part, resolver, path, seen) for part in kw[combinator])
+                    )
             return kinds
         except Refusal:
             return ALL_KINDS
@@ -192,7 +216,9 @@ class Normaliser(Context):
             branches = [self.norm(b, resolver, f"{path}.anyOf[{i}]") for i, b in enumerate(kw["anyOf"])]
             parts.append(rules.any_of(branches, self, self._reads_annotations))
         if "oneOf" in kw:
-            one_ofs.append(([self.norm(b, resolver, f"{path}.oneOf[{i}]") for i, b in enumerate(kw["oneOf"])], f"{path}.oneOf"))
+            one_ofs.append(
+                ([self.norm(b, resolver, f"{path}.oneOf[{i}]") for i, b in enumerate(kw["oneOf"])], f"{path}.oneOf")
+            )
         for branches, where in one_ofs:
             context = ANY  # what the keywords so far require: the branches are judged inside it
             for part in parts:
@@ -205,7 +231,9 @@ class Normaliser(Context):
         for name, deps in (kw.get("dependentRequired") or {}).items():
             parts.append(rules.dependent_required(name, deps, path))
         for name, sub in (kw.get("dependentSchemas") or {}).items():
-            parts.append(rules.dependent_schema(name, self.norm(sub, resolver, f"{path}.dependentSchemas.{name}"), self, path))
+            parts.append(
+                rules.dependent_schema(name, self.norm(sub, resolver, f"{path}.dependentSchemas.{name}"), self, path)
+            )
         result = ANY
         for part in parts:
             result = intersect(result, part, self)
@@ -213,7 +241,7 @@ class Normaliser(Context):
                 break
         return rules.apply_unevaluated(kw, result, resolver, self, path)
 
-    def _bare_one_of(self, node: Any, resolver, path: str) -> "tuple[list[U], str] | None":
+    def _bare_one_of(self, node: Any, resolver, path: str) -> tuple[list[U], str] | None:
         """The normalised branches of an allOf part that asserts nothing but a ``oneOf``
         (``allOf: [{$ref: kind_pipeline}, {oneOf: [docker, exec, ...]}]``), so that the node
         judges them inside its other keywords, as its own ``oneOf`` (`one_of.one_of`: the
@@ -230,8 +258,8 @@ class Normaliser(Context):
 
     def _enum(self, values: list, path: str) -> U:
         canonical = [int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**63 else v for v in values]
-        values = unique_values(canonical)
-        return U([Leaf("enum", {"values": values}, path)]) if values else NONE
+        kept = unique_values(canonical)
+        return U([Leaf("enum", {"values": kept}, path)]) if kept else NONE
 
     def _ref(self, ref: Any, resolver, path: str) -> U:
         """A ref leaf for the target; chains of pure ``{"$ref": ...}`` aliases are followed here, in a loop."""
@@ -280,7 +308,7 @@ class Normaliser(Context):
                 leaves.append(leaf)
         return U(leaves, exact)
 
-    def _leaf(self, kind: str, kw: dict, resolver, path: str) -> "Leaf | U | None":
+    def _leaf(self, kind: str, kw: dict, resolver, path: str) -> Leaf | U | None:
         if kind in ("null", "boolean"):
             return Leaf(kind, None, path)
         if kind in ("integer", "number"):
@@ -295,8 +323,12 @@ class Normaliser(Context):
 
     def _number_leaf(self, kind: str, kw: dict, path: str) -> Leaf | None:
         lo = hi = None
-        for key, lower, exclusive in (("minimum", True, False), ("exclusiveMinimum", True, True),
-                                      ("maximum", False, False), ("exclusiveMaximum", False, True)):
+        for key, lower, exclusive in (
+            ("minimum", True, False),
+            ("exclusiveMinimum", True, True),
+            ("maximum", False, False),
+            ("exclusiveMaximum", False, True),
+        ):
             if key in kw:
                 value = kw[key]
                 if isinstance(value, float) and not math.isfinite(value):
@@ -307,9 +339,8 @@ class Normaliser(Context):
                 else:
                     hi = bound if hi is None or value < hi[0] or (value == hi[0] and exclusive) else hi
         steps = (kw["multipleOf"],) if "multipleOf" in kw else ()
-        leaf_kw = {"lo": lo, "hi": hi, "steps": steps}
-        if kind == "integer":
-            leaf_kw = make_integer(leaf_kw)
+        given_kw = {"lo": lo, "hi": hi, "steps": steps}
+        leaf_kw = make_integer(given_kw) if kind == "integer" else given_kw
         if leaf_kw is None or bounds_empty(leaf_kw["lo"], leaf_kw["hi"]):
             return None
         return Leaf(kind, leaf_kw, path)
@@ -323,7 +354,9 @@ class Normaliser(Context):
             elif fmt in STANDARD_FORMATS:
                 raise Refusal(f"format {fmt!r} ({UNSUPPORTED_FORMATS.get(fmt, 'not enforceable')})", f"{path}.format")
             elif self.unknown_formats != "annotate":
-                raise Refusal(f"format {fmt!r} (unknown; set unknown_formats='annotate' to ignore it)", f"{path}.format")
+                raise Refusal(
+                    f"format {fmt!r} (unknown; set unknown_formats='annotate' to ignore it)", f"{path}.format"
+                )
         patterns = (kw["pattern"],) if isinstance(kw.get("pattern"), str) else ()
         for pattern in patterns:
             rules.check_pattern(pattern, f"{path}.pattern")
@@ -333,37 +366,68 @@ class Normaliser(Context):
             return None
         return Leaf("string", {"min": low, "max": high, "patterns": patterns, "formats": formats}, path)
 
-    def _array_leaf(self, kw: dict, resolver, path: str) -> "Leaf | U":
-        prefix = tuple(self.value(child, resolver, f"{path}.prefixItems[{i}]") for i, child in enumerate(kw.get("prefixItems") or []))
+    def _array_leaf(self, kw: dict, resolver, path: str) -> Leaf | U:
+        prefix = tuple(
+            self.value(child, resolver, f"{path}.prefixItems[{i}]")
+            for i, child in enumerate(kw.get("prefixItems") or [])
+        )
         items = self.value(kw["items"], resolver, f"{path}.items") if "items" in kw else None
-        contains = ()
+        contains: tuple = ()
         if "contains" in kw:
             high = kw.get("maxContains")
-            contains = ((self.value(kw["contains"], resolver, f"{path}.contains"), int(kw.get("minContains", 1)),
-                         None if high is None else int(high)),)
+            contains = (
+                (
+                    self.value(kw["contains"], resolver, f"{path}.contains"),
+                    int(kw.get("minContains", 1)),
+                    None if high is None else int(high),
+                ),
+            )
         high = kw.get("maxItems")
-        leaf_kw = {"prefix": prefix, "items": items, "min": int(kw.get("minItems", 0)), "max": None if high is None else int(high),
-                   "unique": kw.get("uniqueItems") is True, "contains": contains,
-                   "ann_prefix": len(prefix), "ann_items": "items" in kw, "declared": "prefixItems" in kw}
+        leaf_kw = {
+            "prefix": prefix,
+            "items": items,
+            "min": int(kw.get("minItems", 0)),
+            "max": None if high is None else int(high),
+            "unique": kw.get("uniqueItems") is True,
+            "contains": contains,
+            "ann_prefix": len(prefix),
+            "ann_items": "items" in kw,
+            "declared": "prefixItems" in kw,
+        }
         checked = check_array(leaf_kw)
         return emptied(leaf_kw, self) if checked is None else Leaf("array", checked, path)
 
-    def _object_leaf(self, kw: dict, resolver, path: str) -> "Leaf | U":
-        props = {name: self.value(child, resolver, f"{path}.properties.{name}") for name, child in (kw.get("properties") or {}).items()}
+    def _object_leaf(self, kw: dict, resolver, path: str) -> Leaf | U:
+        props = {
+            name: self.value(child, resolver, f"{path}.properties.{name}")
+            for name, child in (kw.get("properties") or {}).items()
+        }
         pprops = {}
         if len(kw.get("patternProperties") or ()) > MAX_PATTERN_PROPERTIES:  # before compiling them all
             raise Refusal(f"more than {MAX_PATTERN_PROPERTIES} patternProperties", f"{path}.patternProperties")
         for pattern, child in (kw.get("patternProperties") or {}).items():
             rules.check_pattern(pattern, f"{path}.patternProperties")
             pprops[pattern] = self.value(child, resolver, f"{path}.patternProperties")
-        additional = self.value(kw["additionalProperties"], resolver, f"{path}.additionalProperties") if "additionalProperties" in kw else None
+        additional = (
+            self.value(kw["additionalProperties"], resolver, f"{path}.additionalProperties")
+            if "additionalProperties" in kw
+            else None
+        )
         names = (self.value(kw["propertyNames"], resolver, f"{path}.propertyNames"),) if "propertyNames" in kw else ()
         high = kw.get("maxProperties")
-        leaf_kw = {"props": props, "pprops": pprops, "additional": additional,
-                   "required": tuple(dict.fromkeys(kw.get("required") or ())), "min": int(kw.get("minProperties", 0)),
-                   "max": None if high is None else int(high), "names": names, "ann": frozenset(props),
-                   "ann_pp": frozenset(pprops), "ann_rest": "additionalProperties" in kw,
-                   "declared": "properties" in kw or "patternProperties" in kw}
+        leaf_kw = {
+            "props": props,
+            "pprops": pprops,
+            "additional": additional,
+            "required": tuple(dict.fromkeys(kw.get("required") or ())),
+            "min": int(kw.get("minProperties", 0)),
+            "max": None if high is None else int(high),
+            "names": names,
+            "ann": frozenset(props),
+            "ann_pp": frozenset(pprops),
+            "ann_rest": "additionalProperties" in kw,
+            "declared": "properties" in kw or "patternProperties" in kw,
+        }
         checked = check_object(leaf_kw, self)
         return emptied(leaf_kw, self) if checked is None else Leaf("object", checked, path)
 
@@ -422,8 +486,12 @@ class Normaliser(Context):
 def _same_or_new(u: U, leaves: list, exact: bool) -> U:
     """`u` itself when closing/finishing changed nothing (it keeps what it knows, such as
     `negation_of`), else a union of the new leaves."""
-    if exact == u.exact and len(leaves) == len(u.leaves) and all(
-            a is b or (a.kind == b.kind and a.weak == b.weak and a.kw == b.kw) for a, b in zip(leaves, u.leaves)):
+    assert u.leaves is not None  # callers return ANY unchanged
+    if (
+        exact == u.exact
+        and len(leaves) == len(u.leaves)
+        and all(a is b or (a.kind == b.kind and a.weak == b.weak and a.kw == b.kw) for a, b in zip(leaves, u.leaves))
+    ):
         return u
     return U(leaves, exact)
 

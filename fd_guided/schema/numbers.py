@@ -6,6 +6,7 @@ and enum integers past 2^53 are not exact there. `jsonschema` checks a float ``m
 binary floating point (0.3 is not a multiple of 0.1 to it), so a decimal step is only enforced as
 the enumerated values jsonschema accepts.
 """
+
 from __future__ import annotations
 
 import math
@@ -82,9 +83,14 @@ def enumerate_multiples(lo, hi, steps, integer: bool) -> list | None:
 
 def step_feature(engine: str, steps) -> str:
     if engine == "xgrammar":
-        return (f"multipleOf {steps[0]!r} (xgrammar enforces only integer steps up to {XGRAMMAR_MAX_MULTIPLE_OF} "
-                "without bounds; a bounded range needs at most 256 multiples)")
-    return f"multipleOf {steps[0]!r} (a decimal step that binary floating-point validators check inexactly; bound the range to at most 256 values)"
+        return (
+            f"multipleOf {steps[0]!r} (xgrammar enforces only integer steps up to {XGRAMMAR_MAX_MULTIPLE_OF} "
+            "without bounds; a bounded range needs at most 256 multiples)"
+        )
+    return (
+        f"multipleOf {steps[0]!r} (a decimal step that binary floating-point validators check inexactly; "
+        "bound the range to at most 256 values)"
+    )
 
 
 # ----- integral numbers in every spelling (xgrammar enums) -------------------------------------------

@@ -7,13 +7,14 @@ exact when the complements are. Disjointness is judged inside the node's other k
 context), and each subtraction is written relative to the branch it narrows (`_relative_complement`),
 so that branches sharing a base or closed to their own keys do not multiply out.
 """
+
 from __future__ import annotations
 
 import itertools
 
 from .complement import complement
 from .intersection import intersect, schema_for
-from .leaves import ALL_KINDS, ANY, U, Leaf, json_key, kind_of, union
+from .leaves import ALL_KINDS, ANY, Leaf, U, json_key, kind_of, union
 from .refusal import Refusal
 
 MAX_ONE_OF_DISJOINT = 64
@@ -107,7 +108,7 @@ def _closed_object(u: U) -> Leaf | None:
     """`u`'s one leaf when it is an object closed by a real ``additionalProperties: false``
     (not strict mode's closure: JSON Schema admits those keys) without patternProperties or
     propertyNames, in an exact union; else None."""
-    if u.is_any or not u.exact or len(u.leaves) != 1 or u.leaves[0].kind != "object":
+    if u.leaves is None or not u.exact or len(u.leaves) != 1 or u.leaves[0].kind != "object":
         return None
     kw = u.leaves[0].kw
     additional = kw["additional"]
@@ -135,7 +136,7 @@ def _expanded(u: U, ctx) -> U:
     """`u` with its top-level references replaced by their targets' unions (the same values),
     so the rules above see the objects a ``oneOf: [{$ref: step}, {$ref: stage}]`` branch stands
     for; `u` itself where a target cannot be expanded here (one being normalised: a recursion)."""
-    if u.is_any or not any(leaf.kind == "ref" for leaf in u.leaves):
+    if u.leaves is None or not any(leaf.kind == "ref" for leaf in u.leaves):
         return u
     leaves, exact = [], u.exact
     for leaf in u.leaves:
@@ -148,7 +149,7 @@ def _expanded(u: U, ctx) -> U:
             target = ctx.expand(leaf)
         except Refusal:
             return u
-        if target.is_any:
+        if target.leaves is None:
             return u
         leaves.extend(target.leaves)
         exact = exact and target.exact
@@ -158,9 +159,16 @@ def _expanded(u: U, ctx) -> U:
 def _objects_of(other: U, given: U) -> U:
     """`other` without its leaves of other types when `given` has only objects (a branch
     without ``type: object`` has a leaf per other type): inside `given` they match nothing."""
-    if other.is_any or given.is_any or not given.leaves or any(leaf.kind != "object" for leaf in given.leaves):
+    if (
+        other.leaves is None
+        or given.leaves is None
+        or not given.leaves
+        or any(leaf.kind != "object" for leaf in given.leaves)
+    ):
         return other
-    if all(leaf.kind == "object" for leaf in other.leaves) or any(leaf.kind in ("ref", "enum") for leaf in other.leaves):
+    if all(leaf.kind == "object" for leaf in other.leaves) or any(
+        leaf.kind in ("ref", "enum") for leaf in other.leaves
+    ):
         return other
     return U([leaf for leaf in other.leaves if leaf.kind == "object"], other.exact)
 
@@ -176,15 +184,18 @@ def _beyond(other: U, given: U) -> U | None:
     Implied constraints, judged per leaf of `given` (all objects): a property ``required`` there,
     a property schema that is the very same union there (identity: equal by construction; the
     same key's patternProperties and additionalProperties apply alike to both)."""
-    if other.is_any or not other.exact or len(other.leaves) != 1 or other.leaves[0].kind != "object":
+    if other.leaves is None or not other.exact or len(other.leaves) != 1 or other.leaves[0].kind != "object":
         return None
-    if given.is_any or not given.leaves or any(leaf.kind != "object" for leaf in given.leaves):
+    if given.leaves is None or not given.leaves or any(leaf.kind != "object" for leaf in given.leaves):
         return None
     leaf = other.leaves[0]
     kw = leaf.kw
     required = tuple(name for name in kw["required"] if not all(name in g.kw["required"] for g in given.leaves))
-    implied = {name for name, child in kw["props"].items()
-               if not child.is_any and all(g.kw["props"].get(name) is child for g in given.leaves)}
+    implied = {
+        name
+        for name, child in kw["props"].items()
+        if not child.is_any and all(g.kw["props"].get(name) is child for g in given.leaves)
+    }
     if len(required) == len(kw["required"]) and not implied:
         return None
     # An implied property stays declared (as any value): dropping the name would hand it to
@@ -221,7 +232,7 @@ def _discriminated(a: U, b: U, ctx) -> bool:
     """A quick disjointness proof, before intersecting: every pair of leaves differs in type or
     is a pair of objects where one requires a property both give disjoint finite values (a
     ``kind`` discriminator). Exact unions only (a subset's leaves prove nothing)."""
-    if a.is_any or b.is_any or not (a.exact and b.exact):
+    if a.leaves is None or b.leaves is None or not (a.exact and b.exact):
         return False
     return all(_leaves_discriminated(left, right, ctx) for left in a.leaves for right in b.leaves)
 
@@ -242,7 +253,7 @@ def _leaves_discriminated(left: Leaf, right: Leaf, ctx) -> bool:
 
 def _finite_values(u: U) -> set | None:
     """The JSON-equality keys of an exact union of enum leaves, else None."""
-    if u.is_any or not u.exact or any(leaf.kind != "enum" for leaf in u.leaves):
+    if u.leaves is None or not u.exact or any(leaf.kind != "enum" for leaf in u.leaves):
         return None
     return {json_key(value) for leaf in u.leaves for value in leaf.kw["values"]}
 
@@ -250,7 +261,7 @@ def _finite_values(u: U) -> set | None:
 def _kinds(u: U, ctx) -> frozenset:
     """The JSON types `u`'s values may have (an over-approximation). An inexact union may have
     left out a type its schema admits, so it may have any."""
-    if u.is_any or not u.exact:
+    if u.leaves is None or not u.exact:
         return ALL_KINDS
     kinds: set[str] = set()
     for leaf in u.leaves:

@@ -8,11 +8,12 @@ A declared key whose matching patterns ask nothing its own schema does not (`_se
 out of the patterns exactly (an automaton difference, `languages.combine`), so the engine
 never has to intersect the two itself.
 """
+
 from __future__ import annotations
 
 import json
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from . import languages, regex
 from .capabilities import REFUSED, how
@@ -25,7 +26,9 @@ MAX_OVERLAPPING_PATTERNS = 4  # regions: at most 15
 MAX_REGION_PATTERN = 1000
 
 
-def pattern_properties(pprops: dict, engine: str, where: str, emit: Callable, intersect: Callable, declared: dict) -> dict:
+def pattern_properties(
+    pprops: dict, engine: str, where: str, emit: Callable, intersect: Callable, declared: dict
+) -> dict:
     """The engine's ``patternProperties`` for `pprops` (pattern -> normalised union); `emit`
     writes a union for the engine, `intersect` joins two; `declared` holds the object's declared
     properties as emitted, and those the patterns settle (`_settled`) match no pattern."""
@@ -35,7 +38,7 @@ def pattern_properties(pprops: dict, engine: str, where: str, emit: Callable, in
         raise Refusal(f"more than {MAX_PATTERN_PROPERTIES} patternProperties", where)
     written = _Written(emit, where)
     settled = [name for name, schema in declared.items() if _settled(name, schema, pprops, written)]
-    keys = {}
+    keys: dict[str, str | None] = {}
     for pattern in pprops:
         try:
             keys[pattern] = regex.translate(pattern, engine)
@@ -53,7 +56,8 @@ class _Written:
     or the keywords hold it. Keeps every union it wrote, so an id is never reused meanwhile."""
 
     def __init__(self, emit: Callable, where: str):
-        self._emit, self._where, self._done = emit, where, {}
+        self._emit, self._where = emit, where
+        self._done: dict[int, tuple] = {}
 
     def __call__(self, child) -> object:
         return self._entry(child)[1]
@@ -82,7 +86,9 @@ def _settled(name: str, emitted, pprops: dict, written: _Written) -> bool:
     return all(child.is_any or written.text(child) == text for child in matching)
 
 
-def _disjoint_regions(pprops: dict, engine: str, where: str, written: "_Written", intersect: Callable, settled: list[str]) -> dict:
+def _disjoint_regions(
+    pprops: dict, engine: str, where: str, written: _Written, intersect: Callable, settled: list[str]
+) -> dict:
     """Overlapping patterns rewritten exactly: one pattern per non-empty region of keys that the
     same patterns match, whose schema is the intersection of theirs."""
     if len(pprops) > MAX_OVERLAPPING_PATTERNS:
@@ -131,7 +137,7 @@ def _disjoint_patterns(patterns: list[str]) -> bool:
         trees = [_tree(pattern) for pattern in patterns]
     except Refusal:
         return False
-    return all(languages.disjoint(a, b, regex.ALL_CHARS) for i, a in enumerate(trees) for b in trees[i + 1:])
+    return all(languages.disjoint(a, b, regex.ALL_CHARS) for i, a in enumerate(trees) for b in trees[i + 1 :])
 
 
 def _disjoint_first_characters(patterns: list[str]) -> bool:
@@ -161,7 +167,7 @@ def _first_set(node) -> tuple | None:
         sets = [_first_set(child) for child in node[1]]
         if any(s is None for s in sets):
             return None
-        return regex.normalise(r for s in sets for r in s)
+        return regex.normalise(r for s in sets if s is not None for r in s)  # all are sets here
     if kind == "rep":
         return _first_set(node[3]) if node[1] > 0 else None
     return None

@@ -7,6 +7,7 @@
 - `Unsatisfiable`: no JSON value is valid (``false``, ``{"enum": []}``, ``minimum`` > ``maximum``,
   ...): a request error every engine would make, not a missing feature.
 """
+
 from __future__ import annotations
 
 

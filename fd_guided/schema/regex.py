@@ -31,6 +31,7 @@ and (xgrammar) counted repetitions above 128 (they fail its compile cache check,
 Optional parts are printed as ``{0,1}``: xgrammar's JSON-schema path drops the first element of a
 ``(...)?`` group that holds a repetition (``^a(b[0-9]{1,6})?$`` admitted ``"a12"``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,8 +39,18 @@ import re
 
 from . import boundaries, languages
 from .refusal import Refusal, Unsatisfiable
-from .regex_parse import (ALL_CHARS, EMPTY_SET, EPSILON, SPECIAL, complement, contains, intersect,
-                          normalise, nullable, parse)
+from .regex_parse import (
+    ALL_CHARS,
+    EMPTY_SET,
+    EPSILON,
+    SPECIAL,
+    complement,
+    contains,
+    intersect,
+    normalise,
+    nullable,
+    parse,
+)
 
 XGRAMMAR_MAX_COUNT = 128
 MAX_INNER_LOOKS = 8  # look-aheads inside a sequence: an automaton each (leading ones share one pass)
@@ -57,11 +68,23 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
     items = _spliced(list(tree[1]) if tree[0] == "cat" else [tree])
     if len(items) == 1 and items[0][0] in ("alt", "cat"):
         return full_match_tree(items[0], any_char)
-    if items and items[-1][0] == "alt" and any(_ends_with(branch, "eol") for branch in items[-1][1]) \
-            and not all(_ends_with(branch, "eol") for branch in items[-1][1]):
+    if (
+        items
+        and items[-1][0] == "alt"
+        and any(_ends_with(branch, "eol") for branch in items[-1][1])
+        and not all(_ends_with(branch, "eol") for branch in items[-1][1])
+    ):
         # ``^(?:a|b$)``, Python's reading of ``^a|^b$``: as the alternation it was written as
-        return full_match_tree(("alt", [("cat", items[:-1] + (list(branch[1]) if branch[0] == "cat" else [branch]))
-                                        for branch in items[-1][1]]), any_char)
+        return full_match_tree(
+            (
+                "alt",
+                [
+                    ("cat", items[:-1] + (list(branch[1]) if branch[0] == "cat" else [branch]))
+                    for branch in items[-1][1]
+                ],
+            ),
+            any_char,
+        )
     items = _lift_anchors(items)
     anchored_start = bool(items) and items[0][0] == "bol"
     anchored_end = bool(items) and items[-1][0] == "eol" and len(items) > (1 if anchored_start else 0)
@@ -90,7 +113,9 @@ def full_match_tree(tree: tuple, any_char: tuple) -> tuple:
     _no_inner_anchor(("cat", items))
     tree = _without_boundaries(("cat", ([] if anchored_start else [star]) + items + tail), any_char)
     for _, negative, body in looks:
-        tree = languages.combine(tree, _without_boundaries(_prefix_language(body, any_char), any_char), negative, any_char)
+        tree = languages.combine(
+            tree, _without_boundaries(_prefix_language(body, any_char), any_char), negative, any_char
+        )
     return tree
 
 
@@ -110,9 +135,12 @@ def _inner_looks(items: list, tail: list, any_char: tuple) -> tuple[list, list]:
         if items[index][0] != "look":
             continue
         _, negative, body = items[index]
-        rest = ("cat", items[index + 1:] + tail)
+        rest = ("cat", items[index + 1 :] + tail)
         _no_inner_anchor(rest)
-        items, tail = items[:index] + [languages.combine(rest, _prefix_language(body, any_char), negative, any_char)], []
+        items, tail = (
+            items[:index] + [languages.combine(rest, _prefix_language(body, any_char), negative, any_char)],
+            [],
+        )
     return items, tail
 
 
@@ -209,7 +237,7 @@ def restrict(node: tuple, allowed: tuple, llguidance_classes: bool = False) -> t
         parts = [restrict(child, allowed, llguidance_classes) for child in node[1]]
         if any(part == EMPTY_SET for part in parts):
             return EMPTY_SET
-        flat = []
+        flat: list = []
         for part in parts:
             flat.extend(part[1] if part[0] == "cat" else [part])
         return flat[0] if len(flat) == 1 else ("cat", flat)
@@ -361,7 +389,11 @@ def _full_match_reading(pattern: str) -> tuple:
     there), anywhere else refused."""
     tree, _ = parse(pattern)
     branches = tree[1] if tree[0] == "alt" else [tree]
-    tree = ("alt", [_strip_end_anchors(branch) for branch in branches]) if len(branches) > 1 else _strip_end_anchors(branches[0])
+    tree = (
+        ("alt", [_strip_end_anchors(branch) for branch in branches])
+        if len(branches) > 1
+        else _strip_end_anchors(branches[0])
+    )
     _no_inner_anchor(tree)
     return _without_boundaries(tree, _ALL)
 
@@ -396,7 +428,11 @@ def _ends_open(node: tuple) -> bool:
     if kind == "alt":
         return bool(node[1]) and all(_ends_open(branch) for branch in node[1])
     if kind == "cat":
-        return bool(node[1]) and _ends_open(node[1][-1]) and all(_has_printable(part) or nullable(part) for part in node[1])
+        return (
+            bool(node[1])
+            and _ends_open(node[1][-1])
+            and all(_has_printable(part) or nullable(part) for part in node[1])
+        )
     return False
 
 

@@ -7,12 +7,15 @@ non-adjacent (lo, hi) ranges. Shorthands get Python's exact sets (found by `re` 
 that a positive ``\\d``/``\\w``/``\\s`` outside a negated class keeps its ASCII members (a subset).
 Bounded (`MAX_NODES`); every failure is a `Refusal`.
 """
+
 from __future__ import annotations
 
 import functools
 import re
-import re._constants as C
-import re._parser as sre
+
+# No stubs for these (Python 3.11's names for sre_constants/sre_parse, which now warn on import).
+import re._constants as C  # type: ignore[import-not-found]
+import re._parser as sre  # type: ignore[import-not-found]
 from typing import Any
 
 from .refusal import Refusal
@@ -63,7 +66,7 @@ def contains(a, point: int) -> bool:
     return any(lo <= point <= hi for lo, hi in a)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _category(name: str, ascii_only: bool) -> tuple:
     """Python's exact set for ``\\d``/``\\w``/``\\s`` (found by `re` itself, in C, over every code point)."""
     flags = re.ASCII if ascii_only else 0
@@ -77,9 +80,12 @@ def _every_character() -> str:
 
 
 _CATEGORIES = {
-    C.CATEGORY_DIGIT: ("d", False), C.CATEGORY_NOT_DIGIT: ("d", True),
-    C.CATEGORY_WORD: ("w", False), C.CATEGORY_NOT_WORD: ("w", True),
-    C.CATEGORY_SPACE: ("s", False), C.CATEGORY_NOT_SPACE: ("s", True),
+    C.CATEGORY_DIGIT: ("d", False),
+    C.CATEGORY_NOT_DIGIT: ("d", True),
+    C.CATEGORY_WORD: ("w", False),
+    C.CATEGORY_NOT_WORD: ("w", True),
+    C.CATEGORY_SPACE: ("s", False),
+    C.CATEGORY_NOT_SPACE: ("s", True),
 }
 
 
@@ -97,8 +103,8 @@ def _category_set(category, ascii_flag: bool, under: bool) -> tuple:
 # | ("wb", word): ``\b`` between a character of `word` (Python's ``\w`` set) and one outside it
 #   (or an end), only until `full_match_tree` resolves it
 
-EMPTY_SET = ("set", ())
-EPSILON = ("cat", [])
+EMPTY_SET: tuple = ("set", ())
+EPSILON: tuple = ("cat", [])
 
 
 def nodes(tree: tuple):
@@ -132,7 +138,9 @@ def parse(pattern: str) -> tuple[Any, int]:
     try:
         parsed = sre.parse(pattern)
     except (re.error, RecursionError, OverflowError, ValueError) as error:
-        raise Refusal(f"pattern {pattern[:60]!r} that Python's re cannot read ({type(error).__name__}: {str(error)[:80]})") from None
+        raise Refusal(
+            f"pattern {pattern[:60]!r} that Python's re cannot read ({type(error).__name__}: {str(error)[:80]})"
+        ) from None
     flags = parsed.state.flags
     if flags & (C.SRE_FLAG_IGNORECASE | C.SRE_FLAG_MULTILINE | C.SRE_FLAG_LOCALE):
         raise Refusal("regex flags (?i)/(?m) in a pattern")
@@ -177,13 +185,23 @@ def _convert_item(op, av, flags: int, budget: list[int]) -> tuple:
             return ("eol",)
         if av in (C.AT_BOUNDARY, C.AT_UNI_BOUNDARY):  # \b: resolved by `full_match_tree`
             return ("wb", _category("w", bool(flags & C.SRE_FLAG_ASCII)))  # what sre's \b tests
-        raise Refusal("\\B (not a word boundary) in a pattern" if av in (C.AT_NON_BOUNDARY, C.AT_UNI_NON_BOUNDARY)
-                      else "word boundaries (\\b, \\B) in a pattern")
-    if op in (C.ASSERT, C.ASSERT_NOT) and av[0] == 1:  # a look-ahead: resolved by `full_match_tree` at a pattern's start
+        raise Refusal(
+            "\\B (not a word boundary) in a pattern"
+            if av in (C.AT_NON_BOUNDARY, C.AT_UNI_NON_BOUNDARY)
+            else "word boundaries (\\b, \\B) in a pattern"
+        )
+    if (
+        op in (C.ASSERT, C.ASSERT_NOT) and av[0] == 1
+    ):  # a look-ahead: resolved by `full_match_tree` at a pattern's start
         return ("look", op is C.ASSERT_NOT, _convert(av[1], flags, budget))
-    feature = {C.ASSERT: "look-ahead/look-behind", C.ASSERT_NOT: "negative look-ahead/look-behind",
-               C.GROUPREF: "back-references", C.GROUPREF_EXISTS: "conditional groups",
-               C.ATOMIC_GROUP: "atomic groups", C.POSSESSIVE_REPEAT: "possessive repeats"}.get(op, str(op))
+    feature = {
+        C.ASSERT: "look-ahead/look-behind",
+        C.ASSERT_NOT: "negative look-ahead/look-behind",
+        C.GROUPREF: "back-references",
+        C.GROUPREF_EXISTS: "conditional groups",
+        C.ATOMIC_GROUP: "atomic groups",
+        C.POSSESSIVE_REPEAT: "possessive repeats",
+    }.get(op, str(op))
     raise Refusal(f"{feature} in a pattern")
 
 

@@ -19,6 +19,7 @@ Finishing (`finish_leaf`, at value positions, on the final leaf):
   - ``uniqueItems``: at most one item: dropped; items from a finite domain (enums, booleans, null):
     enumerated, or (open domains) left to the runtime guard; otherwise refused (`unique_items`).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -26,7 +27,7 @@ import re
 
 from .complement import complement
 from .intersection import check_array, check_object, deeply_exact, intersect, schema_for
-from .leaves import ANY, BARE_KINDS, MAX_ANY_OF_LEAVES, NONE, U, Leaf, bare, item_at, union
+from .leaves import ANY, BARE_KINDS, MAX_ANY_OF_LEAVES, NONE, Leaf, U, bare, bare_leaves, item_at, union
 from .refusal import Refusal
 from .unique_items import finish_unique
 
@@ -90,7 +91,7 @@ def dependent_required(name: str, deps, path: str) -> U:
     if not names:
         return ANY
     present = Leaf("object", {**Leaf("object").kw, "required": (name,) + names}, path)
-    return U(list(bare(_NON_OBJECT, path).leaves) + [_absent(name, path), present])
+    return U(list(bare_leaves(_NON_OBJECT, path)) + [_absent(name, path), present])
 
 
 def dependent_schema(name: str, schema: U, ctx, path: str) -> U:
@@ -99,17 +100,19 @@ def dependent_schema(name: str, schema: U, ctx, path: str) -> U:
 
 
 def apply_unevaluated(kw: dict, result: U, resolver, ctx, path: str) -> U:
-    for keyword, kind, apply in (("unevaluatedProperties", "object", _unevaluated_object),
-                                 ("unevaluatedItems", "array", _unevaluated_array)):
+    for keyword, kind, apply in (
+        ("unevaluatedProperties", "object", _unevaluated_object),
+        ("unevaluatedItems", "array", _unevaluated_array),
+    ):
         if keyword not in kw or result.is_none:
             continue
         rest = ctx.value(kw[keyword], resolver, f"{path}.{keyword}")
-        leaves = bare(BARE_KINDS, path).leaves if result.is_any else result.leaves
+        leaves = bare_leaves(BARE_KINDS, path) if result.leaves is None else result.leaves
         out, exact = [], result.exact
         for leaf in leaves:
             expanded = ctx.expand(leaf).leaves if leaf.kind == "ref" else (leaf,)
             if expanded is None:
-                expanded = bare(BARE_KINDS, path).leaves
+                expanded = bare_leaves(BARE_KINDS, path)
             for item in expanded:
                 changed = apply(item, rest, ctx, f"{path}.{keyword}") if item.kind in (kind, "enum") else item
                 if changed is not None:
@@ -122,7 +125,9 @@ def apply_unevaluated(kw: dict, result: U, resolver, ctx, path: str) -> U:
 
 def _unevaluated_object(leaf: Leaf, rest: U, ctx, location: str) -> Leaf | None:
     if leaf.kind == "enum":
-        values = tuple(v for v in leaf.kw["values"] if not isinstance(v, dict) or all(ctx.accepts(rest, x) for x in v.values()))
+        values = tuple(
+            v for v in leaf.kw["values"] if not isinstance(v, dict) or all(ctx.accepts(rest, x) for x in v.values())
+        )
         return leaf.replace(values=values) if values else None
     kw = leaf.kw
     if kw["ann_rest"]:
@@ -134,9 +139,14 @@ def _unevaluated_object(leaf: Leaf, rest: U, ctx, location: str) -> Leaf | None:
         evaluated = name in kw["ann"] or any(re.search(p, name) for p in kw["ann_pp"])
         props[name] = child if evaluated else intersect(child, rest, ctx)
     # `true` constrains nothing but still marks every property evaluated (for an outer unevaluated*).
-    additional = (kw["additional"] if rest.is_any else rest) if kw["additional"] is None else intersect(kw["additional"], rest, ctx)
-    checked = check_object({**kw, "props": props, "additional": additional, "ann": kw["ann"] | frozenset(props),
-                            "ann_rest": True}, ctx)
+    additional = (
+        (kw["additional"] if rest.is_any else rest)
+        if kw["additional"] is None
+        else intersect(kw["additional"], rest, ctx)
+    )
+    checked = check_object(
+        {**kw, "props": props, "additional": additional, "ann": kw["ann"] | frozenset(props), "ann_rest": True}, ctx
+    )
     return None if checked is None else Leaf("object", checked, leaf.origin, leaf.weak)
 
 
@@ -149,7 +159,9 @@ def _unevaluated_array(leaf: Leaf, rest: U, ctx, location: str) -> Leaf | None:
         return leaf
     if kw["contains"]:
         raise Refusal("unevaluatedItems beside contains", location)
-    prefix = tuple(child if i < kw["ann_prefix"] else intersect(child, rest, ctx) for i, child in enumerate(kw["prefix"]))
+    prefix = tuple(
+        child if i < kw["ann_prefix"] else intersect(child, rest, ctx) for i, child in enumerate(kw["prefix"])
+    )
     items = (None if rest.is_any else rest) if kw["items"] is None else intersect(kw["items"], rest, ctx)
     checked = check_array({**kw, "prefix": prefix, "items": items, "ann_items": True, "ann_prefix": len(prefix)})
     return None if checked is None else Leaf("array", checked, leaf.origin, leaf.weak)
@@ -174,9 +186,10 @@ def finish_leaf(leaf: Leaf, ctx) -> list[Leaf]:
 def _finish_object(leaf: Leaf, ctx) -> Leaf | None:
     kw = dict(leaf.kw)
     for names in kw["names"]:
-        kw = _property_names(kw, names, ctx, leaf.origin)
-        if kw is None:
+        narrowed = _property_names(kw, names, ctx, leaf.origin)
+        if narrowed is None:
             return None
+        kw = narrowed
     kw["names"] = ()
     props = dict(kw["props"])
     for name in kw["required"]:
@@ -189,10 +202,12 @@ def _finish_object(leaf: Leaf, ctx) -> Leaf | None:
 
 def _property_names(kw: dict, names: U, ctx, origin: str) -> dict | None:
     strings = intersect(names, bare(("string",), origin), ctx)
-    if strings.is_any or (len(strings.leaves) == 1 and strings.leaves[0].is_bare()):
+    if strings.leaves is None or (len(strings.leaves) == 1 and strings.leaves[0].is_bare()):
         return kw
     if not deeply_exact(strings, ctx):  # names it rejects might be valid ones: no exact rewrite
-        raise Refusal("propertyNames that could only be approximated (a not/oneOf inside it)", f"{origin}.propertyNames")
+        raise Refusal(
+            "propertyNames that could only be approximated (a not/oneOf inside it)", f"{origin}.propertyNames"
+        )
     props = {n: (c if ctx.accepts(strings, n) else NONE) for n, c in kw["props"].items()}
     if strings.is_none:
         return {**kw, "props": props, "pprops": {}, "additional": NONE, "max": 0}
@@ -214,7 +229,9 @@ def _single_pattern(leaves, origin: str) -> str:
     from .formats import FORMAT_PATTERNS
 
     if len(leaves) != 1 or leaves[0].kind != "string":
-        raise Refusal("propertyNames other than one pattern, length, format or a list of names", f"{origin}.propertyNames")
+        raise Refusal(
+            "propertyNames other than one pattern, length, format or a list of names", f"{origin}.propertyNames"
+        )
     kw = leaves[0].kw
     parts = list(kw["patterns"]) + [rf"\A(?:{FORMAT_PATTERNS[f]})\Z" for f in kw["formats"]]
     if kw["min"] > 0 or kw["max"] is not None:
@@ -259,10 +276,21 @@ def _one_contains(leaf: Leaf, child: U, low: int, high: int | None, ctx) -> list
             if high is not None and count > high:
                 break
             for chosen in itertools.combinations(range(length), count):
-                prefix = tuple(intersect(p, child, ctx) if i in chosen else intersect(p, negated, ctx)
-                               for i, p in enumerate(positions))
-                checked = check_array({**kw, "prefix": prefix, "items": NONE, "min": length, "max": length,
-                                       "ann_prefix": length, "ann_items": True})
+                prefix = tuple(
+                    intersect(p, child, ctx) if i in chosen else intersect(p, negated, ctx)
+                    for i, p in enumerate(positions)
+                )
+                checked = check_array(
+                    {
+                        **kw,
+                        "prefix": prefix,
+                        "items": NONE,
+                        "min": length,
+                        "max": length,
+                        "ann_prefix": length,
+                        "ann_items": True,
+                    }
+                )
                 if checked is not None:
                     out.append(Leaf("array", checked, leaf.origin, leaf.weak))
                 if len(out) > 64:

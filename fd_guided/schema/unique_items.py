@@ -1,20 +1,21 @@
 """``uniqueItems`` at a value position, once the array leaf is final (`rules.finish_leaf`).
 
-  - at most one item: dropped (every such array is unique);
-  - items from a finite domain (enums, booleans, null): the distinct arrays are enumerated as an
-    enum (at most `MAX_UNIQUE_ARRAYS`): exact; past that, with the runtime guard and plain
-    literals (`_guardable_finite`), dropped here and enforced by the guard, which also refuses
-    any token that leaves the item no unused value to become: exact and live;
-  - items from an *open* domain (`open_domain`) in a request where the runtime guard runs
-    (``ctx.unique_guard``: a ``json_schema`` request, the JSON is the whole output): dropped here
-    and enforced by `fd_guided.unique_guard` while the output is generated: exact;
-  - otherwise refused, named.
+- at most one item: dropped (every such array is unique);
+- items from a finite domain (enums, booleans, null): the distinct arrays are enumerated as an
+  enum (at most `MAX_UNIQUE_ARRAYS`): exact; past that, with the runtime guard and plain
+  literals (`_guardable_finite`), dropped here and enforced by the guard, which also refuses
+  any token that leaves the item no unused value to become: exact and live;
+- items from an *open* domain (`open_domain`) in a request where the runtime guard runs
+  (``ctx.unique_guard``: a ``json_schema`` request, the JSON is the whole output): dropped here
+  and enforced by `fd_guided.unique_guard` while the output is generated: exact;
+- otherwise refused, named.
 """
+
 from __future__ import annotations
 
 from .formats import FORMAT_PATTERNS, format_pattern
 from .intersection import array_max
-from .leaves import ANY, U, Leaf, item_at, json_key
+from .leaves import ANY, Leaf, U, item_at, json_key
 from .refusal import Refusal
 from .regex import extendable, string_language
 from .unique_paths import literal_text
@@ -132,8 +133,9 @@ def _closing_guarded_position(u: U, ctx) -> bool:
         return False
     opened = [leaf for leaf in leaves if _open_leaf(leaf, ctx)]
     closing = [leaf for leaf in leaves if leaf not in opened and _closing_object_leaf(leaf, ctx)]
-    return bool(closing) and all(leaf in opened or leaf in closing or _literal_leaf(leaf) or _subsumed_enum(leaf, opened, ctx)
-                                 for leaf in leaves)
+    return bool(closing) and all(
+        leaf in opened or leaf in closing or _literal_leaf(leaf) or _subsumed_enum(leaf, opened, ctx) for leaf in leaves
+    )
 
 
 def _counted_strings(kw: dict, ctx) -> bool:
@@ -154,8 +156,12 @@ def _counted_strings(kw: dict, ctx) -> bool:
     if len(strings) != 1 or not all(leaf in strings or leaf in literal for leaf in leaves):
         return False
     string = strings[0].kw
-    language = string_language(tuple(string["patterns"]), tuple(FORMAT_PATTERNS[f] for f in string["formats"]), string["min"], string["max"])
-    literals = sum(1 if leaf.kind == "null" else 2 if leaf.kind == "boolean" else len(leaf.kw["values"]) for leaf in literal)
+    language = string_language(
+        tuple(string["patterns"]), tuple(FORMAT_PATTERNS[f] for f in string["formats"]), string["min"], string["max"]
+    )
+    literals = sum(
+        1 if leaf.kind == "null" else 2 if leaf.kind == "boolean" else len(leaf.kw["values"]) for leaf in literal
+    )
     needed = max(kw["min"] - literals, 1)
     return language is not None and language.completions(0, needed) >= needed
 
@@ -190,7 +196,9 @@ def _open_last(leaf: Leaf, ctx) -> Leaf:
 
 def _fully_open(u: U, ctx) -> bool:
     leaves = _concrete_leaves(u, ctx, 0)
-    return bool(leaves) and all(_open_leaf(leaf, ctx) for leaf in leaves)
+    if not leaves:
+        return False
+    return all(_open_leaf(leaf, ctx) for leaf in leaves)
 
 
 def _closing_object_leaf(leaf, ctx) -> bool:
@@ -221,12 +229,14 @@ def open_domain(u: U, ctx) -> bool:
     if leaves is None:
         return False
     opened = [leaf for leaf in leaves if _open_leaf(leaf, ctx)]
-    return bool(opened) and all(leaf in opened or _literal_leaf(leaf) or _subsumed_enum(leaf, opened, ctx) for leaf in leaves)
+    return bool(opened) and all(
+        leaf in opened or _literal_leaf(leaf) or _subsumed_enum(leaf, opened, ctx) for leaf in leaves
+    )
 
 
 def _concrete_leaves(u: U, ctx, depth: int) -> list | None:
     """`u`'s leaves with references expanded ([ANY] for any value); None when unknowable."""
-    if u.is_any:
+    if u.leaves is None:  # u.is_any
         return [ANY]
     if u.is_none or depth > 8:
         return None
@@ -264,13 +274,22 @@ def _open_leaf(leaf, ctx) -> bool:
             return kw["hi"][0] <= -1
         return True  # the guard refuses to begin a 0 the array holds (`JsonTracker`, integer items)
     if leaf.kind == "object":  # another key (with any value undeclared keys may take) can always be added
-        return not kw["pprops"] and (kw["additional"] is None or not kw["additional"].is_none) and kw["max"] is None and not kw["names"]
+        return (
+            not kw["pprops"]
+            and (kw["additional"] is None or not kw["additional"].is_none)
+            and kw["max"] is None
+            and not kw["names"]
+        )
     if leaf.kind == "array":
         # Another item can always be appended, and lengths are unbounded: among the ways on, one
         # differs from each of the finitely many earlier items. Unique nested items need open ones.
         items = ANY if kw["items"] is None else kw["items"]
-        return (array_max(kw) is None and not kw["contains"] and not items.is_none
-                and (not kw["unique"] or _fully_open(items, ctx)))
+        return (
+            array_max(kw) is None
+            and not kw["contains"]
+            and not items.is_none
+            and (not kw["unique"] or _fully_open(items, ctx))
+        )
     return False
 
 
@@ -289,8 +308,12 @@ def _subsumed_enum(leaf, opened: list, ctx) -> bool:
     language can go on; `open_domain`)."""
     if leaf is ANY or leaf.kind != "enum":
         return False
-    return all(value is None or isinstance(value, bool) or any(ctx.accepts(U([open_leaf]) if open_leaf is not ANY else ANY, value) for open_leaf in opened)
-               for value in leaf.kw["values"])
+    return all(
+        value is None
+        or isinstance(value, bool)
+        or any(ctx.accepts(U([open_leaf]) if open_leaf is not ANY else ANY, value) for open_leaf in opened)
+        for value in leaf.kw["values"]
+    )
 
 
 def _open_string(kw: dict) -> bool:
@@ -333,7 +356,7 @@ def _enumerate(domains, minimum, current, seen, out, location, visits=None) -> N
     visits[0] += 1
     if visits[0] > MAX_VISITS:
         raise Refusal(f"uniqueItems with more than {MAX_UNIQUE_ARRAYS} possible arrays", location)
-    if len(current) < minimum and len(current) + _distinct_left(domains[len(current):], seen) < minimum:
+    if len(current) < minimum and len(current) + _distinct_left(domains[len(current) :], seen) < minimum:
         return
     if len(current) >= minimum:
         out.append(list(current))

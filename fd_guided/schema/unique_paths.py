@@ -21,6 +21,7 @@ unique is guarded; an array guarded without need (a ``uniqueItems`` in a branch 
 take) only loses duplicate values it could have had. Bounded: a node set holds at most
 `MAX_NODES` schemas; past that every array below is guarded.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,9 +39,27 @@ _ITEM_KEYWORDS = frozenset({"items", "prefixItems", "contains", "unevaluatedItem
 _JSON_TYPES = {"string": str, "boolean": bool, "null": type(None), "integer": int}
 # Keywords that can narrow a literal (string, number, boolean, null) beyond type/enum/const: where
 # one appears, `item_domain` does not try to mirror it and says "unknown".
-_NARROWING = frozenset({"pattern", "minLength", "maxLength", "format", "minimum", "maximum", "exclusiveMinimum",
-                        "exclusiveMaximum", "multipleOf", "not", "if", "then", "else", "contentEncoding",
-                        "contentMediaType", "$dynamicRef", "$recursiveRef"})
+_NARROWING = frozenset(
+    {
+        "pattern",
+        "minLength",
+        "maxLength",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contentEncoding",
+        "contentMediaType",
+        "$dynamicRef",
+        "$recursiveRef",
+    }
+)
 
 
 class NodeSet(tuple):
@@ -51,7 +70,7 @@ class NodeSet(tuple):
 
 
 _UNBOUNDED = NodeSet()
-_UNBOUNDED.unbounded = True  # type: ignore[misc]
+_UNBOUNDED.unbounded = True
 
 
 class UniquePaths:
@@ -64,7 +83,7 @@ class UniquePaths:
     def root(self) -> NodeSet:
         return self._root
 
-    def child(self, nodes: NodeSet, step: "str | int") -> NodeSet:
+    def child(self, nodes: NodeSet, step: str | int) -> NodeSet:
         """The node set of the value at `step` (a property name or an item index) below `nodes`."""
         if nodes.unbounded:
             return nodes
@@ -100,7 +119,8 @@ class UniquePaths:
         if values is None:
             return None
         texts = [literal_text(value) for value in values]
-        return None if any(text is None for text in texts) else tuple(dict.fromkeys(texts))
+        plain = [text for text in texts if text is not None]
+        return None if len(plain) != len(texts) else tuple(dict.fromkeys(plain))
 
     def item_strings(self, nodes: NodeSet):
         """The language of the string items of an array at `nodes` (`regex.string_language`) and
@@ -134,16 +154,23 @@ class UniquePaths:
             return False
         kw = found
         types = _types_of(kw)
-        return (types is not None and "integer" in types and "number" not in types
-                and not set(kw) - (_STRING_KEYWORDS | {"type"}))
+        return (
+            types is not None
+            and "integer" in types
+            and "number" not in types
+            and not set(kw) - (_STRING_KEYWORDS | {"type"})
+        )
 
     def _items_of(self, nodes: NodeSet) -> tuple | None:
         """(the ``items`` schema, its resolver) when exactly one schema of `nodes` constrains
         items, with ``items`` alone (no ``prefixItems``/``contains``/``unevaluatedItems``)."""
         if nodes.unbounded:
             return None
-        constraining = [(kw, resolver) for kw, resolver in ((self._keywords(node), resolver) for node, resolver in nodes)
-                        if kw.keys() & _ITEM_KEYWORDS]
+        constraining = [
+            (kw, resolver)
+            for kw, resolver in ((self._keywords(node), resolver) for node, resolver in nodes)
+            if kw.keys() & _ITEM_KEYWORDS
+        ]
         if len(constraining) != 1 or set(constraining[0][0]) & _ITEM_KEYWORDS != {"items"}:
             return None
         return constraining[0][0]["items"], constraining[0][1]
@@ -206,9 +233,10 @@ class UniquePaths:
         for name in ("anyOf", "oneOf"):
             if isinstance(kw.get(name), list):
                 branches = [self._literal_values(branch, resolver, depth + 1) for branch in kw[name]]
-                if any(branch is None for branch in branches):
+                known = [branch for branch in branches if branch is not None]
+                if len(known) != len(branches):
                     return None
-                joined = [v for branch in branches for v in branch]
+                joined = [v for branch in known for v in branch]
                 if name == "oneOf":
                     joined = [v for v in joined if sum(_same(v, w) for w in joined) == 1]
                 values = joined if values is None else [v for v in values if any(_same(v, w) for w in joined)]
@@ -263,7 +291,7 @@ class UniquePaths:
 
 
 def _property_children(kw: dict, name: str, resolver, out: list) -> None:
-    properties = kw.get("properties") if isinstance(kw.get("properties"), dict) else {}
+    properties = kw["properties"] if isinstance(kw.get("properties"), dict) else {}
     if name in properties:
         out.append((properties[name], resolver))
     elif "additionalProperties" in kw:
@@ -275,7 +303,7 @@ def _property_children(kw: dict, name: str, resolver, out: list) -> None:
 
 
 def _item_children(kw: dict, index: int, resolver, out: list) -> None:
-    prefix = kw.get("prefixItems") if isinstance(kw.get("prefixItems"), list) else []
+    prefix = kw["prefixItems"] if isinstance(kw.get("prefixItems"), list) else []
     if index < len(prefix):
         out.append((prefix[index], resolver))
     elif "items" in kw:

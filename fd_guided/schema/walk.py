@@ -7,9 +7,11 @@ by keyword position (never by key name anywhere in the document) is what keeps a
 (or data from being read as a schema). The forms of every draft are covered (``items`` as a list,
 ``additionalItems``, ``dependencies``, ``definitions``); unknown keywords are not entered.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 # Keywords whose values are data, not subschemas: never entered.
 DATA_KEYWORDS = ("const", "enum", "default", "examples")
@@ -17,8 +19,20 @@ DATA_KEYWORDS = ("const", "enum", "default", "examples")
 SCHEMA_MAP_KEYWORDS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 # Keywords whose values are lists of subschemas ("items" only in drafts 4-2019-09).
 SCHEMA_LIST_KEYWORDS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-SCHEMA_KEYWORDS = ("items", "additionalItems", "additionalProperties", "not", "if", "then", "else", "contains",
-                   "propertyNames", "unevaluatedProperties", "unevaluatedItems", "contentSchema")
+SCHEMA_KEYWORDS = (
+    "items",
+    "additionalItems",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "contentSchema",
+)
 
 
 def subschemas(node: Any, path: str = "$") -> Iterator[tuple[Any, str]]:
