@@ -1,4 +1,5 @@
 """Engine-level settings of guided decoding, with the defaults a serving stack should start from."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -127,5 +128,5 @@ class GuidedConfig:
         if self.unknown_formats not in ("refuse", "annotate"):
             raise ValueError(f"unknown_formats must be 'refuse' or 'annotate', got {self.unknown_formats!r}")
 
-    def replace(self, **changes) -> "GuidedConfig":
+    def replace(self, **changes) -> GuidedConfig:
         return dataclasses.replace(self, **changes)

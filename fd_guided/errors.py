@@ -75,7 +75,9 @@ class GrammarCompileMemoryError(CompileBudgetError):
 class GrammarCompileCrash(CompileBudgetError):
     """The native compiler died on this constraint (e.g. a segfault); its worker process was replaced."""
 
-    def __init__(self, message: str, *, part: str | None = None, feature: str | None = "a constraint that crashes the compiler"):
+    def __init__(
+        self, message: str, *, part: str | None = None, feature: str | None = "a constraint that crashes the compiler"
+    ):
         super().__init__(message, part=part, feature=feature)
 
 
@@ -89,7 +91,14 @@ class SlotStateError(GuidedDecodingError, RuntimeError):
 
 def error_class(name: str) -> type[InvalidGrammarError]:
     """The `InvalidGrammarError` subclass called `name` (errors cross process boundaries by name)."""
-    for cls in (InvalidGrammarError, UnsatisfiableGrammarError, CompileBudgetError, GrammarCompileTimeout, GrammarCompileMemoryError, GrammarCompileCrash):
+    for cls in (
+        InvalidGrammarError,
+        UnsatisfiableGrammarError,
+        CompileBudgetError,
+        GrammarCompileTimeout,
+        GrammarCompileMemoryError,
+        GrammarCompileCrash,
+    ):
         if cls.__name__ == name:
             return cls
     return InvalidGrammarError
@@ -103,11 +112,25 @@ def combine_engine_errors(failures: list[tuple[str, BaseException]]) -> BaseExce
     """
     if len(failures) == 1:
         return failures[0][1]
-    message = "no engine could compile this constraint (" + "; ".join(f"{engine}: {error}" for engine, error in failures) + ")"
+    message = (
+        "no engine could compile this constraint ("
+        + "; ".join(f"{engine}: {error}" for engine, error in failures)
+        + ")"
+    )
     first = failures[0][1]
     part = getattr(first, "part", None)
     feature = " / ".join(f for f in (getattr(e, "feature", None) for _, e in failures) if f) or None
-    for common in (UnsatisfiableGrammarError, GrammarCompileTimeout, GrammarCompileMemoryError, GrammarCompileCrash, CompileBudgetError):
+    for common in (
+        UnsatisfiableGrammarError,
+        GrammarCompileTimeout,
+        GrammarCompileMemoryError,
+        GrammarCompileCrash,
+        CompileBudgetError,
+    ):
         if all(isinstance(error, common) for _, error in failures):
-            return common(message, part=part, feature=feature) if common is not UnsatisfiableGrammarError else common(message, part=part)
+            return (
+                common(message, part=part, feature=feature)
+                if common is not UnsatisfiableGrammarError
+                else common(message, part=part)
+            )
     return InvalidGrammarError(message, part=part, feature=feature)

@@ -3,13 +3,31 @@
 Deliberately tiny and dependency-free: a serving stack scrapes `GuidedMetrics.to_prometheus()` or
 copies values into its own registry. All updates are thread-safe (compiles finish on pool threads).
 """
+
 from __future__ import annotations
 
 import bisect
 import threading
 from dataclasses import dataclass, field
 
-DEFAULT_SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+DEFAULT_SECONDS_BUCKETS = (
+    0.0001,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 
 
 @dataclass
@@ -38,27 +56,52 @@ class GuidedMetrics:
         "inflight_joins_total": "Compiles that joined an identical compile already in flight.",
         "compile_errors_total": "Compiles that failed (invalid grammar).",
         "compile_timeouts_total": "Compiles stopped at their time budget (the worker was killed).",
-        "background_compiles_dropped_total": "Cache-only compiles (their request was served by another engine) dropped from a full backlog.",
-        "compile_budget_failures_total": "Requests failed because their compile ran past its time or memory budget or crashed.",
-        "unready_samples_total": "Guided rows sampled before their grammar was ready (the request failed; hosts wait for is_ready).",
-        "dead_end_rows_total": "Rows the grammar left without any allowed token (the request failed, the row allowed stop tokens).",
+        "background_compiles_dropped_total": (
+            "Cache-only compiles (their request was served by another engine) dropped from a full backlog."
+        ),
+        "compile_budget_failures_total": (
+            "Requests failed because their compile ran past its time or memory budget or crashed."
+        ),
+        "unready_samples_total": (
+            "Guided rows sampled before their grammar was ready (the request failed; hosts wait for is_ready)."
+        ),
+        "dead_end_rows_total": (
+            "Rows the grammar left without any allowed token (the request failed, the row allowed stop tokens)."
+        ),
         "rejected_tokens_total": "Sampled tokens the grammar rejected (the request finished with an error).",
-        "out_of_mask_tokens_total": "Tokens outside their row's applied mask that the host is not known to force (the request finished with an error).",
+        "out_of_mask_tokens_total": (
+            "Tokens outside their row's applied mask that the host is not known to force "
+            "(the request finished with an error)."
+        ),
         "requests_total": "Guided requests added.",
         "requests_finished_total": "Guided requests finished by the grammar (stop) or by an error.",
         "shared_cache_hits_total": "Compiles served from the shared (L2) cache.",
         "shared_cache_misses_total": "Shared (L2) cache lookups that found nothing usable.",
         "draft_tokens_total": "Draft tokens of speculative steps whose rows were masked.",
-        "draft_tokens_invalid_total": "Draft tokens the grammar rejected (their chain ended there; the host must not accept them).",
+        "draft_tokens_invalid_total": (
+            "Draft tokens the grammar rejected (their chain ended there; the host must not accept them)."
+        ),
         "jump_forward_tokens_total": "Tokens emitted by jump-forward without a sample.",
-        "jump_forward_retracted_tokens_total": "Sampled tokens jump-forward re-encoded at the boundary (retracted, then re-emitted).",
+        "jump_forward_retracted_tokens_total": (
+            "Sampled tokens jump-forward re-encoded at the boundary (retracted, then re-emitted)."
+        ),
         "reasoning_forced_tokens_total": "Think-end marker tokens forced because a request spent its reasoning budget.",
-        "budget_steered_requests_total": "Requests whose rows budget steering restricted to end complete within max_tokens.",
+        "budget_steered_requests_total": (
+            "Requests whose rows budget steering restricted to end complete within max_tokens."
+        ),
         "budget_forced_tokens_total": "Rows budget steering restricted (tokens chosen within the closing plan).",
-        "budget_refused_requests_total": "Requests failed at their first step: max_tokens below the shortest valid output.",
-        "budget_reasoning_cut_total": "Reasoning sections ended early to leave max_tokens room for the shortest valid output.",
-        "budget_overruns_total": "Budgeted requests whose shortest completion outgrew the tokens left before their closing phase.",
-        "budget_search_failures_total": "Shortest-completion searches that found nothing within their bound (the request is not steered).",
+        "budget_refused_requests_total": (
+            "Requests failed at their first step: max_tokens below the shortest valid output."
+        ),
+        "budget_reasoning_cut_total": (
+            "Reasoning sections ended early to leave max_tokens room for the shortest valid output."
+        ),
+        "budget_overruns_total": (
+            "Budgeted requests whose shortest completion outgrew the tokens left before their closing phase."
+        ),
+        "budget_search_failures_total": (
+            "Shortest-completion searches that found nothing within their bound (the request is not steered)."
+        ),
     }
     GAUGES = {
         "compiles_in_flight": "Compiles submitted and not finished.",

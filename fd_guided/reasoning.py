@@ -19,10 +19,12 @@ When a request starts in a reasoning section (`starts_in_reasoning`): only when 
 disables thinking writes an empty, closed section into the prompt). ``False`` and unset (None)
 constrain from the first token: a request is never unconstrained by omission.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Any, Union
 
 MarkerLike = Union[int, Sequence[int], Sequence[Sequence[int]], "ReasoningMarker", None]
 
@@ -42,14 +44,14 @@ class ReasoningMarker:
                     raise ValueError(f"reasoning marker token ids must be non-negative ints, got {token!r}")
 
     @classmethod
-    def of(cls, value: MarkerLike) -> "ReasoningMarker | None":
+    def of(cls, value: MarkerLike) -> ReasoningMarker | None:
         """An int (one token), a sequence of ints (one multi-token marker), a sequence of such
         sequences (alternatives), a marker, or None (no reasoning)."""
         if value is None or isinstance(value, ReasoningMarker):
             return value
         if isinstance(value, int):
             return cls(((int(value),),))
-        items = list(value)
+        items: list[Any] = list(value)  # ints, or sequences of ints (told apart below)
         if items and all(isinstance(item, int) for item in items):
             return cls((tuple(int(t) for t in items),))
         return cls(tuple(tuple(int(t) for t in item) for item in items))
@@ -70,7 +72,7 @@ class ReasoningMarker:
             n = len(seq)
             first = seq[0]
             for start in range(len(ids) - n + 1):
-                if ids[start] == first and tuple(ids[start:start + n]) == seq:
+                if ids[start] == first and tuple(ids[start : start + n]) == seq:
                     return True
         return False
 
@@ -107,12 +109,12 @@ class ReasoningState:
     spent: int = 0
     budget: int | None = None
 
-    def step(self, token: int) -> "ReasoningState":
+    def step(self, token: int) -> ReasoningState:
         """The state after one more generated token (a no-op once the section has ended)."""
         if not self.thinking:
             return self
         window = self.tail + (int(token),)
-        ended = any(window[-len(seq):] == seq for seq in self.marker.sequences if len(seq) <= len(window))
+        ended = any(window[-len(seq) :] == seq for seq in self.marker.sequences if len(seq) <= len(window))
         keep = self.marker.longest - 1
         return ReasoningState(self.marker, not ended, window[-keep:] if keep else (), self.spent + 1, self.budget)
 
@@ -131,7 +133,9 @@ class ReasoningState:
         return seq[0]
 
 
-def starts_in_reasoning(marker: ReasoningMarker | None, prompt_token_ids: Sequence[int], enable_thinking: bool | None) -> bool:
+def starts_in_reasoning(
+    marker: ReasoningMarker | None, prompt_token_ids: Sequence[int], enable_thinking: bool | None
+) -> bool:
     """See the module docstring: True only for ``enable_thinking=True`` and a prompt without a marker."""
     if marker is None or enable_thinking is not True:
         return False

@@ -12,6 +12,7 @@ bytes from another version or tokenizer, and the key already separates those cas
 Never raises on a miss, an oversized value or an unreachable server: it logs (rate-limited)
 and the caller compiles. Needs the ``redis`` extra (``pip install fd-guided[redis]``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,8 +47,14 @@ class RedisGrammarCache:
         prefix: key namespace, e.g. one per deployment.
     """
 
-    def __init__(self, client, *, ttl_s: float | None = DEFAULT_TTL_S, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-                 prefix: str = DEFAULT_PREFIX):
+    def __init__(
+        self,
+        client,
+        *,
+        ttl_s: float | None = DEFAULT_TTL_S,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        prefix: str = DEFAULT_PREFIX,
+    ):
         if ttl_s is not None and ttl_s <= 0:
             raise ValueError("ttl_s must be positive or None")
         if max_value_bytes <= 0:
@@ -61,7 +68,7 @@ class RedisGrammarCache:
         self._last_warning = 0.0
 
     @classmethod
-    def from_url(cls, url: str, *, socket_timeout_s: float = 0.5, **kwargs) -> "RedisGrammarCache":
+    def from_url(cls, url: str, *, socket_timeout_s: float = 0.5, **kwargs) -> RedisGrammarCache:
         """A cache on ``redis://host:port/db`` with connect and read timeouts of `socket_timeout_s`."""
         import redis
 
@@ -71,7 +78,9 @@ class RedisGrammarCache:
     def key(self, spec: GrammarSpec, backend: GuidedBackend) -> str:
         """The Redis key of `spec` compiled by `backend` (stable across processes and hosts)."""
         fmt = dataclasses.asdict(spec.json_format) if spec.json_format is not None else None
-        material = json.dumps([self._backend_identity(backend), spec.kind, spec.source, fmt], sort_keys=True, default=list)
+        material = json.dumps(
+            [self._backend_identity(backend), spec.kind, spec.source, fmt], sort_keys=True, default=list
+        )
         return self.prefix + hashlib.sha256(material.encode("utf-8")).hexdigest()
 
     def get(self, spec: GrammarSpec, backend: GuidedBackend) -> bytes | None:
@@ -83,7 +92,12 @@ class RedisGrammarCache:
 
     def put(self, spec: GrammarSpec, backend: GuidedBackend, data: bytes) -> None:
         if len(data) > self.max_value_bytes:
-            logger.info("compiled %s is %d bytes, over max_value_bytes=%d: not shared", spec.describe(), len(data), self.max_value_bytes)
+            logger.info(
+                "compiled %s is %d bytes, over max_value_bytes=%d: not shared",
+                spec.describe(),
+                len(data),
+                self.max_value_bytes,
+            )
             return
         try:
             self.client.set(self.key(spec, backend), data, ex=int(self.ttl_s) if self.ttl_s else None)
@@ -103,7 +117,9 @@ class RedisGrammarCache:
         now = time.monotonic()
         if now - self._last_warning >= _WARN_INTERVAL_S:
             self._last_warning = now
-            logger.warning("shared grammar cache %s failed (compiling locally): %s: %s", operation, type(error).__name__, error)
+            logger.warning(
+                "shared grammar cache %s failed (compiling locally): %s: %s", operation, type(error).__name__, error
+            )
 
 
 def backend_identity(backend: GuidedBackend) -> str:
@@ -113,8 +129,15 @@ def backend_identity(backend: GuidedBackend) -> str:
     for token in tokenizer.token_bytes:
         tokens.update(b"\xff" if token is None else len(token).to_bytes(2, "little") + token)
     stop_ids = list(getattr(backend, "stop_token_ids", tokenizer.eos_token_ids))
-    material = [backend.name, serialization_version(backend), tokenizer.name, tokens.hexdigest(),
-                tokenizer.vocab_size, backend.vocab_size, sorted(int(i) for i in stop_ids)]
+    material = [
+        backend.name,
+        serialization_version(backend),
+        tokenizer.name,
+        tokens.hexdigest(),
+        tokenizer.vocab_size,
+        backend.vocab_size,
+        sorted(int(i) for i in stop_ids),
+    ]
     return hashlib.sha256(json.dumps(material).encode("utf-8")).hexdigest()
 
 

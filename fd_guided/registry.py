@@ -8,6 +8,7 @@ A third party ships a backend by declaring, in its own package metadata::
 Two different classes under one name are refused (`DuplicateBackendError`), whichever way they
 were registered, so a plugin can never silently replace a built-in.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -72,7 +73,9 @@ def get_backend_class(name: str) -> type:
     _ensure_loaded()
     target = _registered.get(name)
     if target is None:
-        raise BackendNotFoundError(f"no guided-decoding backend named {name!r}; available: {', '.join(available_backends())}")
+        raise BackendNotFoundError(
+            f"no guided-decoding backend named {name!r}; available: {', '.join(available_backends())}"
+        )
     if isinstance(target, str):
         module_name, _, attribute = target.partition(":")
         target = getattr(importlib.import_module(module_name), attribute)

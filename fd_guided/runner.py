@@ -5,9 +5,11 @@ the mixin calls the manager's hooks around it in the fixed order a serving stack
 (prefill-done -> begin_step -> forward -> apply -> [host samples] -> accept). Device runners
 differ in where the model runs and which mask kernel path they use, nothing else.
 """
+
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from .manager import GuidedDecodingManager, GuidedFinish
 
@@ -39,11 +41,17 @@ class GuidedRunnerMixin:
         self.guided.mark_prefill_done(prefill_done)
         self.guided.begin_step(rows)
         logits = self.device_forward(chunks)
-        masked = self.guided.apply(logits)  # in place: None; a baseline manager may return a copy
+        # In place: None. A baseline manager (duck-typed, not a GuidedDecodingManager) may return a copy.
+        masked = self.guided.apply(logits)  # type: ignore[func-returns-value]
         return logits if masked is None else masked
 
-    def execute_speculative_step(self, chunks: Sequence[Any], slots: Sequence[int | None], drafts: Sequence[Sequence[int]],
-                                 prefill_done: Sequence[int]):
+    def execute_speculative_step(
+        self,
+        chunks: Sequence[Any],
+        slots: Sequence[int | None],
+        drafts: Sequence[Sequence[int]],
+        prefill_done: Sequence[int],
+    ):
         """Run one verification forward with guided masking: request i (slot `slots[i]`) owns
         ``len(drafts[i]) + 1`` consecutive logits rows (`GuidedDecodingManager.begin_speculative_step`)."""
         if self.guided is None:
