@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from fd_guided.budget import fit_budget_requested
 from fd_guided.errors import InvalidGrammarError
 from fd_guided.spec import GrammarSpec
 from fd_guided.harness.engine.sampling import SamplingParams
@@ -99,6 +100,7 @@ class SequenceState:
     min_tokens: int = 0
     reasoning_budget: int | None = None
     jump_forward: bool | None = None
+    fit_budget: bool = True  # steer the guided output to end complete within max_tokens (fd_guided.budget)
     draft_rng: np.random.Generator | None = None
     cache: Any = None
     draft_cache: Any = None
@@ -136,6 +138,7 @@ def read_request(index: int, request: dict, *, spec: GrammarSpec | None, prompt_
         params=params, rng=np.random.default_rng([seed, position]), spec=spec, enable_thinking=thinking,
         ignore_eos=bool(request.get("ignore_eos", False)), min_tokens=min_tokens,
         reasoning_budget=None if budget is None else int(budget), jump_forward=None if jump is None else bool(jump),
+        fit_budget=fit_budget_requested(request),
         # Drafts draw from their own stream, so the target's draws stay those of its seed.
         draft_rng=np.random.default_rng([seed, position, 1]),
     )
