@@ -18,24 +18,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import json
 import logging
-import re
 import threading
-from typing import Any, Sequence
+from typing import Sequence
 
-import llguidance
 from llguidance import LLExecutor, LLMatcher, LLTokenizer
 
 from ..config import GuidedConfig
-from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle
-from ..schema import regex_for_engine
 from ..unique_guard import restrict_rows, with_unique_guard
-from .llguidance_schema import Refusal, json_options, llguidance_schema
-from .llguidance_tags import format_to_lark
+from .llguidance_grammar import first_line, grammar_text, invalid_grammar, static_check
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +78,7 @@ class LLGuidanceMatcher(Grammar):
         if self._terminated or not 0 <= token_id < self.vocab_size:
             return False
         if self.matcher.is_error():
-            logger.warning("llguidance matcher is in its error state: %s", _first_line(self.matcher.get_error()))
+            logger.warning("llguidance matcher is in its error state: %s", first_line(self.matcher.get_error()))
             return False
         if token_id in self.stop_token_ids:
             # validate_tokens never counts EOS; a stop token is valid exactly when the match is complete.
@@ -93,7 +87,7 @@ class LLGuidanceMatcher(Grammar):
         if self.matcher.validate_tokens([token_id]) != 1:
             return False
         if not self.matcher.consume_token(token_id):
-            logger.warning("llguidance rejected a validated token: %s", _first_line(self.matcher.get_error()))
+            logger.warning("llguidance rejected a validated token: %s", first_line(self.matcher.get_error()))
             return False
         return True
 
@@ -105,7 +99,7 @@ class LLGuidanceMatcher(Grammar):
         # One native call validates the text tokens before the first stop token, one consumes them.
         valid = self.matcher.validate_tokens(tokens[:text]) if text else 0
         if valid and not self.matcher.consume_tokens(tokens[:valid]):
-            logger.warning("llguidance rejected validated tokens: %s", _first_line(self.matcher.get_error()))
+            logger.warning("llguidance rejected validated tokens: %s", first_line(self.matcher.get_error()))
             return 0
         if valid == text < len(tokens) and self.accept_token(tokens[text]):
             return valid + 1
@@ -183,7 +177,7 @@ class LLGuidanceBackend(GuidedBackend):
     def check(cls, spec: GrammarSpec) -> None:
         """Pure Python: the rewrites and refusals of `grammar_text` without llguidance's own
         parsers, which run in `compile` (a compile worker), never at admission."""
-        _STATIC_CHECKS[spec.kind](spec)
+        static_check(spec)
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceCompiled:
         grammar = grammar_text(spec)
@@ -191,7 +185,7 @@ class LLGuidanceBackend(GuidedBackend):
         template = LLMatcher(self.ll_tokenizer, grammar, log_level=0)
         problems = [template.get_error()] if template.is_error() else template.get_grammar_warnings()
         if problems:
-            raise _invalid(spec, problems[0])
+            raise invalid_grammar(spec, problems[0])
         return LLGuidanceCompiled(spec, grammar, template)
 
     def warm_up(self) -> None:
@@ -199,9 +193,16 @@ class LLGuidanceBackend(GuidedBackend):
         LLMatcher(self.ll_tokenizer, LLMatcher.grammar_from_regex("a"), log_level=0)
 
     def worker_recipe(self) -> tuple[str, dict]:
+        """`ProcessCompilable` (`fd_guided.backends.composite`): rebuilt by the constructor."""
         return "fd_guided.backends.llguidance:LLGuidanceBackend", {
             "tokenizer": self.tokenizer.portable(), "vocab_size": self.vocab_size, "config": self.config,
             "stop_token_ids": self.stop_token_ids}
+
+    def with_config(self, config: GuidedConfig) -> LLGuidanceBackend:
+        """This backend with `config` (its LLTokenizer is cached per tokenizer: shared)."""
+        if config == self.config:
+            return self
+        return LLGuidanceBackend(self.tokenizer, vocab_size=self.vocab_size, config=config, stop_token_ids=self.stop_token_ids)
 
     def new_grammar(self, compiled: CompiledGrammar) -> Grammar:
         if not isinstance(compiled, LLGuidanceCompiled):
@@ -276,152 +277,6 @@ class _BundleTokenizer:
 # ----- grammar text per spec kind -----------------------------------------------------------------
 
 
-def grammar_text(spec: GrammarSpec) -> str:
-    """The llguidance grammar for `spec` (no tokenizer needed). Raises InvalidGrammarError."""
-    try:
-        return _GRAMMAR_BUILDERS[spec.kind](spec)
-    except (ValueError, TypeError, RuntimeError) as error:
-        if isinstance(error, InvalidGrammarError):
-            raise
-        # llguidance's builders raise on input they cannot read (e.g. integers past 64 bits).
-        raise InvalidGrammarError(f"llguidance cannot read the grammar: {_first_line(error)}", part=_part_of(spec),
-                                  feature=f"input llguidance cannot read ({_first_line(error)[:80]})" if spec.kind in ("json_schema", "structural_tag") else None) from None
-    except Refusal as refusal:
-        part = _part_of(spec) if refusal.location in ("", "$") else f"json schema {refusal.location}"
-        raise InvalidGrammarError(f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
-
-
-def _json_schema_grammar(spec: GrammarSpec) -> str:
-    schema = llguidance_schema(spec.schema, spec.json_format, "json schema", unique_guard=True)
-    # As text: llguidance's own JSON reader takes numbers that its dict converter refuses.
-    return LLMatcher.grammar_from_json_schema(json.dumps(schema, ensure_ascii=False), overrides=json_options(spec.json_format))
-
-
-def _json_object_grammar(spec: GrammarSpec) -> str:
-    return LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=json_options(spec.json_format))
-
-
-def _regex_grammar(spec: GrammarSpec) -> str:
-    return LLMatcher.grammar_from_regex(regex_for_engine("llguidance", spec.source))
-
-
-def _choice_grammar(spec: GrammarSpec) -> str:
-    # Lark string literals take JSON escapes; non-ASCII text stays literal.
-    return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.choices))
-
-
-def _ebnf_grammar(spec: GrammarSpec) -> str:
-    from llguidance.gbnf_to_lark import gbnf_to_lark
-
-    try:
-        lark = gbnf_to_lark(spec.source)
-    except Exception as error:  # the converter raises plain exceptions on grammars it cannot read
-        raise InvalidGrammarError(f"llguidance could not convert the EBNF grammar to Lark: {_first_line(error)}", part="guided_grammar") from None
-    return LLMatcher.grammar_from_lark(lark)
-
-
-def _lark_grammar(spec: GrammarSpec) -> str:
-    return LLMatcher.grammar_from_lark(spec.source)
-
-
-def _structural_tag_grammar(spec: GrammarSpec) -> str:
-    tag = spec.structural_tag
-    if "format" in tag:
-        return LLMatcher.grammar_from_lark(format_to_lark(tag["format"], spec.json_format))
-    options = json_options(spec.json_format)
-    tags = []
-    for index, structure in enumerate(tag["structures"]):
-        trigger = next(t for t in tag["triggers"] if structure["begin"].startswith(t))
-        schema = llguidance_schema(structure["schema"], spec.json_format, f"structural_tag.structures[{index}].schema")
-        schema["x-guidance"] = options
-        tags.append(llguidance.StructTag(trigger=trigger, begin=structure["begin"], grammar=schema, end=structure["end"]))
-    # Triggers are plain text here (our tokenizers have no special tokens spelled like them).
-    return LLMatcher.grammar_from_lark(llguidance.StructTag.to_grammar(tags, assume_special=False))
-
-
-_GRAMMAR_BUILDERS = {
-    "json_schema": _json_schema_grammar,
-    "json_object": _json_object_grammar,
-    "regex": _regex_grammar,
-    "choice": _choice_grammar,
-    "ebnf": _ebnf_grammar,
-    "lark": _lark_grammar,
-    "structural_tag": _structural_tag_grammar,
-}
-
-
-def _check_json_schema(spec: GrammarSpec) -> None:
-    llguidance_schema(spec.schema, spec.json_format, "json schema", unique_guard=True)
-
-
-def _check_regex(spec: GrammarSpec) -> None:
-    regex_for_engine("llguidance", spec.source)
-
-
-def _check_structural_tag(spec: GrammarSpec) -> None:
-    tag = spec.structural_tag
-    if "format" in tag:
-        format_to_lark(tag["format"], spec.json_format)
-        return
-    for index, structure in enumerate(tag["structures"]):
-        llguidance_schema(structure["schema"], spec.json_format, f"structural_tag.structures[{index}].schema")
-
-
-def _static(builder):
-    """A static check that runs `builder`'s Python-only part and turns its Refusals into errors."""
-    def check(spec: GrammarSpec) -> None:
-        try:
-            builder(spec)
-        except Refusal as refusal:
-            part = _part_of(spec) if refusal.location in ("", "$") else f"json schema {refusal.location}"
-            raise InvalidGrammarError(f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
-    return check
-
-
-_STATIC_CHECKS = {
-    "json_schema": _static(_check_json_schema),
-    "json_object": _static(lambda spec: None),
-    "regex": _static(_check_regex),
-    "choice": _static(lambda spec: None),
-    "ebnf": _static(lambda spec: None),
-    "lark": _static(lambda spec: None),
-    "structural_tag": _static(_check_structural_tag),
-}
-
-
-def _invalid(spec: GrammarSpec, message: str) -> InvalidGrammarError:
-    feature = _feature_of(message, spec)
-    text = f"llguidance cannot enforce {feature}" if feature else f"rejected by llguidance: {_first_line(message)}"
-    return InvalidGrammarError(text, part=_part_of(spec), feature=feature)
-
-
-_UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[(.*?)\]")
-_UNKNOWN_FORMAT = re.compile(r"Unknown format: (.*)")
-
-
-def _feature_of(message: str, spec: GrammarSpec) -> str | None:
-    """The unsupported feature an llguidance message names; None for syntax errors in the request."""
-    match = _UNIMPLEMENTED.search(message)
-    if match:
-        keys = [key.strip().strip('"') for key in match.group(1).split(",")]
-        return ("keyword " if len(keys) == 1 else "keywords ") + ", ".join(keys)
-    match = _UNKNOWN_FORMAT.search(message)
-    if match:
-        return f"format {match.group(1).strip()!r}"
-    if "oneOf constraints are not supported" in message:
-        return "oneOf whose subschemas may overlap"
-    if "min/maxProperties only supported" in message:
-        return "minProperties/maxProperties together with optional properties"
-    if "look-around" in message:
-        return "regex look-around"
-    if "Unsatisfiable schema" in message:
-        return None  # the schema admits no instance: a request error, not a missing feature
-    if spec.kind in ("json_schema", "structural_tag"):
-        # The schema already passed jsonschema's meta-schema check: what llguidance refuses is a limit.
-        return _first_line(message)
-    return None
-
-
 # ----- helpers ------------------------------------------------------------------------------------
 
 
@@ -445,21 +300,3 @@ def _is_contiguous(bitmask) -> bool:
     if hasattr(bitmask, "is_contiguous"):
         return bool(bitmask.is_contiguous())
     return bool(bitmask.flags["C_CONTIGUOUS"])
-
-
-def _part_of(spec: GrammarSpec) -> str:
-    return {"json_schema": "guided_json", "json_object": "json_object", "regex": "guided_regex", "choice": "guided_choice",
-            "ebnf": "guided_grammar", "lark": "guided_grammar", "structural_tag": "structural_tag"}[spec.kind]
-
-
-def _first_line(error: Any) -> str:
-    text = str(error).strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
-        return type(error).__name__ if isinstance(error, Exception) else "unknown error"
-    for line in lines:  # regex errors put the reason on an "error: ..." line after the pattern
-        if line.startswith("error:"):
-            return f"{lines[0].rstrip(':')}: {line[len('error:'):].strip()}"
-    return lines[0]
-
-
