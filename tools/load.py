@@ -14,15 +14,21 @@ Client side, per request: TTFT (send -> first content byte) and TPOT ((last - fi
 (completion tokens - 1), from the usage of the stream). Server side, per phase (`/stats` is reset
 at the start): the event loop's lag (a 10 ms timer's overshoot: p99 and max), engine step times and
 the longest inter-token gap per step (a stalled decode step shows there), plus a timeline of
-compiles and requests in flight (polled from `/health`). Bounded: `--max-requests` in all and
-`--phase-timeout-s` per phase; loopback addresses only.
+compiles and requests in flight (polled from `/health`); on the two-process server also the IPC
+transit of step updates (`ipc_transit`: engine send -> API decode). A probe in a process of its
+own (so the load generator's own loop does not delay it) sends ``GET /v1/models`` every
+`--probe-interval-ms` on one keep-alive connection through each phase: how long a cheap endpoint
+takes, seen from a client (`probe`). `--phases` runs one phase only. Bounded: `--max-requests` in
+all and `--phase-timeout-s` per phase; loopback addresses only.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -190,10 +196,41 @@ async def run_phase(args, client: httpx.AsyncClient, name: str, guided: bool, bu
                                    "requests_in_flight": health["requests_in_flight"]})
             await asyncio.sleep(0.1)
 
+    probe = start_probe(str(client.base_url), args.probe_interval_ms) if args.probe_interval_ms > 0 else None
     await asyncio.gather(burst(), poll(), *(background(w) for w in range(args.background)))
     wall = time.perf_counter() - started
     stats = (await client.get("/stats", params={"samples": "true"})).json()
-    return summarise_phase(phase, stats, wall, time.time() - wall)
+    summary = summarise_phase(phase, stats, wall, time.time() - wall)
+    if probe is not None:
+        summary["probe"] = percentiles(stop_probe(probe))
+    return summary
+
+
+# ----- the probe: a cheap endpoint, timed from a process of its own -------------------------------
+
+
+def start_probe(url: str, interval_ms: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--probe", url, "--probe-interval-ms", str(interval_ms)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def stop_probe(probe: subprocess.Popen) -> list[float]:
+    out, _ = probe.communicate(b"", timeout=60)  # EOF on its stdin ends it
+    return json.loads(out or b"[]")
+
+
+def run_probe(url: str, interval_ms: float) -> None:
+    """`GET /v1/models` every `interval_ms` until stdin closes; prints the latencies (s) as JSON."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    latencies: list[float] = []
+    while not select.select([sys.stdin], [], [], interval_ms / 1000)[0]:
+        started = time.perf_counter()
+        connection.request("GET", "/v1/models")
+        response = connection.getresponse()
+        response.read()
+        latencies.append(time.perf_counter() - started)
+    print(json.dumps(latencies))
 
 
 def percentiles(values: list[float]) -> dict:
@@ -221,8 +258,8 @@ def summarise_phase(phase: Phase, stats: dict, wall: float, started_unix: float)
     for kind in kinds:
         result["ttft"][kind] = percentiles([s.ttft for s in phase.samples if s.kind == kind])
         result["tpot"][kind] = percentiles([s.tpot for s in phase.samples if s.kind == kind])
-    for name in ("loop_lag", "engine_step", "token_gap"):
-        result[name] = stats[name]
+    for name in ("loop_lag", "engine_step", "token_gap", "ipc_transit"):
+        result[name] = stats.get(name)
     return result
 
 
@@ -284,6 +321,8 @@ async def run(args, url: str) -> dict:
         report["loop_scheduling"] = (await client.get("/health")).json().get("loop_scheduling")
         print(f"server event loop: {report['loop_scheduling']}", flush=True)
         for name, guided in (("unguided", False), ("guided", True)):
+            if args.phases not in ("both", name):
+                continue
             await settle(client, args.phase_timeout_s)
             print(f"phase {name}: {args.background} background clients, burst of {args.cold} after {args.burst_delay_s} s", flush=True)
             report["phases"][name] = await run_phase(args, client, name, guided, budget, cold_offset)
@@ -306,8 +345,11 @@ def format_phase(name: str, phase: dict) -> str:
         ttft, tpot = phase["ttft"][kind], phase["tpot"][kind]
         lines.append(f"    {kind:<10} TTFT ms p50 {_ms(ttft.get('p50'))} p99 {_ms(ttft.get('p99'))} max {_ms(ttft.get('max'))}"
                      f" | TPOT ms p50 {_ms(tpot.get('p50'))} p99 {_ms(tpot.get('p99'))} max {_ms(tpot.get('max'))}")
-    for key, label in (("loop_lag", "event-loop lag"), ("engine_step", "engine step"), ("token_gap", "inter-token gap")):
-        s = phase[key]
+    for key, label in (("loop_lag", "event-loop lag"), ("engine_step", "engine step"), ("token_gap", "inter-token gap"),
+                       ("ipc_transit", "IPC transit"), ("probe", "GET /v1/models")):
+        s = phase.get(key)
+        if not s:
+            continue
         lines.append(f"    {label:<16} ms p50 {_ms(s.get('p50'))} p99 {_ms(s.get('p99'))} max {_ms(s.get('max'))} (n={s['count']})")
     return "\n".join(lines)
 
@@ -331,8 +373,15 @@ def main(argv=None) -> int:
     parser.add_argument("--tail-s", type=float, default=2.0, help="background load kept after the burst finishes")
     parser.add_argument("--phase-timeout-s", type=float, default=240.0)
     parser.add_argument("--max-requests", type=int, default=2000, help="requests in all, both phases")
+    parser.add_argument("--phases", default="both", choices=("both", "unguided", "guided"))
+    parser.add_argument("--probe-interval-ms", type=float, default=20.0, help="GET /v1/models this often (0: no probe)")
+    parser.add_argument("--probe", metavar="URL", help=argparse.SUPPRESS)  # the probe process itself
     parser.add_argument("--out", help="write the JSON report here")
     args = parser.parse_args(argv)
+    if args.probe:
+        check_loopback(args.probe)
+        run_probe(args.probe, args.probe_interval_ms)
+        return 0
     if not args.start_server:
         check_loopback(args.url)
     process = None
