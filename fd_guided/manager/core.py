@@ -159,7 +159,8 @@ class GuidedDecodingManager:
         thinking = starts_in_reasoning(self.reasoning_marker, prompt_token_ids, enable_thinking)
         self.slots.put(slot, SlotState(
             request_id=request_id, spec=spec, ticket=self.compiler.submit(spec), pending_tokens=list(output_token_ids),
-            reasoning=ReasoningState(self.reasoning_marker, budget=reasoning_budget) if thinking else None,
+            reasoning=ReasoningState(self.reasoning_marker, budget=reasoning_budget)
+            if thinking and self.reasoning_marker is not None else None,
             prefill_done=prefill_done or bool(output_token_ids),
             jump_forward=self.config.jump_forward if jump_forward is None else bool(jump_forward),
         ))

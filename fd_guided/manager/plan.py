@@ -89,6 +89,8 @@ def plan_nodes(tree: DraftTree, reasoning: ReasoningState | None, stop_ids: froz
     plans: list[NodePlan] = []
     states: list[ReasoningState | None] = []
     for node in range(tree.num_nodes):
+        state: ReasoningState | None
+        path: tuple[int, ...]
         if node == 0:
             state, path = reasoning, ()
         else:
@@ -103,7 +105,9 @@ def plan_nodes(tree: DraftTree, reasoning: ReasoningState | None, stop_ids: froz
                     plans.append(NodePlan(STOP))
                     states.append(None)
                     continue
-                state, path = states[parent].step(token), ()
+                above_state = states[parent]
+                assert above_state is not None  # a free or forced node has its reasoning state
+                state, path = above_state.step(token), ()
             else:
                 state, path = None, above.path + (token,)
         states.append(state)
@@ -133,20 +137,21 @@ def fill_trees(backend: GuidedBackend, bitmask, words: np.ndarray, jobs: Sequenc
     """Fill every job's rows, one node per job per batch fill (see the module docstring)."""
     stop_ids = frozenset(backend.stop_token_ids)
     walkers = [_walk(job, words, stop_ids) for job in jobs]
-    pending = [(walker, job, next(walker, None)) for walker, job in zip(walkers, jobs)]
+    started: list[tuple[Generator[int, bool, None], TreeFill, int | None]] = [
+        (walker, job, next(walker, None)) for walker, job in zip(walkers, jobs)]
     try:
         while True:
-            pending = [entry for entry in pending if entry[2] is not None]
+            pending = [(walker, job, row) for walker, job, row in started if row is not None]
             if not pending:
                 return
             backend.fill_bitmasks([job.grammar for _, job, _ in pending], bitmask, [row for _, _, row in pending])
-            pending = [(walker, job, _send(walker, not words[row].any())) for walker, job, row in pending]
+            started = [(walker, job, _send(walker, not words[row].any())) for walker, job, row in pending]
     finally:
         for walker in walkers:
             walker.close()  # every matcher back at its start state, even on an error
 
 
-def _send(walker: Generator, empty: bool) -> int | None:
+def _send(walker: Generator[int, bool, None], empty: bool) -> int | None:
     try:
         return walker.send(empty)
     except StopIteration:
@@ -156,7 +161,7 @@ def _send(walker: Generator, empty: bool) -> int | None:
 def _walk(job: TreeFill, words: np.ndarray, stop_ids: frozenset[int]) -> Generator[int, bool, None]:
     """Position job.grammar at each node's path in turn and yield the row to fill; receives
     whether the filled row came out empty."""
-    grammar, current = job.grammar, []
+    grammar, current = job.grammar, list[int]()
     try:
         for row, node, parent, path in job.nodes:
             if parent in job.invalid or parent in job.stops:

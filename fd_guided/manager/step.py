@@ -138,6 +138,7 @@ class BatchStep:
             if state.finish is None and state.grammar is None and not state.ticket.done():
                 self._deferred.append(entry)
                 continue
+            assert entry.slot is not None  # a state was found for it
             self.slots.materialise(entry.slot, state)
             job = self._prepare(entry, state)
             if job is not None:
@@ -161,6 +162,7 @@ class BatchStep:
             if plan.kind == GRAMMAR:
                 nodes.append((row, node, entry.tree.parents[node - 1] if node else -1, plan.path))
             elif plan.kind == FORCED:
+                assert plan.forced is not None  # a forced row names its token
                 self._forced_rows[row] = plan.forced
                 self._reasoning_rows.add(row)
             elif plan.kind == FREE:
@@ -169,7 +171,7 @@ class BatchStep:
                 self._stop_rows.append(row)
         if len(entry.tree.tokens):
             self.metrics.inc("draft_tokens_total", len(entry.tree.tokens))
-        if not nodes:
+        if not nodes or state.grammar is None:
             return None
         entry.fill = TreeFill(state.grammar, nodes, entry.first_row)
         return entry.fill
@@ -214,7 +216,9 @@ class BatchStep:
             return
         fill = entry.fill
         if fill is not None and fill.root_dead:
-            slot, state = entry.slot, self.slots[entry.slot]
+            slot = entry.slot
+            assert slot is not None  # only a guided slot's rows are filled
+            state = self.slots[slot]
             self.metrics.inc("dead_end_rows_total")
             self.slots.fail(slot, state, f"the {state.spec.kind} grammar allows no token here (after {state.accepted} accepted "
                        "tokens): no valid continuation exists")
@@ -323,6 +327,7 @@ class BatchStep:
             state = self.slots.get(slot)
             if not tokens or state is None or not state.prefill_done or state.finish is not None or state.grammar is None:
                 continue
+            assert slot is not None  # a state was found for it
             forced_at = None
             if masked_out == "host":
                 rows = [entry.first_row + node for node in path]
@@ -368,22 +373,29 @@ class BatchStep:
         pending after `first_token_wait_s` -> the request fails alone (its rows allow only stop tokens)."""
         if self._deferred and self.config.first_token_wait_s > 0:
             started = time.perf_counter()
-            wait_futures([self.slots[e.slot].ticket for e in self._deferred], timeout=self.config.first_token_wait_s)
+            wait_futures([self.slots[self._slot_of(e)].ticket for e in self._deferred], timeout=self.config.first_token_wait_s)
             self.timings.compile_wait += time.perf_counter() - started
         jobs = []
         for entry in self._deferred:
-            state = self.slots[entry.slot]
+            slot = self._slot_of(entry)
+            state = self.slots[slot]
             if not state.ticket.done():
                 self.metrics.inc("unready_samples_total")
-                self.slots.fail(entry.slot, state, "its grammar was still compiling when its first token was sampled "
+                self.slots.fail(slot, state, "its grammar was still compiling when its first token was sampled "
                            "(the host must wait until is_ready(slot))")
             else:
-                self.slots.materialise(entry.slot, state)
+                self.slots.materialise(slot, state)
             job = self._prepare(entry, state)
             if job is not None:
                 jobs.append(job)
         self._deferred = []
         return jobs
+
+    @staticmethod
+    def _slot_of(entry: StepEntry) -> int:
+        """The slot of a deferred entry (deferred only when its slot holds a guided request)."""
+        assert entry.slot is not None
+        return entry.slot
 
     def _timed_fill(self, jobs: list[TreeFill]) -> None:
         started = time.perf_counter()
