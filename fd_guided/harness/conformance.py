@@ -45,7 +45,7 @@ SEARCH_BUDGET = 20_000  # token feeds per instance while searching key orders
 def suite_root(repo_root: str | os.PathLike | None = None) -> Path | None:
     """The suite directory, from the environment or next to the repository; None if absent."""
     candidates = [os.environ.get(SUITE_ENV)]
-    base = Path(repo_root) if repo_root is not None else Path(__file__).resolve().parent.parent
+    base = Path(repo_root) if repo_root is not None else Path(__file__).resolve().parents[2]  # fd_guided/harness/ -> the repo root
     candidates.append(str(base.parent / "shared" / "corpora" / "json-schema-test-suite"))
     for candidate in candidates:
         if candidate and (Path(candidate) / "tests" / "draft2020-12").is_dir():
