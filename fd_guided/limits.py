@@ -289,10 +289,13 @@ def rule_depth(rules: dict[str, list[str]], root: str) -> int:
     return deepest
 
 
-def check_grammar(text: str, lark: bool, limits: AdmissionLimits, part: str) -> None:
-    """Bound a grammar's size, rule count and rule-chain depth."""
+def check_grammar(text: str, lark: bool, limits: AdmissionLimits, part: str,
+                  rules: dict[str, list[str]] | None = None) -> None:
+    """Bound a grammar's size, rule count and rule-chain depth (`rules`: its rule graph, when the
+    caller has it already)."""
     check_size(text, limits.max_constraint_bytes, part, "grammar")
-    rules = grammar_rules(text)
+    if rules is None:
+        rules = grammar_rules(text)
     if len(rules) > limits.max_grammar_rules:
         raise InvalidGrammarError(f"{len(rules):,} rules, over the limit of {limits.max_grammar_rules:,}", part=part,
                                   feature=f"grammars of more than {limits.max_grammar_rules:,} rules")

@@ -4,6 +4,7 @@ Every later stage (meta-validation, the normaliser, the engines' converters) rec
 document and assumes JSON values; a value that is not one, or nests past `MAX_NESTING`, is an
 `InvalidGrammarError` here, found iteratively (the check itself cannot overflow).
 """
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,9 @@ def check_document(value: Any, part: str) -> None:
         if isinstance(node, dict):
             for key, child in node.items():
                 if not isinstance(key, str):
-                    raise InvalidGrammarError(f"object keys must be strings, got {type(key).__name__} {key!r:.40}", part=f"{part}{path}")
+                    raise InvalidGrammarError(
+                        f"object keys must be strings, got {type(key).__name__} {key!r:.40}", part=f"{part}{path}"
+                    )
                 check_text(key, f"{part}{path}")
                 stack.append((child, depth + 1, f"{path}.{key}"))
         elif isinstance(node, (list, tuple)):
@@ -65,7 +68,9 @@ def check_text(text: str, part: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise InvalidGrammarError(f"not valid Unicode text ({error.reason} at position {error.start})", part=part) from None
+        raise InvalidGrammarError(
+            f"not valid Unicode text ({error.reason} at position {error.start})", part=part
+        ) from None
 
 
 def as_dict(value: Any, part: str) -> dict:
@@ -75,5 +80,22 @@ def as_dict(value: Any, part: str) -> dict:
         value = value.model_dump(by_alias=True)
     if not isinstance(value, dict):
         raise InvalidGrammarError(f"must be an object, got {type(value).__name__}", part=part)
+    check_document(value, part)
+    return value
+
+
+def load_schema(value: Any, part: str) -> dict:
+    """A request's JSON schema as a checked document: a pydantic model class, JSON text, `true`
+    (any value) or an object; `false` and non-objects refused."""
+    if isinstance(value, type) and hasattr(value, "model_json_schema"):
+        return value.model_json_schema()
+    if isinstance(value, (str, bytes)):
+        value = load_json(value, part)
+    if value is True:
+        return {}  # any JSON value (json_object would allow only objects)
+    if value is False:
+        raise InvalidGrammarError("the schema `false` admits no value", part=part)
+    if not isinstance(value, dict):
+        raise InvalidGrammarError(f"a JSON schema must be an object, got {type(value).__name__}", part=part)
     check_document(value, part)
     return value

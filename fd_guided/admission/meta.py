@@ -4,10 +4,12 @@
 valid, `jsonschema` decides the rest and words the error; every ``$ref`` must resolve inside the
 document (remote references are never fetched).
 """
+
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jsonschema
 
@@ -86,8 +88,10 @@ def _check_references(schema: dict, part: str) -> None:
     found = first_unresolvable_reference(schema)
     if found is not None:
         ref, where = found
-        raise InvalidGrammarError(f"reference {ref[:200]!r} does not resolve inside the schema (remote references "
-                                  f"are not fetched)", part=f"{part}{where[1:]}")
+        raise InvalidGrammarError(
+            f"reference {ref[:200]!r} does not resolve inside the schema (remote references are not fetched)",
+            part=f"{part}{where[1:]}",
+        )
 
 
 def schema_objects(node: Any, path: str = "") -> Iterator[tuple[dict, str]]:

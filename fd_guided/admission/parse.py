@@ -18,20 +18,24 @@ Schema with resolvable local ``$ref``s, non-empty choices, string types) and the
 backend's checker whether it can enforce the spec faithfully (regex/EBNF syntax, unsupported
 schema keywords). Every failure is an `InvalidGrammarError` naming the offending part.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..config import GuidedConfig
-from .documents import as_dict, check_document, check_text, load_json
 from ..errors import InvalidGrammarError
+from ..limits import AdmissionLimits, check_choices, check_grammar, check_schema, check_size
 from ..registry import get_backend_class
-from ..limits import AdmissionLimits, check_choices, check_grammar, check_regex, check_schema, check_size
+from .documents import as_dict, check_text, load_schema
 from .meta import check_json_schema
-from .spec import FIELD_OF_KIND, JSON_KINDS, KINDS, GrammarSpec, JsonFormat
+from .spec import FIELD_OF_KIND, GrammarSpec, JsonFormat
+from .syntax import check_regex_syntax, check_syntax
+from .tags import parse_structural_tag
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +70,9 @@ def parse_guided_request(
         raise
     except Exception as error:  # noqa: BLE001 - hostile input must never escape as another type
         logger.info("guided request rejected by an unexpected %s: %s", type(error).__name__, error)
-        raise InvalidGrammarError(f"could not read the guided fields ({type(error).__name__}: {_short(error)})", part="request") from None
+        raise InvalidGrammarError(
+            f"could not read the guided fields ({type(error).__name__}: {_short(error)})", part="request"
+        ) from None
     if spec is not None and check_backend:
         check_with_backend(get_backend_class(config.backend), spec)
     return spec
@@ -86,7 +92,8 @@ def check_with_backend(backend_class, spec: GrammarSpec) -> None:
         logger.exception("the %s checker failed on %s", getattr(backend_class, "name", backend_class), spec.describe())
         raise InvalidGrammarError(
             f"the {getattr(backend_class, 'name', 'backend')} checker could not check this constraint "
-            f"({type(error).__name__}: {error})", part=FIELD_OF_KIND.get(spec.kind, "request")
+            f"({type(error).__name__}: {error})",
+            part=FIELD_OF_KIND.get(spec.kind, "request"),
         ) from None
 
 
@@ -95,7 +102,9 @@ def _short(error: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _spec_from_fields(fields: Mapping[str, Any], json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec | None:
+def _spec_from_fields(
+    fields: Mapping[str, Any], json_format: JsonFormat, limits: AdmissionLimits
+) -> GrammarSpec | None:
     if fields.get("guided_json") is False:
         # The schema `false`: nothing is valid. Not "no constraint" (as guided_json_object: false is).
         raise InvalidGrammarError("the schema `false` admits no value", part="guided_json")
@@ -138,7 +147,7 @@ def _from_response_format(response_format: Any, json_format: JsonFormat, limits:
         return GrammarSpec("json_object", "", json_format)
     if kind == "structural_tag":
         body = {key: value for key, value in response_format.items() if key != "type"}
-        return _parse_structural_tag(body, json_format, limits, part="response_format")
+        return parse_structural_tag(body, json_format, limits, part="response_format")
     json_schema = as_dict(response_format.get("json_schema"), "response_format.json_schema")
     schema = json_schema.get("schema", json_schema.get("json_schema"))
     if schema is None:
@@ -147,7 +156,9 @@ def _from_response_format(response_format: Any, json_format: JsonFormat, limits:
     if strict is not None:
         if not isinstance(strict, bool):
             raise InvalidGrammarError("must be a boolean", part="response_format.json_schema.strict")
-        json_format = JsonFormat(json_format.any_whitespace, json_format.max_whitespace_cnt, json_format.separators, strict)
+        json_format = JsonFormat(
+            json_format.any_whitespace, json_format.max_whitespace_cnt, json_format.separators, strict
+        )
     return _parse_json_schema(schema, json_format, limits, part="response_format.json_schema.schema")
 
 
@@ -164,18 +175,7 @@ def _parse_json_object(value: Any, json_format: JsonFormat, limits: AdmissionLim
 def _parse_regex(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
     if not isinstance(value, str) or not value:
         raise InvalidGrammarError("must be a non-empty string", part="guided_regex")
-    if "\x00" in value:
-        raise InvalidGrammarError("must not contain NUL characters", part="guided_regex")
-    check_text(value, "guided_regex")
-    check_regex(value, limits, "guided_regex")
-    try:
-        re.compile(value)
-    except re.error as error:
-        if "bad escape \\p" in str(error) or "bad escape \\P" in str(error):
-            feature = "Unicode property escapes (\\p{...}, \\P{...})"
-            raise InvalidGrammarError(f"{feature} cannot be enforced: Python's re, which judges outputs, does not read them",
-                                      part="guided_regex", feature=feature) from None
-        raise InvalidGrammarError(f"not a valid regular expression: {error}", part="guided_regex") from None
+    check_regex_syntax(value, limits, "guided_regex")
     return GrammarSpec("regex", value)
 
 
@@ -199,12 +199,13 @@ def _parse_grammar(value: Any, json_format: JsonFormat, limits: AdmissionLimits)
         raise InvalidGrammarError("must be a non-empty grammar string", part="guided_grammar")
     check_text(value, "guided_grammar")
     lark = grammar_is_lark(value)
-    check_grammar(value, lark, limits, "guided_grammar")
+    check_size(value, limits.max_constraint_bytes, "guided_grammar", "grammar")
+    check_grammar(value, lark, limits, "guided_grammar", rules=check_syntax(value, lark, "guided_grammar").rules)
     return GrammarSpec("lark" if lark else "ebnf", value)
 
 
 def _parse_structural_tag_field(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
-    return _parse_structural_tag(value, json_format, limits, part="structural_tag")
+    return parse_structural_tag(value, json_format, limits, part="structural_tag")
 
 
 _FIELD_PARSERS = {
@@ -228,61 +229,12 @@ def grammar_is_lark(text: str) -> bool:
 
 
 def _parse_json_schema(value: Any, json_format: JsonFormat, limits: AdmissionLimits, *, part: str) -> GrammarSpec:
-    schema = _load_schema(value, part)
+    schema = load_schema(value, part)
     source = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
     check_size(source, limits.max_constraint_bytes, part, "schema")
     check_schema(schema, limits, part)
     check_json_schema(schema, part)
     return GrammarSpec("json_schema", source, json_format)
-
-
-def _load_schema(value: Any, part: str) -> dict:
-    if isinstance(value, type) and hasattr(value, "model_json_schema"):
-        return value.model_json_schema()
-    if isinstance(value, (str, bytes)):
-        value = load_json(value, part)
-    if value is True:
-        return {}  # any JSON value (json_object would allow only objects)
-    if value is False:
-        raise InvalidGrammarError("the schema `false` admits no value", part=part)
-    if not isinstance(value, dict):
-        raise InvalidGrammarError(f"a JSON schema must be an object, got {type(value).__name__}", part=part)
-    check_document(value, part)
-    return value
-
-
-def _parse_structural_tag(value: Any, json_format: JsonFormat, limits: AdmissionLimits, *, part: str) -> GrammarSpec:
-    if isinstance(value, (str, bytes)):
-        value = load_json(value, part)
-    value = as_dict(value, part)
-    if "format" in value:
-        source = json.dumps({"type": "structural_tag", "format": value["format"]}, ensure_ascii=False)
-        check_size(source, limits.max_constraint_bytes, part, "structural tag")
-        check_schema(value["format"], limits, part)
-        return GrammarSpec("structural_tag", source, json_format)
-    structures = value.get("structures")
-    triggers = value.get("triggers")
-    if not isinstance(structures, list) or not structures:
-        raise InvalidGrammarError("needs a non-empty 'structures' list (or a 'format')", part=part)
-    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
-        raise InvalidGrammarError("needs a non-empty 'triggers' list of non-empty strings", part=part)
-    normalised = []
-    for index, structure in enumerate(structures):
-        where = f"{part}.structures[{index}]"
-        structure = as_dict(structure, where)
-        begin, end = structure.get("begin"), structure.get("end")
-        if not isinstance(begin, str) or not begin or not isinstance(end, str):
-            raise InvalidGrammarError("needs string 'begin' (non-empty) and 'end'", part=where)
-        if not any(begin.startswith(trigger) for trigger in triggers):
-            raise InvalidGrammarError(f"begin {begin!r} starts with none of the triggers {triggers}", part=where)
-        schema = _load_schema(structure.get("schema", {"type": "object"}), f"{where}.schema")
-        check_schema(schema, limits, f"{where}.schema")
-        check_json_schema(schema, f"{where}.schema")
-        normalised.append({"begin": begin, "schema": schema, "end": end})
-    canonical = {"structures": normalised, "triggers": triggers}
-    source = json.dumps(canonical, ensure_ascii=False, separators=(",", ":"))
-    check_size(source, limits.max_constraint_bytes, part, "structural tag")
-    return GrammarSpec("structural_tag", source, json_format)
 
 
 def _json_format(fields: Mapping[str, Any], config: GuidedConfig) -> JsonFormat:
@@ -312,7 +264,9 @@ def _json_format(fields: Mapping[str, Any], config: GuidedConfig) -> JsonFormat:
     any_order = getattr(config, "any_order", False)
     if fields.get("guided_any_order") is not None:
         any_order = _bool_field(fields, "guided_any_order")
-    return JsonFormat(any_whitespace, max_ws if any_whitespace else None, separators, strict, unknown_formats, any_order)
+    return JsonFormat(
+        any_whitespace, max_ws if any_whitespace else None, separators, strict, unknown_formats, any_order
+    )
 
 
 def _separators(value: Any, default: tuple[str, str] | None) -> tuple[str, str] | None:
@@ -325,7 +279,9 @@ def _separators(value: Any, default: tuple[str, str] | None) -> tuple[str, str] 
         or value[0].strip() != ","
         or value[1].strip() != ":"
     ):
-        raise InvalidGrammarError("must be [item_separator, key_separator], e.g. [',', ':'] or [', ', ': ']", part="separators")
+        raise InvalidGrammarError(
+            "must be [item_separator, key_separator], e.g. [',', ':'] or [', ', ': ']", part="separators"
+        )
     return (value[0], value[1])
 
 

@@ -1,5 +1,6 @@
 """The admitted constraint: `GrammarSpec` (frozen; the cache key of compiled grammars) and
 `JsonFormat` (how JSON text may be laid out). Built by `fd_guided.admission.parse`."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,15 @@ from ..errors import InvalidGrammarError
 KINDS = ("json_schema", "json_object", "regex", "choice", "ebnf", "lark", "structural_tag")
 JSON_KINDS = ("json_schema", "json_object", "structural_tag")
 
-FIELD_OF_KIND = {"json_schema": "guided_json", "json_object": "json_object", "regex": "guided_regex", "choice": "guided_choice",
-                 "ebnf": "guided_grammar", "lark": "guided_grammar", "structural_tag": "structural_tag"}
+FIELD_OF_KIND = {
+    "json_schema": "guided_json",
+    "json_object": "json_object",
+    "regex": "guided_regex",
+    "choice": "guided_choice",
+    "ebnf": "guided_grammar",
+    "lark": "guided_grammar",
+    "structural_tag": "structural_tag",
+}
 
 
 @dataclass(frozen=True)
