@@ -47,6 +47,7 @@ __all__ = [
     "bitmask_width",
     "to_paddle_view",
     "to_torch_view",
+    "warm_up_cuda",
 ]
 
 IMPLS = ("auto", "cpu", "paddle", "cuda", "torch")
@@ -81,6 +82,13 @@ def allocate_pinned_bitmask(rows: int, vocab_size: int):
         (rows, bitmask_width(vocab_size)), -1, dtype=torch.int32,
         pin_memory=torch.cuda.is_available(),
     )
+
+
+def warm_up_cuda(vocab_size: int, **options) -> None:
+    """Launch the CUDA path's kernel variants once at start-up (`fd_guided.kernels.cuda.warm_up`)."""
+    from .cuda import warm_up
+
+    warm_up(vocab_size, **options)
 
 
 def apply_token_bitmask_inplace(

@@ -16,17 +16,46 @@ xgrammar applies bitmask row i to logits row i. The row numbers reach xgrammar a
 copied from pinned memory: given a Python list, xgrammar would copy it from pageable memory, which
 may block the host behind the stream's pending work (the forward pass).
 Buffers are per thread (no state shared across threads), per device and per bitmask width.
+
+A bitmask already on the device is read through `dlpack.cross_stream_read` when its producer
+stream is not the logits' (e.g. a torch bitmask with Paddle logits): waits both ways plus
+`record_stream`, on the GPU. Paddle logits whose current stream cannot be wrapped for torch
+(`StreamOrderError`) are masked with Paddle's own ops on that stream instead (kernels/paddle.py).
+
+`FD_GUIDED_CUDA_MASK_BACKEND` picks xgrammar's kernel: ``auto``/``triton`` (the default),
+``cuda`` (xgrammar's native kernel, built with nvcc on first use, i.e. by `warm_up`; it reads
+``min(logits width, words * 32)`` columns and the logits' rows, so it gets the logits sliced to
+``vocab_size`` and the bitmask to the rows and words used; its float4 stores assume a 16-byte
+aligned row start, so an unaligned view goes to Triton) or ``torch_compile``.
+`warm_up` launches every kernel variant a step can hit once, at start-up: Triton compiles a
+variant per dtype and argument specialisation on first use, which would otherwise stall a step.
+None of this has run on a GPU yet (docs/integration.md).
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
 
-from .dlpack import CUDA, device_kind, producer_stream, to_torch_view
+from .dlpack import (
+    CUDA,
+    StreamOrderError,
+    cross_stream_read,
+    device_kind,
+    is_paddle_tensor,
+    producer_stream,
+    producer_torch_stream,
+    to_torch_view,
+)
 
-# xgrammar backend for CUDA logits: "auto" picks its Triton kernel; "cuda", "torch_compile" work too.
+logger = logging.getLogger(__name__)
+
+# xgrammar backend for CUDA logits (module docstring); read at import, checked at use.
 XGRAMMAR_BACKEND = os.environ.get("FD_GUIDED_CUDA_MASK_BACKEND", "auto")
+XGRAMMAR_BACKENDS = ("auto", "triton", "cuda", "torch_compile")
+_VECTOR_BYTES = 16  # xgrammar's CUDA kernel stores float4
+_warned_paddle_fallback = False
 _STAGING_SLOTS = 2
 _MIN_CAPACITY = 8
 _thread_state = threading.local()
@@ -142,23 +171,78 @@ def apply_token_bitmask_inplace_cuda(
     import torch
     import xgrammar
 
+    backend = backend or XGRAMMAR_BACKEND
+    if backend not in XGRAMMAR_BACKENDS:
+        raise ValueError(f"FD_GUIDED_CUDA_MASK_BACKEND={backend!r}; valid: {', '.join(XGRAMMAR_BACKENDS)}")
+    on_device = device_kind(bitmask) == CUDA
+    try:
+        # Before entering the logits' stream: a torch bitmask's producer is torch's current stream now.
+        bitmask_stream = producer_torch_stream(bitmask) if on_device else None
+        producer_torch_stream(logits)  # Paddle logits whose stream torch cannot reach: refused here
+    except StreamOrderError:
+        if not is_paddle_tensor(logits) or (on_device and not is_paddle_tensor(bitmask)):
+            raise
+        return _on_paddles_stream(logits, bitmask, indices, vocab_size)
     with producer_stream(logits) as stream:
         view = to_torch_view(logits)
-        staging = None
-        if device_kind(bitmask) == CUDA:  # already on the device: nothing to stage
+        staging, release = None, None
+        if on_device:  # already on the device: nothing to stage
+            release = cross_stream_read(bitmask_stream, stream)
             device_bitmask = to_torch_view(bitmask)
             device_index = _device_indices(indices, view.device) if indices is not None else None
         else:
             host = to_torch_view(bitmask)
             staging = _staging_for(view.device, view.shape[0], host.shape[1])
             device_bitmask, device_index = _stage_host_bitmask(staging, host, indices, view.shape[0], stream)
-        xgrammar.apply_token_bitmask_inplace(
-            view,
-            device_bitmask,
-            vocab_size=vocab_size,
-            # int32, as xgrammar's CUDA kernel requires; the cast runs on the device.
-            indices=device_index.to(torch.int32) if device_index is not None else None,
-            backend=backend or XGRAMMAR_BACKEND,
-        )
+        index32 = device_index.to(torch.int32) if device_index is not None else None  # xgrammar's CUDA kernel: int32
+        if backend == "cuda":
+            _native_kernel(xgrammar, view, device_bitmask, index32, vocab_size)
+        else:
+            xgrammar.apply_token_bitmask_inplace(view, device_bitmask, vocab_size=vocab_size, indices=index32, backend=backend)
         if staging is not None:
             staging.kernel_done.record(stream)
+        if release is not None:
+            release(device_bitmask)
+
+
+def _native_kernel(xgrammar, view, device_bitmask, index32, vocab_size: int) -> None:
+    """xgrammar's nvcc kernel on exactly the columns and rows it must touch; Triton where its
+    vector stores would be misaligned."""
+    if view.data_ptr() % _VECTOR_BYTES:
+        xgrammar.apply_token_bitmask_inplace(view, device_bitmask, vocab_size=vocab_size, indices=index32, backend="triton")
+        return
+    words = (vocab_size + 31) // 32
+    rows = device_bitmask if index32 is not None else device_bitmask[: view.shape[0]]
+    xgrammar.apply_token_bitmask_inplace(view[:, :vocab_size], rows[:, :words], indices=index32, backend="cuda")
+
+
+def _on_paddles_stream(logits, bitmask, indices, vocab_size: int) -> None:
+    global _warned_paddle_fallback
+    if not _warned_paddle_fallback:
+        _warned_paddle_fallback = True
+        logger.warning("fd_guided: paddle's CUDA stream cannot be reached from torch; masking with paddle ops "
+                       "on paddle's stream (slower, ordered)")
+    from .paddle import apply_token_bitmask_inplace_paddle
+
+    apply_token_bitmask_inplace_paddle(logits, bitmask, indices, vocab_size)
+
+
+def warm_up(vocab_size: int, *, device: int | None = None, dtypes=("float32", "float16", "bfloat16"),
+            row_counts=(1, 3), backend: str | None = None) -> None:
+    """Launch every kernel variant a serving step can hit (each dtype, one row and several, all
+    rows and an `indices` subset) once on small logits of the served width, then wait for them:
+    Triton's first-use compiles (and the ``cuda`` backend's nvcc build) happen here, at start-up,
+    not inside a step. Allocates this thread's staging buffers for the width too."""
+    import torch
+
+    index = torch.cuda.current_device() if device is None else device
+    words = (vocab_size + 31) // 32
+    host = torch.full((max(row_counts), words), -1, dtype=torch.int32, pin_memory=True)
+    host[:, 0] = 0
+    with torch.cuda.device(index):
+        for dtype in dtypes:
+            for rows in row_counts:
+                logits = torch.zeros((rows, vocab_size), dtype=getattr(torch, dtype), device=f"cuda:{index}")
+                for indices in (None, tuple(range(0, rows, 2))):
+                    apply_token_bitmask_inplace_cuda(logits, host, indices, vocab_size, backend=backend)
+        torch.cuda.synchronize(index)

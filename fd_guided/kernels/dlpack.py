@@ -3,15 +3,25 @@
 Type checks look the library up in `sys.modules` instead of importing it: an object cannot be a
 torch tensor unless torch is already imported, so telling a tensor's kind never loads a library.
 
-Stream rule (CUDA): the kernel must run after the producer's pending work on the logits, without a
-device-wide sync. `producer_stream(x)` makes the producer's current stream torch's current stream:
+Stream rule (CUDA): the kernel must run after the producer's pending work on the logits, and the
+producer's later work (sampling) after the kernel, without a device-wide sync. `producer_stream(x)`
+makes the producer's current stream torch's current stream, so both hold by stream order:
   - torch tensor: torch's current stream on the tensor's device;
-  - paddle tensor: paddle's current stream, wrapped as `torch.cuda.ExternalStream` (if that API is
-    unavailable, torch's current stream is used; the DLPack handshake below still orders it);
-  - any other `__dlpack__` producer: torch's current stream.
+  - paddle tensor: paddle's current stream, wrapped as `torch.cuda.ExternalStream`. If it cannot
+    be wrapped, `StreamOrderError`: a kernel on any other stream would be ordered after Paddle's
+    writes (the DLPack handshake) but Paddle's sampling would not be ordered after it. The CUDA
+    path then masks with Paddle's own ops instead (kernels/cuda.py);
+  - any other `__dlpack__` producer: torch's current stream (the DLPack handshake orders the
+    kernel after its work; its later work is ordered only if it runs on that stream too).
 `to_torch_view` must be called inside that block: `torch.from_dlpack` passes torch's current
 stream to `x.__dlpack__(stream=...)`, and by the DLPack protocol the producer makes that consumer
 stream wait for its work (a stream-to-stream event wait, a no-op when the streams are the same).
+
+A second operand on the device (a bitmask produced by another library or on another stream) is
+read through `cross_stream_read`: the kernel's stream waits for the operand's producer stream
+before the read, and afterwards the operand's producer stream waits for the kernel (an event) and
+a torch operand is `record_stream`-ed, so neither its next write nor the reuse of its memory can
+overtake the read. All waits are GPU-side: the host never blocks.
 """
 from __future__ import annotations
 
@@ -134,13 +144,54 @@ def _paddle_current_stream(device):
         return None
 
 
+class StreamOrderError(RuntimeError):
+    """A producer's current CUDA stream cannot be reached from torch, so a kernel could not be
+    ordered both ways with its work (see the module docstring)."""
+
+
 def producer_torch_stream(x: Any):
-    """The torch stream that orders work after the producer's pending writes to CUDA tensor `x`."""
+    """The torch stream that orders work after the producer's pending writes to CUDA tensor `x`
+    (for a torch tensor: torch's current stream NOW; call it before entering another stream).
+
+    Raises:
+        StreamOrderError: `x` is a Paddle tensor whose current stream cannot be wrapped.
+    """
     import torch
 
     device = torch.device(CUDA, cuda_device_index(x))
-    stream = _paddle_current_stream(device) if is_paddle_tensor(x) else None
-    return stream if stream is not None else torch.cuda.current_stream(device)
+    if not is_paddle_tensor(x):
+        return torch.cuda.current_stream(device)
+    stream = _paddle_current_stream(device)
+    if stream is None:
+        raise StreamOrderError(
+            "paddle's current CUDA stream cannot be wrapped as a torch stream (torch.cuda.ExternalStream): "
+            "a kernel on another stream would not be ordered before paddle's next work"
+        )
+    return stream
+
+
+def same_stream(a, b) -> bool:
+    return a.cuda_stream == b.cuda_stream and a.device == b.device
+
+
+def cross_stream_read(producer, stream):
+    """Order a read on `stream` of a tensor written on `producer` (both torch streams); returns
+    ``release(view)``, to call right after the reading kernel is enqueued. A no-op pair when the
+    streams are the same."""
+    if same_stream(producer, stream):
+        return lambda view: None
+    stream.wait_stream(producer)  # the read after the producer's pending writes (GPU-side)
+
+    def release(view) -> None:
+        import torch
+
+        if getattr(view, "is_cuda", False):
+            view.record_stream(stream)  # torch memory: not reused before `stream` got past the read
+        done = torch.cuda.Event()
+        done.record(stream)
+        producer.wait_event(done)  # the producer's next write (or free) after the read
+
+    return release
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ outside its row's mask fails its request with an error (see `GuidedDecodingManag
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -58,6 +59,7 @@ class GuidedDecoding:
         self._planned_rows: int | None = None
         self._last_rows = 0
         self.host_forced_tokens: dict[int, str] = {}  # token -> name; set when a backend is bound
+        warm_up_cuda_kernels(fd_config)  # FastDeploy builds the sampler, hence this, at worker start
         if backend is not None:
             self._bind(backend)
 
@@ -267,6 +269,28 @@ def host_forced_tokens(fd_config: Any, think_end_id: int | None = None) -> dict[
     if isinstance(line_break, int) and line_break >= 0 and strategy == _LINE_BREAK_STRATEGY:
         named.setdefault(line_break, "line_break")
     return named
+
+
+def warm_up_cuda_kernels(fd_config: Any) -> None:
+    """On a CUDA worker, launch the mask kernel's variants once for the served vocabulary
+    (`fd_guided.kernels.warm_up_cuda`), so no Triton compile lands inside a step. Off with
+    ``FD_GUIDED_CUDA_WARMUP=0``; a failure is logged and never stops the worker."""
+    if os.environ.get("FD_GUIDED_CUDA_WARMUP", "1") == "0" or importlib.util.find_spec("torch") is None:
+        return
+    vocab_size = read(read(fd_config, "model_config"), "vocab_size")
+    if not isinstance(vocab_size, int) or vocab_size <= 0:
+        return
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return
+        from ...kernels import warm_up_cuda
+
+        warm_up_cuda(vocab_size)
+    except Exception as error:  # noqa: BLE001 - a warm-up must never take the worker down
+        logger.warning("fd_guided: CUDA mask kernel warm-up failed (%s: %s); kernels compile on first use",
+                       type(error).__name__, error)
 
 
 def guides_any(manager: GuidedDecodingManager, rows: int | None = None) -> bool:
