@@ -5,6 +5,7 @@ the request's tokenizer; `steer.BudgetSteering` (one per manager) keeps each bud
 and restricts its rows once the budget left would not cover more. `fit_budget_requested` reads the
 request field that turns it off (``guided_fit_budget: false``).
 """
+
 from .request import FIELD, fit_budget_requested
 from .search import Completion, shortest_completion, token_table
 from .steer import BudgetSteering

@@ -1,7 +1,9 @@
 """The request field of budget steering, read at admission."""
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..errors import InvalidGrammarError
 

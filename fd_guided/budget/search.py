@@ -17,12 +17,13 @@ on the shortest completion in tokens, and exact whenever the shortest completion
 the one with the fewest tokens (the search itself is exact in bytes when no expanded row repeated,
 and prefers fresh states otherwise). Budget steering relies only on it being a real completion.
 """
+
 from __future__ import annotations
 
 import functools
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -80,7 +81,7 @@ class TokenTable:
             self.max_len = max(self.max_len, len(text))
             if len(text) == 1 and self.byte_token[text[0]] < 0:
                 self.byte_token[text[0]] = token_id
-        self.bytes_of = tokenizer.token_bytes
+        self.bytes_of: tuple[bytes, ...] = tuple(text or b"" for text in tokenizer.token_bytes)  # b"": special
         present = self.byte_token >= 0
         self._bytes = np.flatnonzero(present)
         self._ids = self.byte_token[present]
@@ -94,7 +95,7 @@ class TokenTable:
     def tokenize(self, text: bytes) -> list[int] | None:
         """The fewest vocabulary tokens that spell `text` exactly (None if no tokenization exists)."""
         best = fewest_tokens(self, text)
-        if best[0] is None:
+        if best[0][0] >= UNSPELLED:
             return None
         tokens, position = [], 0
         while position < len(text):
@@ -104,19 +105,23 @@ class TokenTable:
         return tokens
 
 
-def fewest_tokens(table: TokenTable, text: bytes) -> list[tuple[int, int] | None]:
-    """best[k] = (how many tokens spell text[k:] at least, the first of them); best[len] = (0, -1)."""
+UNSPELLED = 1 << 30  # fewest_tokens' count for a suffix no token sequence spells
+
+
+def fewest_tokens(table: TokenTable, text: bytes) -> list[tuple[int, int]]:
+    """best[k] = (the fewest tokens that spell text[k:], the first of them), (UNSPELLED, -1) where
+    none does; best[len(text)] = (0, -1)."""
     size = len(text)
-    best: list[tuple[int, int] | None] = [None] * (size + 1)
+    best = [(UNSPELLED, -1)] * (size + 1)
     best[size] = (0, -1)
     for start in range(size - 1, -1, -1):
         for end in range(start + 1, min(size, start + table.max_len) + 1):
-            after = best[end]
-            if after is None:
+            after = best[end][0]
+            if after >= UNSPELLED or after + 1 >= best[start][0]:
                 continue
             token = table.by_bytes.get(text[start:end])
-            if token is not None and (best[start] is None or after[0] + 1 < best[start][0]):
-                best[start] = (after[0] + 1, token)
+            if token is not None:
+                best[start] = (after + 1, token)
     return best
 
 
@@ -125,23 +130,35 @@ def token_table(tokenizer: TokenizerBundle) -> TokenTable:
     return TokenTable(tokenizer)
 
 
-def shortest_completion(grammar: Grammar, table: TokenTable, stop_ids: Sequence[int], words: np.ndarray, bitmask, row: int,
-                        *, max_expansions: int = 3000, max_bytes: int = 4096) -> Completion | None:
+def shortest_completion(
+    grammar: Grammar,
+    table: TokenTable,
+    stop_ids: Sequence[int],
+    words: np.ndarray,
+    bitmask,
+    row: int,
+    *,
+    max_expansions: int = 3000,
+    max_bytes: int = 4096,
+) -> Completion | None:
     """The shortest completion of `grammar`'s state found (see the module docstring), or None when
     the search ran out of expansions (or the state has none). `bitmask[row]` (viewed as `words`,
     the host words of that row) is scratch space. The matcher ends where it started."""
     if grammar.is_terminated():
         return Completion(b"", ())
     stops = [int(s) for s in stop_ids if 0 <= int(s) < words.shape[0] * 32]
-    seen: set[bytes] = set()
-    heap: list[tuple[int, int, tuple[int, ...], int, np.ndarray]] = [(0, 0, (), 0, _NOTHING)]
-    pushed, current = 1, ()
+    seen: set[int] = set()
+    rows_after: dict[tuple[int, ...], set[int]] = {}  # the rows of each expanded node's children
+    # (cost, order, token path, bytes, the parent's allowed bytes, the parent's row signature)
+    heap: list[tuple[int, int, tuple[int, ...], int, np.ndarray, int]] = [(0, 0, (), 0, _NOTHING, 0)]
+    pushed = 1
+    current: tuple[int, ...] = ()
     found = None
     try:
         for _ in range(max_expansions):
             if not heap:
                 break
-            cost, _, path, size, before = heapq.heappop(heap)
+            cost, _, path, size, before, parent = heapq.heappop(heap)
             current = _move(grammar, current, path)
             if current != path:
                 continue  # the matcher refused a token it allowed (should not happen): skip the node
@@ -149,12 +166,18 @@ def shortest_completion(grammar: Grammar, table: TokenTable, stop_ids: Sequence[
             if any((int(words[s >> 5]) >> (s & 31)) & 1 for s in stops):
                 found = path
                 break
-            signature = words.tobytes()
+            signature = hash(words.tobytes())
+            siblings = rows_after.setdefault(path[:-1], set()) if path else set()
+            if signature in siblings:
+                continue  # a sibling led to the same row: the same state, as far as anyone can tell
+            siblings.add(signature)
             repeat = signature in seen
             seen.add(signature)
             if size >= max_bytes:
                 continue
-            base = cost + (_REPEAT_PENALTY if repeat else 0)
+            # A run of one state (a string, a counted repetition: the parent's row again) goes on
+            # at its plain cost; a state met elsewhere before is pushed behind.
+            base = cost + (_REPEAT_PENALTY if repeat and signature != parent else 0)
             allowed = table.allowed_bytes(words)
             if len(allowed):
                 children = [(int(table.byte_token[b]), _STEP[b]) for b in _children(allowed, before)]
@@ -162,12 +185,12 @@ def shortest_completion(grammar: Grammar, table: TokenTable, stop_ids: Sequence[
                 children = _token_children(table, words, stops)
             for token, step in children[:1] if repeat else children:
                 pushed += 1
-                heapq.heappush(heap, (base + step, pushed, path + (token,), size + step, allowed))
+                heapq.heappush(heap, (base + step, pushed, path + (token,), size + step, allowed, signature))
     finally:
         _move(grammar, current, ())
     if found is None:
         return None
-    text = b"".join(table.bytes_of[t] for t in found)
+    text = b"".join([table.bytes_of[t] for t in found])
     tokens = table.tokenize(text)
     if tokens is None or len(tokens) > len(found) or grammar.validate_tokens(tokens) != len(tokens):
         tokens = list(found)
@@ -177,7 +200,9 @@ def shortest_completion(grammar: Grammar, table: TokenTable, stop_ids: Sequence[
 def _token_children(table: TokenTable, words: np.ndarray, stops: Sequence[int]) -> list[tuple[int, int]]:
     """The allowed tokens of a row without single-byte ones (at most _WIDE, shortest first)."""
     bits = np.unpackbits(words.view(np.uint8), bitorder="little")
-    ids = [int(t) for t in np.flatnonzero(bits[:len(table.bytes_of)]) if int(t) not in stops and table.bytes_of[int(t)]]
+    ids = [
+        int(t) for t in np.flatnonzero(bits[: len(table.bytes_of)]) if int(t) not in stops and table.bytes_of[int(t)]
+    ]
     ids.sort(key=lambda t: len(table.bytes_of[t]))
     return [(t, len(table.bytes_of[t])) for t in ids[:_WIDE]]
 
@@ -209,4 +234,4 @@ def _move(grammar: Grammar, current: tuple[int, ...], target: tuple[int, ...]) -
     if not rest:
         return target[:common]
     accepted = grammar.accept_tokens(rest)
-    return target[:common + accepted]
+    return target[: common + accepted]

@@ -15,10 +15,11 @@ plan, two do not); then the grammar's own row has already refused the token when
 cannot hold it, and otherwise the plan is searched again after the token, which only shortens it
 (the closing bytes ``"`` remain a completion).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -35,9 +36,11 @@ class SlackTokens:
         self.table = table
         self.vocab_size = vocab_size
         self._byte_sets: np.ndarray | None = None
-        self._cache: "OrderedDict[tuple[int, bytes], np.ndarray]" = OrderedDict()
+        self._cache: OrderedDict[tuple[int, bytes], np.ndarray] = OrderedDict()
 
-    def row(self, grammar: Grammar, words: np.ndarray, rest_text: bytes, rest_tokens: Sequence[int], completes) -> np.ndarray:
+    def row(
+        self, grammar: Grammar, words: np.ndarray, rest_text: bytes, rest_tokens: Sequence[int], completes
+    ) -> np.ndarray:
         """The int32 bitmask row of tokens made only of bytes after which `rest_tokens` (spelling
         `rest_text`) still complete the grammar; `words` is the grammar's filled row here and
         `completes(grammar, tokens)` the check (state unchanged)."""
@@ -67,7 +70,7 @@ class SlackTokens:
         inside = ~np.any(sets & ~keeping, axis=1)
         inside &= np.any(sets != 0, axis=1)  # no special tokens (they spell no bytes)
         bits = np.zeros(words * 32, dtype=bool)
-        bits[:len(inside)] = inside
+        bits[: len(inside)] = inside
         return np.packbits(bits, bitorder="little").view(np.int32)
 
     @property

@@ -29,18 +29,20 @@ token taken outside the closing zone that raises the shortest completion by more
 left (an array item opened with ``left - need <= headroom + 1``) can still overrun; such requests
 are counted (``budget_overruns_total``) and end as the host's budget says (``length``).
 """
+
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..interface import Grammar
+from .search import UNSPELLED, Completion, TokenTable, fewest_tokens, shortest_completion, token_table
 from .slack import SlackTokens
-from .search import Completion, TokenTable, fewest_tokens, shortest_completion, token_table
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +57,11 @@ class _Plan:
     """A completion and the fewest tokens spelling each of its suffixes (`fewest[k]`: text[k:])."""
 
     text: bytes
-    fewest: list[tuple[int, int] | None]
+    fewest: list[tuple[int, int]]
     position: int = 0
 
     @classmethod
-    def of(cls, completion: Completion, table: TokenTable) -> "_Plan":
+    def of(cls, completion: Completion, table: TokenTable) -> _Plan:
         # The fewest-token spellings, when the completion's (verified) tokens are one of them;
         # else only the completion's own tokens.
         if table.tokenize(completion.text) == list(completion.tokens):
@@ -79,9 +81,9 @@ class _Plan:
         return tokens
 
 
-def _chain(completion: Completion, table: TokenTable) -> list[tuple[int, int] | None]:
+def _chain(completion: Completion, table: TokenTable) -> list[tuple[int, int]]:
     """`fewest` along the completion's own tokens (when the text has no shorter spelling)."""
-    fewest: list[tuple[int, int] | None] = [None] * (len(completion.text) + 1)
+    fewest = [(UNSPELLED, -1)] * (len(completion.text) + 1)
     fewest[-1] = (0, -1)
     position = len(completion.text)
     for index in range(len(completion.tokens) - 1, -1, -1):
@@ -113,12 +115,12 @@ class BudgetSteering:
     window: int = WINDOW
     max_expansions: int = 3000
     _slots: dict[int, _Slot] = field(default_factory=dict)
-    _start_plans: "OrderedDict[Any, Completion | None]" = field(default_factory=OrderedDict)
+    _start_plans: OrderedDict[Any, Completion | None] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self._table: TokenTable | None = None
         self._slack: SlackTokens | None = None
-        self._scratch = None
+        self._scratch: tuple[Any, np.ndarray] | None = None
 
     # ----- lifecycle -----------------------------------------------------------------------------
 
@@ -140,8 +142,16 @@ class BudgetSteering:
 
     # ----- the step ------------------------------------------------------------------------------
 
-    def steer(self, entries: Sequence[Any], get_state: Callable[[int], Any], fail: Callable[[int, Any, str], None],
-              words: np.ndarray, masked: set[int], stop_rows: list[int], stop_ids: frozenset[int]) -> None:
+    def steer(
+        self,
+        entries: Sequence[Any],
+        get_state: Callable[[int], Any],
+        fail: Callable[[int, Any, str], None],
+        words: np.ndarray,
+        masked: set[int],
+        stop_rows: list[int],
+        stop_ids: frozenset[int],
+    ) -> None:
         """After the fill, before the kernel: restrict the rows of budgeted slots (see above).
 
         `entries` are the step's entries (slot, first_row, tree, plans, limit, stopped);
@@ -166,12 +176,14 @@ class BudgetSteering:
             if entry.first_row in masked:
                 self._row(step, entry, state, budget, left)
 
-    def _row(self, step: "_Step", entry, state, budget: _Slot, left: int) -> None:
+    def _row(self, step: _Step, entry, state, budget: _Slot, left: int) -> None:
         if not budget.started:
             budget.started = True
             if not self._start(step, entry, state, budget, left):
                 return
         plan = budget.plan
+        if plan is None:
+            return
         if left > plan.need + self.headroom + self.window and entry.tree.num_nodes <= left - plan.need - self.headroom:
             return  # far from the budget: nothing to do
         self._follow(state.grammar, state.history, budget)
@@ -192,7 +204,7 @@ class BudgetSteering:
                     budget.plan = _Plan(completion.text, _chain(completion, self.table))
                     self._close(step, entry.first_row, budget.plan, left, budget, state.grammar)
 
-    def _start(self, step: "_Step", entry, state, budget: _Slot, left: int) -> bool:
+    def _start(self, step: _Step, entry, state, budget: _Slot, left: int) -> bool:
         """The first look: a plan from the current state; fail the request if it cannot fit."""
         completion = self._start_plan(state) if not state.history else None
         if completion is None or not self._completes(state.grammar, list(completion.tokens)):
@@ -204,9 +216,13 @@ class BudgetSteering:
         budget.plan, budget.seen = _Plan.of(completion, self.table), len(state.history)
         if budget.plan.need > left:
             self.metrics.inc("budget_refused_requests_total")
-            step.fail(entry.slot, state, f"max_tokens={budget.max_tokens} cannot hold a complete output: the shortest "
-                      f"valid {state.spec.kind} output from here needs {budget.plan.need} tokens (its stop token included)"
-                      + (f", and {budget.max_tokens - left} were generated already" if left < budget.max_tokens else ""))
+            step.fail(
+                entry.slot,
+                state,
+                f"max_tokens={budget.max_tokens} cannot hold a complete output: the shortest "
+                f"valid {state.spec.kind} output from here needs {budget.plan.need} tokens (its stop token included)"
+                + (f", and {budget.max_tokens - left} were generated already" if left < budget.max_tokens else ""),
+            )
             _stop_entry(step, entry)
             return False
         return True
@@ -225,10 +241,12 @@ class BudgetSteering:
     def _follow(self, grammar: Grammar, history: Sequence[int], budget: _Slot) -> None:
         """Bring the plan up to the tokens the grammar accepted since the last look."""
         plan, table = budget.plan, self.table
+        if plan is None:
+            return
         if len(history) < budget.seen:  # jump-forward re-encoded a boundary
             budget.stale = True
         else:
-            new = b"".join(table.bytes_of[t] or b"" for t in history[budget.seen:])
+            new = b"".join(table.bytes_of[t] or b"" for t in history[budget.seen :])
             if new and not budget.stale and plan.text.startswith(new, plan.position):
                 plan.position += len(new)
             elif new:
@@ -239,7 +257,7 @@ class BudgetSteering:
         budget.stale = False
         rest = plan.rest_tokens(table)
         if self._completes(grammar, rest):
-            budget.plan = _Plan.of(Completion(plan.text[plan.position:], tuple(rest)), table)
+            budget.plan = _Plan.of(Completion(plan.text[plan.position :], tuple(rest)), table)
             return
         completion = self._search(grammar)
         if completion is None:
@@ -249,7 +267,7 @@ class BudgetSteering:
             return
         budget.plan = _Plan.of(completion, table)
 
-    def _close(self, step: "_Step", row: int, plan: _Plan, left: int, budget: _Slot, grammar: Grammar) -> bool:
+    def _close(self, step: _Step, row: int, plan: _Plan, left: int, budget: _Slot, grammar: Grammar) -> bool:
         """Allow only the tokens that spell the plan's next bytes within what is left, the stop
         tokens, and with slack left the tokens that keep the plan (`slack.SlackTokens`); False
         (the row untouched) when the grammar allows none of them."""
@@ -260,14 +278,16 @@ class BudgetSteering:
             for end in range(start + 1, min(len(text), start + table.max_len) + 1):
                 after = plan.fewest[end]
                 token = table.by_bytes.get(text[start:end])
-                if token is not None and after is not None and 1 + after[0] + 1 <= left:
+                if token is not None and 1 + after[0] + 1 <= left:
                     allowed.append(token)
         restriction = _row_of(allowed, words.shape[1])
         if left > plan.need:
             if self._slack is None:
                 self._slack = SlackTokens(table, self.backend.vocab_size)
             rest = plan.rest_tokens(table)
-            restriction = restriction | self._slack.row(grammar, words[row], plan.text[plan.position:], rest, self._completes)
+            restriction = restriction | self._slack.row(
+                grammar, words[row], plan.text[plan.position :], rest, self._completes
+            )
         restricted = words[row] & restriction
         if not restricted.any():
             return False
@@ -287,10 +307,14 @@ class BudgetSteering:
                 budget.gave_up = True
                 return
             budget.plan, budget.seen = _Plan.of(completion, self.table), 0
+        if budget.plan is None:
+            return
         reasoning = state.reasoning
         marker = len(reasoning.marker.sequences[0])
         # One step late (this step's rows were planned already): hence the 1.
-        if left - 1 - marker <= budget.plan.need + self.headroom and (reasoning.budget is None or reasoning.budget > reasoning.spent):
+        if left - 1 - marker <= budget.plan.need + self.headroom and (
+            reasoning.budget is None or reasoning.budget > reasoning.spent
+        ):
             state.reasoning = replace(reasoning, budget=reasoning.spent)
             self.metrics.inc("budget_reasoning_cut_total")
 
@@ -302,17 +326,18 @@ class BudgetSteering:
             self._table = token_table(self.backend.tokenizer)
         return self._table
 
-    def _scratch_row(self):
+    def _scratch_row(self) -> tuple[Any, np.ndarray]:
         """A one-row bitmask of our own (the search's fills must not touch the step's rows)."""
         if self._scratch is None:
-            self._scratch = self.backend.allocate_bitmask(1)
-            self._scratch_words = self._scratch.numpy() if hasattr(self._scratch, "numpy") else np.asarray(self._scratch)
-        return self._scratch, self._scratch_words[0]
+            scratch = self.backend.allocate_bitmask(1)
+            self._scratch = (scratch, scratch.numpy() if hasattr(scratch, "numpy") else np.asarray(scratch))
+        return self._scratch[0], self._scratch[1][0]
 
     def _search(self, grammar: Grammar) -> Completion | None:
         bitmask, words = self._scratch_row()
-        return shortest_completion(grammar, self.table, self.backend.stop_token_ids, words, bitmask, 0,
-                                   max_expansions=self.max_expansions)
+        return shortest_completion(
+            grammar, self.table, self.backend.stop_token_ids, words, bitmask, 0, max_expansions=self.max_expansions
+        )
 
     def _completes(self, grammar: Grammar, tokens: list[int]) -> bool:
         """Whether `tokens` and then a stop token complete the grammar from its state (unchanged)."""
@@ -322,7 +347,9 @@ class BudgetSteering:
                 return False
             bitmask, words = self._scratch_row()
             grammar.fill_bitmask(bitmask, 0)
-            return any((int(words[s >> 5]) >> (s & 31)) & 1 for s in self.backend.stop_token_ids if s < words.shape[0] * 32)
+            return any(
+                (int(words[s >> 5]) >> (s & 31)) & 1 for s in self.backend.stop_token_ids if s < words.shape[0] * 32
+            )
         finally:
             if accepted:
                 grammar.rollback(accepted)

@@ -5,6 +5,7 @@ none of ``"]}`` and no stop (they extend a string or a number, or open something
 first; a stop token only when nothing else is allowed. Left alone under a mask it would write one
 string forever: only budget steering ends its outputs.
 """
+
 from __future__ import annotations
 
 import functools

@@ -1,32 +1,51 @@
 """Budget steering: guided outputs end complete and valid within max_tokens, on DeepSeek's
 vocabulary, under an adversarial decoder that would otherwise never end a string."""
+
 from __future__ import annotations
 
 import json
 import re
 
 import jsonschema
-import numpy as np
 import pytest
 import torch
-
 from adversary import pick
+from guided_helpers import VOCAB, add_ready, in_process_backend
+
 from fd_guided import GuidedConfig, GuidedDecodingManager, parse_guided_request
 from fd_guided.budget import fit_budget_requested
 from fd_guided.errors import InvalidGrammarError
 from fd_guided.tokenizer import load_tokenizer
-from guided_helpers import VOCAB, add_ready, in_process_backend
 
 pytestmark = pytest.mark.cpu
 
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "minLength": 3}, "tags": {"type": "array", "items": {"type": "string"},
-                                                                                         "minItems": 2}}, "required": ["name", "tags"]},
-    {"type": "object", "properties": {"id": {"type": "integer"}, "kind": {"enum": ["alpha", "beta"]},
-                                      "owner": {"type": "object", "properties": {"email": {"type": "string", "pattern": "^[a-z]+@[a-z]+\\.org$"}},
-                                                "required": ["email"]}},
-     "required": ["id", "kind", "owner"]},
-    {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string", "maxLength": 4}}, "required": ["k"]}, "minItems": 1},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 3},
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+        },
+        "required": ["name", "tags"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "kind": {"enum": ["alpha", "beta"]},
+            "owner": {
+                "type": "object",
+                "properties": {"email": {"type": "string", "pattern": "^[a-z]+@[a-z]+\\.org$"}},
+                "required": ["email"],
+            },
+        },
+        "required": ["id", "kind", "owner"],
+    },
+    {
+        "type": "array",
+        "items": {"type": "object", "properties": {"k": {"type": "string", "maxLength": 4}}, "required": ["k"]},
+        "minItems": 1,
+    },
 ]
 REQUESTS = [{"guided_json": schema} for schema in SCHEMAS] + [
     {"guided_regex": r"[a-z]+@[a-z]+\.com"},
@@ -90,8 +109,13 @@ def minimum(backend_name: str, fields: dict) -> int:
     backend = in_process_backend(backend_name)
     manager = GuidedDecodingManager(backend, max_num_seqs=1)
     try:
-        add_ready(manager, 0, parse_guided_request(fields, GuidedConfig(backend=backend_name)), prefill_done=True,
-                  max_tokens=10_000)
+        add_ready(
+            manager,
+            0,
+            parse_guided_request(fields, GuidedConfig(backend=backend_name)),
+            prefill_done=True,
+            max_tokens=10_000,
+        )
         manager.begin_step([0])
         manager.apply(torch.zeros((1, VOCAB)))
         need = manager.budget.need(0)
