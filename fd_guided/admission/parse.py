@@ -63,6 +63,7 @@ def parse_guided_request(
     config = config or GuidedConfig()
     if not isinstance(fields, Mapping):
         raise InvalidGrammarError(f"request fields must be a mapping, got {type(fields).__name__}")
+    fit_budget_requested(fields)  # a bad value is this request's 400 too
     try:
         json_format = _json_format(fields, config)
         spec = _spec_from_fields(fields, json_format, config.limits)
@@ -76,6 +77,21 @@ def parse_guided_request(
     if spec is not None and check_backend:
         check_with_backend(get_backend_class(config.backend), spec)
     return spec
+
+
+FIT_BUDGET_FIELD = "guided_fit_budget"
+
+
+def fit_budget_requested(fields: Mapping[str, Any]) -> bool:
+    """Whether the guided output is steered to end complete within the request's ``max_tokens``
+    (`fd_guided.budget`): ``guided_fit_budget``, default true. Raises InvalidGrammarError for a
+    value that is not a boolean."""
+    value = fields.get(FIT_BUDGET_FIELD)
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise InvalidGrammarError(f"must be a boolean, got {type(value).__name__}", part=FIT_BUDGET_FIELD)
+    return value
 
 
 def check_with_backend(backend_class, spec: GrammarSpec) -> None:

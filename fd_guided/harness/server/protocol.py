@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # Guided fields passed through to `fd_guided.spec.parse_guided_request` unchanged.
 GUIDED_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
                  "any_whitespace", "disable_any_whitespace", "max_whitespace_cnt", "separators", "guided_strict",
-                 "guided_unknown_formats", "guided_any_order")
+                 "guided_unknown_formats", "guided_any_order", "guided_fit_budget")
 MAX_N = 16
 MAX_STOP = 16
 # OpenAI's own rule for function names; it also keeps names safe to embed in a grammar literal.
@@ -150,6 +150,7 @@ class _SamplingRequest(_Strict):
     guided_strict: Any = None
     guided_unknown_formats: Any = None
     guided_any_order: Any = None
+    guided_fit_budget: Any = None  # false: no budget steering (fd_guided.budget)
 
     @field_validator("stop")
     @classmethod
