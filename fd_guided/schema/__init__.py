@@ -19,10 +19,11 @@ time and memory by the caps of `leaves`, `normalise`, `rules`, `regex` and `emit
 a native engine.
 
 Layout: `drafts` (draft, keywords, references), `walk` (which values are subschemas),
-`normalise` + `leaves` + `intersection` + `complement` + `rules` + `one_of` + `unique_items`
-(the normal form and its rewrite rules), `instance` (its validator), `regex` + `boundaries` +
-`languages` + `automaton` and `formats` (patterns for engines), `emit` + `pattern_properties`
-+ `emitted` (per engine), `capabilities` (the keyword table).
+`normalise` + `type_part` + `leaves` + `intersection` + `complement` + `rules` + `one_of` +
+`unique_items` (the normal form and its rewrite rules), `instance` (its validator), `regex` +
+`regex_reading` + `boundaries` + `languages` + `automaton` + `dfa` + `state_elimination` and
+`formats` (patterns for engines), `emit` + `emit_scalars` + `pattern_properties` + `emitted` (per
+engine), `capabilities` (the keyword table).
 """
 
 from __future__ import annotations

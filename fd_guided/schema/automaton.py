@@ -2,76 +2,23 @@
 
 Trees (`fd_guided.schema.regex`'s ``set``/``cat``/``alt``/``rep`` nodes, full-match readings)
 become deterministic automata over the coarsest partition of the code points into classes no set
-splits (`Alphabet`, `to_dfa`: Thompson's construction, then subsets); `product` pairs two of
+splits (`dfa.Alphabet`, `to_dfa`: Thompson's construction, then subsets); `product` pairs two of
 them, `minimise` keeps the live states and merges equivalent ones (Moore), `to_tree` writes a
-tree again (state elimination). Every step is bounded (`MAX_NFA_STATES`, `MAX_DFA_STATES`,
-`MAX_TREE_NODES`, a `Work` budget of steps); past a bound the caller refuses, never approximates.
+tree again (`state_elimination`). Every step is bounded (`MAX_NFA_STATES`, `dfa.MAX_DFA_STATES`,
+`state_elimination.MAX_TREE_NODES`, a `dfa.Work` budget of steps); past a bound the caller
+refuses, never approximates. The DFA types and `to_tree` are re-exported here (`languages`
+imports them from this module).
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable
 
+from .dfa import Alphabet, Dfa, Work, state_of
 from .refusal import Refusal
-from .regex_parse import nodes, normalise
+from .state_elimination import to_tree
 
 MAX_NFA_STATES = 20_000
-MAX_DFA_STATES = 2_000
-MAX_TREE_NODES = 20_000
-MAX_WORK = 3_000_000  # elementary steps (moves followed, rows compared, paths joined): about a second
-EPSILON: tuple = ("cat", [])
-
-
-class Work:
-    """A step budget for one question (`languages`): a hostile pattern is refused, not computed for minutes."""
-
-    def __init__(self, limit: int = MAX_WORK):
-        self.left = limit
-
-    def spend(self, steps: int) -> None:
-        self.left -= steps
-        if self.left < 0:
-            raise Refusal("an automaton too costly to build (past its step budget)")
-
-
-# ----- the alphabet: classes of code points no set of either tree splits ---------------------------
-
-
-def _sets(tree: tuple) -> Iterable[tuple]:
-    """The code-point sets of `tree` (a boundary's word set too: it splits the alphabet)."""
-    return (node[1] for node in nodes(tree) if node[0] in ("set", "wb"))
-
-
-class Alphabet:
-    """Disjoint code-point intervals (`bounds[i]` to `bounds[i + 1] - 1`); a set is a frozenset of
-    their indexes."""
-
-    def __init__(self, trees: Iterable[tuple]):
-        cuts = {0}
-        for tree in trees:
-            for ranges in _sets(tree):
-                for lo, hi in ranges:
-                    cuts.update((lo, hi + 1))
-        self.bounds = sorted(cuts)
-
-    def classes(self, ranges: tuple) -> frozenset:
-        out: set[int] = set()
-        for lo, hi in ranges:
-            first = bisect.bisect_right(self.bounds, lo) - 1
-            last = bisect.bisect_right(self.bounds, hi) - 1
-            out.update(range(first, last + 1))
-        return frozenset(out)
-
-    def ranges(self, classes: Iterable[int]) -> tuple:
-        out: list[list[int]] = []
-        for index in sorted(classes):
-            lo, hi = self.bounds[index], self.bounds[index + 1] - 1
-            if out and out[-1][1] + 1 == lo:
-                out[-1][1] = hi
-            else:
-                out.append([lo, hi])
-        return tuple((lo, hi) for lo, hi in out)
 
 
 # ----- tree -> NFA -> DFA ----------------------------------------------------------------------------
@@ -155,25 +102,6 @@ class _Nfa:
                     seen.add(target)
                     stack.append(target)
         return frozenset(seen)
-
-
-def state_of(key, index: dict, order: list) -> int:
-    """The number of the DFA state `key` (a set of NFA states, a tuple of states), a new one at
-    the end of `order` the first time; Refusal past `MAX_DFA_STATES`."""
-    if key not in index:
-        if len(order) >= MAX_DFA_STATES:
-            raise Refusal("an automaton past its state bound")
-        index[key] = len(order)
-        order.append(key)
-    return index[key]
-
-
-class Dfa:
-    """`moves[s]`: class -> state (a missing class is the dead state); `accepting`: a set of states."""
-
-    def __init__(self, moves: list[dict[int, int]], accepting: set[int]):
-        self.moves = moves
-        self.accepting = accepting
 
 
 def to_dfa(tree: tuple, alphabet: Alphabet, work: Work) -> Dfa:
@@ -314,105 +242,4 @@ def minimise(dfa: Dfa, work: Work) -> Dfa:
     return Dfa(moves, accepting)
 
 
-# ----- DFA -> tree (state elimination) ---------------------------------------------------------------
-
-
-def _alt(parts: list) -> tuple | None:
-    """The union of `parts` (None = no string); sets merge into one set, duplicates drop."""
-    sets: list = []
-    others: list = []
-    for part in parts:
-        if part is None:
-            continue
-        if part[0] == "alt":
-            for child in part[1]:
-                (sets if child[0] == "set" else others).append(child)
-        elif part[0] == "set":
-            sets.append(part)
-        elif part not in others:
-            others.append(part)
-    if sets:
-        others.insert(0, ("set", normalise(r for node in sets for r in node[1])))
-    unique: list = []
-    for part in others:
-        if part not in unique:
-            unique.append(part)
-    if not unique:
-        return None
-    return unique[0] if len(unique) == 1 else ("alt", unique)
-
-
-def _cat(parts: list) -> tuple | None:
-    flat: list = []
-    for part in parts:
-        if part is None:
-            return None
-        flat.extend(part[1] if part[0] == "cat" else [part])
-    return flat[0] if len(flat) == 1 else ("cat", flat)
-
-
-def _star(part: tuple | None) -> tuple:
-    return EPSILON if part is None or part == EPSILON else ("rep", 0, None, part)
-
-
-def _size(node: tuple) -> int:
-    count, stack = 0, [node]
-    while stack:
-        node = stack.pop()
-        count += 1
-        if node[0] in ("cat", "alt"):
-            stack.extend(node[1])
-        elif node[0] == "rep":
-            stack.append(node[3])
-    return count
-
-
-def to_tree(dfa: Dfa, alphabet: Alphabet, work: Work) -> tuple | None:
-    """A tree for `dfa`'s language (None when it is empty), by state elimination: the state with
-    the fewest edges goes first, each path through it joined onto its neighbours' edges."""
-    if not dfa.accepting:
-        return None
-    n = len(dfa.moves)
-    start, final = n, n + 1
-    out: dict[int, dict[int, tuple]] = {state: {} for state in range(n + 2)}
-    into: dict[int, set[int]] = {state: set() for state in range(n + 2)}
-
-    def join(a: int, b: int, path: tuple) -> None:
-        joined = _alt([out[a].get(b), path])
-        assert joined is not None  # `path` is a string set, never None
-        out[a][b] = joined
-        into[b].add(a)
-
-    for state, row in enumerate(dfa.moves):
-        by_target: dict[int, list[int]] = {}
-        for cls, target in row.items():
-            by_target.setdefault(target, []).append(cls)
-        for target, classes in by_target.items():
-            join(state, target, ("set", alphabet.ranges(classes)))
-    join(start, 0, EPSILON)
-    for state in dfa.accepting:
-        join(state, final, EPSILON)
-    remaining = set(range(n))
-    while remaining:
-        state = min(remaining, key=lambda s: len(into[s]) * len(out[s]))
-        remaining.discard(state)
-        loop = _star(out[state].pop(state, None))
-        into[state].discard(state)
-        sources = [a for a in into[state]]
-        targets = list(out[state].items())
-        work.spend(1 + len(sources) * len(targets))
-        for a in sources:
-            into_edge = out[a].pop(state)
-            for b, out_edge in targets:
-                path = _cat([into_edge, loop, out_edge])
-                assert path is not None  # no part is None: each edge is a path, the loop at least EPSILON
-                work.spend(_size(path))
-                join(a, b, path)
-        for b, _ in targets:
-            into[b].discard(state)
-        out[state] = {}
-        into[state] = set()
-    result = out[start].get(final)
-    if result is not None and _size(result) > MAX_TREE_NODES:
-        raise Refusal("an automaton whose regex is too large to write out")
-    return result
+__all__ = ["Alphabet", "Dfa", "Work", "minimise", "product", "state_of", "to_dfa", "to_tree"]

@@ -1,13 +1,13 @@
 """The normaliser: one schema document -> a union of typed leaves (`fd_guided.schema.leaves`).
 
 Each node is read through its draft (`drafts.Document.keywords`) and becomes the intersection of
-its parts: the leaves of its types (one per allowed type, carrying only that type's keywords),
-``enum``/``const``, ``$ref``, every ``allOf`` branch, the union of ``anyOf``, ``oneOf`` (`rules`),
-``not`` (`complement`), ``if``/``then``/``else`` and the dependencies (`rules`). Then
-``unevaluatedProperties``/``unevaluatedItems`` apply to each resulting leaf, whose evaluated set is
-now static (`rules.apply_unevaluated`). At *value positions* (the root, property values, items,
-...) the union is then *closed* (strict mode) and *finished* (rewrites that need the final leaf:
-``required`` names declared, ``propertyNames``, ``contains``, ``uniqueItems``; `finish`).
+its parts: the leaves of its types (one per allowed type, carrying only that type's keywords;
+`type_part`), ``enum``/``const``, ``$ref``, every ``allOf`` branch, the union of ``anyOf``,
+``oneOf`` (`rules`), ``not`` (`complement`), ``if``/``then``/``else`` and the dependencies
+(`rules`). Then ``unevaluatedProperties``/``unevaluatedItems`` apply to each resulting leaf, whose
+evaluated set is now static (`rules.apply_unevaluated`). At *value positions* (the root, property
+values, items, ...) the union is then *closed* (strict mode) and *finished* (rewrites that need the
+final leaf: ``required`` names declared, ``propertyNames``, ``contains``, ``uniqueItems``; `finish`).
 
 Costs are bounded: each node is normalised once per base URI (memoised), unions hold at most
 `leaves.MAX_LEAVES` alternatives, a work budget caps merges, and nesting through in-place
@@ -16,47 +16,21 @@ references is capped (`MAX_DEPTH`); going past any bound is a `Refusal`, never a
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any
 
 from . import rules
 from .complement import complement
 from .drafts import Document, base_uri
-from .formats import ANNOTATION_FORMATS, FORMAT_PATTERNS, UNSUPPORTED_FORMATS
 from .instance import accepts
-from .intersection import (
-    Context,
-    bounds_empty,
-    check_array,
-    check_object,
-    deeply_exact,
-    emptied,
-    intersect,
-    make_integer,
-    with_required_declared,
-)
-from .leaves import ALL_KINDS, ANY, BARE_KINDS, NONE, STRICT_CLOSED, Leaf, U, kind_of, unique_values
+from .intersection import Context, check_array, deeply_exact, intersect, with_required_declared
+from .leaves import ALL_KINDS, ANY, NONE, STRICT_CLOSED, Leaf, U, kind_of, unique_values
 from .one_of import one_of
 from .refusal import Refusal, Unsatisfiable
+from .type_part import type_part
 
 MAX_DEPTH = 150
-MAX_PATTERN_PROPERTIES = 64  # no engine takes more (pattern_properties.py): refused before any is compiled
 MAX_WORK = 200_000
-# Formats JSON Schema names (a validator may check them): never dropped as annotations.
-STANDARD_FORMATS = frozenset(FORMAT_PATTERNS) | frozenset(UNSUPPORTED_FORMATS)
-NUMBER_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-STRING_KEYS = ("minLength", "maxLength", "pattern", "format")
-ARRAY_KEYS = ("prefixItems", "items", "minItems", "maxItems", "uniqueItems", "contains")
-OBJECT_KEYS = (
-    "properties",
-    "patternProperties",
-    "additionalProperties",
-    "required",
-    "minProperties",
-    "maxProperties",
-    "propertyNames",
-)
 
 
 class Normaliser(Context):
@@ -201,7 +175,7 @@ class Normaliser(Context):
             parts.append(self._enum([kw["const"]], path))
         if "enum" in kw:
             parts.append(self._enum(kw["enum"], path))
-        parts.append(self._type_part(kw, resolver, path))
+        parts.append(type_part(kw, resolver, self, path))
         if "$ref" in kw:
             parts.append(self._ref(kw["$ref"], resolver, path))
         one_ofs = []  # (branches, where): this node's oneOf and those of its bare-oneOf allOf parts
@@ -285,151 +259,6 @@ class Normaliser(Context):
             node, target_resolver = self.doc.lookup(kw["$ref"], target_resolver, where)
         self.targets.setdefault(key, (node, target_resolver, _ref_path(ref)))
         return U([Leaf("ref", {"target": key, "closed": False}, path)])
-
-    # ----- the type part --------------------------------------------------------------------------
-
-    def _type_part(self, kw: dict, resolver, path: str) -> U:
-        declared = kw.get("type")
-        if declared is None:
-            present = [k for k in NUMBER_KEYS + STRING_KEYS + ARRAY_KEYS + OBJECT_KEYS if k in kw]
-            if not present:
-                return ANY
-            kinds = list(BARE_KINDS)
-        else:
-            kinds = [declared] if isinstance(declared, str) else list(declared)
-            if "number" in kinds and "integer" in kinds:
-                kinds.remove("integer")
-        leaves, exact = [], True
-        for kind in dict.fromkeys(kinds):
-            leaf = self._leaf(kind, kw, resolver, path)
-            if isinstance(leaf, U):  # an array or object with no value (`emptied`)
-                exact = exact and leaf.exact
-            elif leaf is not None:
-                leaves.append(leaf)
-        return U(leaves, exact)
-
-    def _leaf(self, kind: str, kw: dict, resolver, path: str) -> Leaf | U | None:
-        if kind in ("null", "boolean"):
-            return Leaf(kind, None, path)
-        if kind in ("integer", "number"):
-            return self._number_leaf(kind, kw, path)
-        if kind == "string":
-            return self._string_leaf(kw, path)
-        if kind == "array":
-            return self._array_leaf(kw, resolver, path)
-        if kind == "object":
-            return self._object_leaf(kw, resolver, path)
-        raise Refusal(f"type {kind!r}", path)
-
-    def _number_leaf(self, kind: str, kw: dict, path: str) -> Leaf | None:
-        lo = hi = None
-        for key, lower, exclusive in (
-            ("minimum", True, False),
-            ("exclusiveMinimum", True, True),
-            ("maximum", False, False),
-            ("exclusiveMaximum", False, True),
-        ):
-            if key in kw:
-                value = kw[key]
-                if isinstance(value, float) and not math.isfinite(value):
-                    raise Refusal(f"{key} that is not a finite number", f"{path}.{key}")
-                bound = (value, exclusive)
-                if lower:
-                    lo = bound if lo is None or value > lo[0] or (value == lo[0] and exclusive) else lo
-                else:
-                    hi = bound if hi is None or value < hi[0] or (value == hi[0] and exclusive) else hi
-        steps = (kw["multipleOf"],) if "multipleOf" in kw else ()
-        given_kw = {"lo": lo, "hi": hi, "steps": steps}
-        leaf_kw = make_integer(given_kw) if kind == "integer" else given_kw
-        if leaf_kw is None or bounds_empty(leaf_kw["lo"], leaf_kw["hi"]):
-            return None
-        return Leaf(kind, leaf_kw, path)
-
-    def _string_leaf(self, kw: dict, path: str) -> Leaf | None:
-        formats: tuple = ()
-        fmt = kw.get("format")
-        if isinstance(fmt, str) and fmt not in ANNOTATION_FORMATS:
-            if fmt in FORMAT_PATTERNS:
-                formats = (fmt,)
-            elif fmt in STANDARD_FORMATS:
-                raise Refusal(f"format {fmt!r} ({UNSUPPORTED_FORMATS.get(fmt, 'not enforceable')})", f"{path}.format")
-            elif self.unknown_formats != "annotate":
-                raise Refusal(
-                    f"format {fmt!r} (unknown; set unknown_formats='annotate' to ignore it)", f"{path}.format"
-                )
-        patterns = (kw["pattern"],) if isinstance(kw.get("pattern"), str) else ()
-        for pattern in patterns:
-            rules.check_pattern(pattern, f"{path}.pattern")
-        low, high = int(kw.get("minLength", 0)), kw.get("maxLength")
-        high = None if high is None else int(high)
-        if high is not None and low > high:
-            return None
-        return Leaf("string", {"min": low, "max": high, "patterns": patterns, "formats": formats}, path)
-
-    def _array_leaf(self, kw: dict, resolver, path: str) -> Leaf | U:
-        prefix = tuple(
-            self.value(child, resolver, f"{path}.prefixItems[{i}]")
-            for i, child in enumerate(kw.get("prefixItems") or [])
-        )
-        items = self.value(kw["items"], resolver, f"{path}.items") if "items" in kw else None
-        contains: tuple = ()
-        if "contains" in kw:
-            high = kw.get("maxContains")
-            contains = (
-                (
-                    self.value(kw["contains"], resolver, f"{path}.contains"),
-                    int(kw.get("minContains", 1)),
-                    None if high is None else int(high),
-                ),
-            )
-        high = kw.get("maxItems")
-        leaf_kw = {
-            "prefix": prefix,
-            "items": items,
-            "min": int(kw.get("minItems", 0)),
-            "max": None if high is None else int(high),
-            "unique": kw.get("uniqueItems") is True,
-            "contains": contains,
-            "ann_prefix": len(prefix),
-            "ann_items": "items" in kw,
-            "declared": "prefixItems" in kw,
-        }
-        checked = check_array(leaf_kw)
-        return emptied(leaf_kw, self) if checked is None else Leaf("array", checked, path)
-
-    def _object_leaf(self, kw: dict, resolver, path: str) -> Leaf | U:
-        props = {
-            name: self.value(child, resolver, f"{path}.properties.{name}")
-            for name, child in (kw.get("properties") or {}).items()
-        }
-        pprops = {}
-        if len(kw.get("patternProperties") or ()) > MAX_PATTERN_PROPERTIES:  # before compiling them all
-            raise Refusal(f"more than {MAX_PATTERN_PROPERTIES} patternProperties", f"{path}.patternProperties")
-        for pattern, child in (kw.get("patternProperties") or {}).items():
-            rules.check_pattern(pattern, f"{path}.patternProperties")
-            pprops[pattern] = self.value(child, resolver, f"{path}.patternProperties")
-        additional = (
-            self.value(kw["additionalProperties"], resolver, f"{path}.additionalProperties")
-            if "additionalProperties" in kw
-            else None
-        )
-        names = (self.value(kw["propertyNames"], resolver, f"{path}.propertyNames"),) if "propertyNames" in kw else ()
-        high = kw.get("maxProperties")
-        leaf_kw = {
-            "props": props,
-            "pprops": pprops,
-            "additional": additional,
-            "required": tuple(dict.fromkeys(kw.get("required") or ())),
-            "min": int(kw.get("minProperties", 0)),
-            "max": None if high is None else int(high),
-            "names": names,
-            "ann": frozenset(props),
-            "ann_pp": frozenset(pprops),
-            "ann_rest": "additionalProperties" in kw,
-            "declared": "properties" in kw or "patternProperties" in kw,
-        }
-        checked = check_object(leaf_kw, self)
-        return emptied(leaf_kw, self) if checked is None else Leaf("object", checked, path)
 
     # ----- value positions ------------------------------------------------------------------------
 
