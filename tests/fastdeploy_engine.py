@@ -83,6 +83,9 @@ def worker_argv(cfg, think_end_id: int = -1, line_break_id: int = -1) -> list[st
         argv += [flag, str(source(cfg))]
     argv += ["--eos_tokens_lens", "1", "--pad_token_id", "0", "--think_end_id", str(think_end_id),
              "--line_break_id", str(line_break_id), "--device_ids", "0"]
+    processors = cfg.structured_outputs_config.logits_processors  # common_engine.py adds them as it does here
+    if processors:
+        argv += ["--logits-processors", *processors]
     worker_true_flags = {"disable_any_whitespace": cfg.structured_outputs_config.disable_any_whitespace,
                          "enable_chunked_prefill": cfg.cache_config.enable_chunked_prefill}
     return argv + [f"--{name}" for name, value in worker_true_flags.items() if value]
@@ -201,6 +204,8 @@ class Engine:
         runner.insert_tasks_v1(tasks, rows)
         p_done = runner._get_p_done_idxs_gd(tasks, rows)
         runner.sampler.pre_process(p_done)
+        for proc in runner.share_inputs["logits_processors"]:  # execute_model's step 1.1
+            proc.update_state(runner.share_inputs)
         order = sorted(chunks)
         logits = np.zeros((rows, self.model.cfg.vocab_size), dtype=np.float32)
         logits[order] = self.model.forward_batch([chunks[s] for s in order]).numpy()

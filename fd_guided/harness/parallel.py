@@ -190,30 +190,46 @@ class PaddleBroadcast(BitmaskTransport):
     """``paddle.distributed.broadcast`` on a tensor-parallel group (what a serving stack uses).
 
     Collectives need one shape on every rank: each message is sent as `shape` (for masks
-    ``(max_num_seqs, ceil(vocab / 32))`` int32), rank 0's payload zero-padded along axis 0;
-    receivers get the whole padded array. Not exercised by the test suite (needs a TP group).
+    ``(max_num_seqs, ceil(vocab / 32))`` int32), rank 0's payload zero-padded along axis 0.
+    `broadcast_tensor` leaves the message on the device (`place`, Paddle's current place by
+    default), in one buffer per rank reused every call: `Rank0BroadcastGuided` applies the
+    received mask rows from there, so no rank copies them device -> host -> device. `broadcast`
+    (a numpy array, e.g. token ids) reads it back. Not exercised by the test suite (needs a TP
+    group), nor run on GPUs yet.
     """
 
-    def __init__(self, rank: int, world_size: int, shape: Sequence[int], dtype: str = "int32", group=None, src: int = 0):
+    def __init__(self, rank: int, world_size: int, shape: Sequence[int], dtype: str = "int32", group=None, src: int = 0,
+                 place=None):
         self.rank = rank
         self.world_size = world_size
         self.shape = list(shape)
         self.dtype = dtype
         self.group = group
         self.src = src
+        self.place = place
+        self._buffer = None
 
-    def broadcast(self, payload: np.ndarray | None) -> np.ndarray:
+    def broadcast_tensor(self, payload: np.ndarray | None):
+        """Rank 0 sends `payload` (one host-to-device copy); every rank returns the padded message
+        as a Paddle tensor on the device, valid until the next call."""
         import paddle
         import paddle.distributed as dist
 
         if self.rank == 0:
             padded = np.zeros(self.shape, dtype=self.dtype)  # collectives need one shape on every rank
             padded[: len(payload)] = payload
-            tensor = paddle.to_tensor(padded)
+            tensor = paddle.to_tensor(padded, place=self.place) if self.place is not None else paddle.to_tensor(padded)
         else:
-            tensor = paddle.empty(self.shape, dtype=self.dtype)
+            if self._buffer is None:
+                self._buffer = paddle.empty(self.shape, dtype=self.dtype)
+                if self.place is not None:
+                    self._buffer = self._buffer.to(self.place)
+            tensor = self._buffer
         dist.broadcast(tensor, src=self.src, group=self.group)
-        return tensor.numpy()
+        return tensor
+
+    def broadcast(self, payload: np.ndarray | None) -> np.ndarray:
+        return self.broadcast_tensor(payload).numpy()
 
 
 # ----- rank-0 broadcast mode -----------------------------------------------------------------
@@ -270,7 +286,14 @@ class Rank0BroadcastGuided:
     def apply(self, logits) -> None:
         if self.is_leader:
             self.manager.apply(logits)
-            self.transport.broadcast(_host_view(self.manager.bitmask)[: self._rows])
+            send = getattr(self.transport, "broadcast_tensor", self.transport.broadcast)  # the receivers' call
+            send(_host_view(self.manager.bitmask)[: self._rows])
+            return
+        on_device = getattr(self.transport, "broadcast_tensor", None)
+        if on_device is not None:
+            # The rows stay on the device: rows rank 0 left unmasked are all-allowed words, which
+            # the kernel leaves bit-identical, so every row is applied and nothing is read back.
+            apply_token_bitmask_inplace(logits, on_device(None)[: self._rows], impl=self.kernel_impl)
             return
         rows = self.transport.broadcast(None)[: self._rows]
         masked = np.flatnonzero((rows != ALL_ALLOWED).any(axis=1)).tolist()

@@ -159,7 +159,9 @@ def test_tokens_fastdeploy_forces_are_not_grammar_rejections(fd, tokenizer, monk
     done = engine.run([thinking, cut])
     metrics = runner.guided_backend.metrics
     assert metrics.value("rejected_tokens_total") == 0
-    assert metrics.labelled("host_forced_tokens_total") == {"other": 2, "stop": 1}
+    # named: FastDeploy's model_config.line_break_id under this strategy (fd_guided.integrations.fastdeploy.sampler)
+    assert metrics.labelled("host_forced_tokens_total") == {"line_break": 2, "stop": 1}
+    assert metrics.value("out_of_mask_tokens_total") == 0
     assert done["think"].finished == "stop" and done["think"].error is None
     assert content(tokenizer, thinking, skip={newline}) in ("alpha", "beta")
     assert done["cut"].finished == "length" and done["cut"].error is None and len(cut.output_token_ids) == 5
