@@ -14,8 +14,9 @@ from typing import Any
 import jsonschema
 
 from ..errors import InvalidGrammarError
-from ..schema.drafts import first_unresolvable_reference
-from ..schema.walk import schema_regexes
+from ..schema.drafts import VALIDATORS, Document, declares_draft, first_unresolvable_reference, meta_valid
+from ..schema.refusal import Refusal
+from ..schema.walk import schema_regexes, subschemas
 
 try:  # fast meta-validation at admission; `jsonschema` alone gives the same verdicts, slower
     import jsonschema_rs as _jsonschema_rs
@@ -27,9 +28,32 @@ _VALUE_KEYWORDS = ("const", "enum", "default", "examples")
 
 
 def check_json_schema(schema: dict, part: str) -> None:
+    """Valid against its draft's meta-schema (without ``$schema``: against some draft's), every
+    reference resolvable inside the document, and, without ``$schema``, no keyword that two drafts
+    read differently (`fd_guided.schema.drafts`)."""
     if not _fast_meta_valid(schema):
         _check_meta_schema(schema, part)
-    _check_references(schema, part)
+    try:
+        if not declares_draft(schema):
+            _check_inferred_reading(schema)  # first: a conflict explains an unresolvable reference
+        _check_references(schema, part)
+    except Refusal as refusal:
+        raise InvalidGrammarError(refusal.feature, part=f"{part}{refusal.location[1:]}") from None
+
+
+def _check_inferred_reading(schema: dict) -> None:
+    """Read every node as the normaliser will (drafts.Document.keywords), so a conflict between
+    drafts is refused here, at admission, naming its path. Iterative, linear in the schema."""
+    document = Document(schema)
+    stack = [(schema, "$")]
+    seen: set[int] = set()
+    while stack:
+        node, where = stack.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        document.keywords(node, where)
+        stack.extend(subschemas(node, where))
 
 
 def _fast_meta_valid(schema: dict) -> bool:
@@ -45,7 +69,9 @@ def _fast_meta_valid(schema: dict) -> bool:
     if _jsonschema_rs is None:
         return False
     try:
-        if not _jsonschema_rs.meta.is_valid(schema):
+        if not _jsonschema_rs.meta.is_valid(schema) and (
+            declares_draft(schema) or not any(_jsonschema_rs.meta.is_valid({**schema, "$schema": uri}) for uri in _URIS)
+        ):
             return False
     except Exception:  # an unknown $schema URI, unexpected input: let jsonschema decide
         return False
@@ -69,8 +95,17 @@ def _compiles(pattern: str) -> bool:
     return True
 
 
+_URIS = tuple(cls.META_SCHEMA.get("$id") or cls.META_SCHEMA["id"] for cls in VALIDATORS[:-1])
+
+
 def _check_meta_schema(schema: dict, part: str) -> None:
     validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    if (
+        not declares_draft(schema)
+        and any(meta_valid(cls, schema) for cls in VALIDATORS[:-1])
+        and all(_compiles(pattern) for pattern in _schema_regexes(schema))
+    ):
+        return  # valid in an older draft: read keyword by keyword (fd_guided.schema.drafts)
     try:
         validator_class.check_schema(schema)
     except jsonschema.SchemaError as error:

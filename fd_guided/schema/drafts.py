@@ -1,10 +1,19 @@
 """Which draft a schema is written in, each node's keywords in 2020-12 terms, and $ref resolution.
 
-The draft is the one `jsonschema` validates with (`validator_for` on ``$schema``, 2020-12 when
-absent): outputs are judged by that validator, so the normaliser reads every node as it does.
-`keywords` returns a node's assertions renamed to their 2020-12 forms and drops what that draft
-does not know (an unknown keyword is an annotation: ``prefixItems`` in draft 7, ``additionalItems``
-or ``dependencies`` in 2020-12 are ignored by the validator, so they are ignored here):
+With ``$schema`` the draft is the one `jsonschema` validates with (`validator_for`), and `keywords`
+returns a node's assertions renamed to their 2020-12 forms, dropping what that draft does not know
+(an unknown keyword is an annotation: ``prefixItems`` in draft 7, ``additionalItems`` or
+``dependencies`` in 2020-12 are ignored by its validator, so they are ignored here).
+
+Without ``$schema`` (what clients send: the OpenAI API, pydantic, hand-written schemas) no keyword
+is dropped that some draft asserts: each is read by the draft that defines it (``dependencies``,
+``items: [..]`` with ``additionalItems``, boolean ``exclusiveMinimum``/``exclusiveMaximum`` and
+``id`` as drafts 4-7 read them; ``$ref`` siblings, ``prefixItems``, ``dependentSchemas`` as 2019-09
+and 2020-12 do). That reading is the conjunction of every draft under which the document is valid
+(`validators_for`: what outputs are judged by); where two drafts' readings disagree rather than add
+up (``items: [..]`` beside ``prefixItems``, a ``$ref`` beside ``$id``, ``id`` and ``$id`` that move
+a reference to different targets, one name in both ``dependencies`` and ``dependentSchemas``) the
+schema is refused naming the conflict (`Refusal`; ``$schema`` settles it). Per draft:
 
   - draft 4: boolean ``exclusiveMinimum``/``exclusiveMaximum`` become the numeric forms;
   - drafts 4-7: ``$ref`` hides its siblings; ``dependencies`` splits into ``dependentRequired`` and
@@ -51,6 +60,36 @@ KNOWN_KEYWORDS = {
                      "else", "dependentRequired", "dependentSchemas", "unevaluatedItems", "unevaluatedProperties",
                      "$dynamicRef"},
 }
+# The `draft` of a document without $schema: each keyword read by the draft that defines it. Past every
+# draft's number, so a reader asking `draft >= 2019` (annotations, unevaluated*) reads it as the newest.
+INFERRED = 9999
+KNOWN_KEYWORDS[INFERRED] = set().union(*KNOWN_KEYWORDS.values())
+VALIDATORS = (jsonschema.Draft4Validator, jsonschema.Draft6Validator, jsonschema.Draft7Validator,
+              jsonschema.Draft201909Validator, jsonschema.Draft202012Validator)
+_NO_CONFLICT = "set $schema to say which draft is meant"
+
+
+def declares_draft(schema: Any) -> bool:
+    return isinstance(schema, dict) and "$schema" in schema
+
+
+def validators_for(schema: Any) -> list:
+    """The `jsonschema` validator classes whose verdicts, all together, judge outputs of `schema`:
+    its ``$schema``'s one, or without it every draft under which the document is valid (their
+    conjunction is the reading of the module docstring)."""
+    if declares_draft(schema):
+        return [validator_class(schema)]
+    valid = [cls for cls in VALIDATORS if meta_valid(cls, schema)]
+    return valid or [jsonschema.Draft202012Validator]
+
+
+def meta_valid(cls, schema: Any) -> bool:
+    """`schema` valid against `cls`'s meta-schema, formats (``regex``: Python's re) checked as
+    `check_schema` checks them."""
+    try:
+        return cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER).is_valid(schema)
+    except RecursionError:
+        return False
 
 
 def validator_class(schema: Any):
@@ -64,9 +103,13 @@ class Document:
     def __init__(self, schema: Any):
         self.schema = schema
         self.validator_class = validator_class(schema)
-        self.draft = DRAFT_OF_VALIDATOR.get(self.validator_class.__name__, 2020)
+        self.inferred = not declares_draft(schema)
+        self.draft = INFERRED if self.inferred else DRAFT_OF_VALIDATOR.get(self.validator_class.__name__, 2020)
         meta = self.validator_class.META_SCHEMA
         self.specification = referencing.jsonschema.specification_with(meta.get("$id") or meta.get("id"))
+        if self.inferred and _identifiers(schema)[0]:
+            # draft 4's `id`: read as drafts 4-6 read it, where no reference lands elsewhere for it
+            self.specification = _legacy_id_specification(schema, self.specification)
         resource = self.specification.create_resource(schema)
         self.root_resolver = referencing.Registry().resolver_with_root(resource)
         self._dynamic_anchors: dict[str, int] | None = None
@@ -99,19 +142,21 @@ class Document:
         if "$ref" in node and draft <= 7:
             return {"$ref": node["$ref"]}
         out = {key: value for key, value in node.items() if key in known}
+        if draft == INFERRED:
+            out = _inferred_keywords(node, out, location)
         if draft == 4:
             for bound, excl in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
                 flag = out.pop(excl, False)
                 if flag is True and bound in out:
                     out[excl] = out.pop(bound)
-        if draft <= 2019:
+        if draft <= 2019:  # (INFERRED read these above)
             items = out.get("items")
             additional = out.pop("additionalItems", None)
             if isinstance(items, list):
                 out["prefixItems"] = out.pop("items")
                 if additional is not None:
                     out["items"] = additional
-        if draft <= 7 and "dependencies" in out:
+        if draft <= 7 and "dependencies" in out:  # (INFERRED: above)
             dependencies = out.pop("dependencies")
             if isinstance(dependencies, dict):
                 required = {k: v for k, v in dependencies.items() if isinstance(v, list)}
@@ -157,6 +202,96 @@ class Document:
                     stack.extend(node)
             self._dynamic_anchors = counts
         return self._dynamic_anchors
+
+
+def _inferred_keywords(node: dict, out: dict, location: str) -> dict:
+    """A node of a document without $schema: every draft's assertions (module docstring)."""
+    if "$ref" in node and isinstance(node.get("$id"), str):
+        raise Refusal(f"$ref beside $id without $schema (drafts 4-7 resolve it against the enclosing base URI, 2019-09 and "
+                      f"later against this $id; {_NO_CONFLICT})", f"{location}.$ref")
+    for bound, excl in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(out.get(excl), bool):  # draft 4's boolean form (6 and later take a number)
+            if out.pop(excl) and bound in out:
+                out[excl] = out.pop(bound)
+    items = out.get("items")
+    additional = out.pop("additionalItems", None)
+    if isinstance(items, list):
+        if "prefixItems" in out:
+            raise Refusal(f"items as an array (drafts 4 to 2019-09) beside prefixItems (2020-12) without $schema; {_NO_CONFLICT}",
+                          f"{location}.items")
+        out["prefixItems"] = out.pop("items")
+        if additional is not None:
+            out["items"] = additional
+    dependencies = out.pop("dependencies", None)
+    if isinstance(dependencies, dict):
+        for name, value in dependencies.items():
+            target = "dependentRequired" if isinstance(value, list) else "dependentSchemas"
+            merged = dict(out.get(target) or {})
+            if name in (out.get("dependentRequired") or {}) or name in (out.get("dependentSchemas") or {}):
+                raise Refusal(f"dependencies (drafts 4-7) and dependentRequired/dependentSchemas (2019-09 and later) both "
+                              f"name {name[:60]!r} without $schema; {_NO_CONFLICT}", f"{location}.dependencies")
+            merged[name] = value
+            out[target] = merged
+    return out
+
+
+def _identifiers(schema: Any) -> tuple[bool, bool]:
+    """(a draft-4 ``id`` identifies a subschema, a ``$id``/``$anchor`` does), by keyword position."""
+    from .walk import subschemas
+
+    legacy = modern = False
+    stack = [schema]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        legacy = legacy or (isinstance(node.get("id"), str) and "$id" not in node)
+        modern = modern or isinstance(node.get("$id"), str) or isinstance(node.get("$anchor"), str)
+        stack.extend(child for child, _ in subschemas(node))
+    return legacy, modern
+
+
+def _legacy_id_specification(schema: Any, modern):
+    """Draft 4's reading of ``id`` where it changes no reference's target against 2019-09/2020-12's
+    (which ignore ``id``); a Refusal naming the reference otherwise, or when ``$id`` is used too."""
+    legacy = referencing.jsonschema.DRAFT4
+    if _identifiers(schema)[1]:
+        raise Refusal(f"both id (draft 4) and $id/$anchor (draft 6 and later) identify subschemas without $schema; "
+                      f"{_NO_CONFLICT}", "$")
+    targets = [_reference_targets(schema, specification) for specification in (legacy, modern)]
+    for where, target in targets[0].items():
+        if targets[1].get(where, target) is not target:
+            raise Refusal(f"a $ref that draft 4's id and later drafts resolve to different subschemas without $schema; "
+                          f"{_NO_CONFLICT}", where)
+    return legacy
+
+
+def _reference_targets(schema: Any, specification) -> dict[str, Any]:
+    """Location of each local ``$ref`` -> the node it resolves to under `specification` (None: none)."""
+    from .walk import subschemas
+
+    resolver = referencing.Registry().resolver_with_root(specification.create_resource(schema))
+    out: dict[str, Any] = {}
+    stack = [(schema, "$", resolver)]
+    seen: set[int] = set()
+    while stack:
+        node, where, resolver = stack.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        try:
+            resolver = resolver.in_subresource(specification.create_resource(node))
+        except Exception:  # noqa: BLE001 - a malformed identifier: Document.enter refuses it
+            pass
+        if isinstance(node.get("$ref"), str):
+            try:
+                out[f"{where}.$ref"] = resolver.lookup(node["$ref"]).contents
+            except Exception:  # noqa: BLE001 - unresolvable under this reading
+                out[f"{where}.$ref"] = None
+        stack.extend((child, path, resolver) for child, path in subschemas(node, where))
+    return out
 
 
 def base_uri(resolver) -> str:
