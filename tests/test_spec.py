@@ -231,6 +231,10 @@ META_VERDICT_CASES = [
 
 
 def _admission_verdict(schema):
+    from fd_guided.admission import cache
+
+    cache.PARSED.clear()  # each verdict decided afresh, not remembered from the previous call
+    cache.CHECKED.clear()
     try:
         parse_guided_request({"guided_json": schema}, GuidedConfig(backend="llguidance"))
     except InvalidGrammarError as error:

@@ -31,6 +31,7 @@ from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..limits import AdmissionLimits, check_choices, check_grammar, check_schema, check_size
 from ..registry import get_backend_class
+from .cache import CHECKED, PARSED, canonical_text
 from .documents import as_dict, check_text, load_schema
 from .meta import check_json_schema
 from .spec import FIELD_OF_KIND, GrammarSpec, JsonFormat
@@ -40,6 +41,16 @@ from .tags import parse_structural_tag
 logger = logging.getLogger(__name__)
 
 KIND_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar", "structural_tag")
+OPTION_FIELDS = (
+    "disable_any_whitespace",
+    "any_whitespace",
+    "max_whitespace_cnt",
+    "separators",
+    "guided_strict",
+    "guided_unknown_formats",
+    "guided_any_order",
+)
+CACHED_FIELDS = (*KIND_FIELDS, "response_format", *OPTION_FIELDS)  # every field a spec depends on
 COMPACT_SEPARATORS = (",", ":")
 UNKNOWN_FORMAT_POLICIES = ("refuse", "annotate")
 
@@ -64,9 +75,18 @@ def parse_guided_request(
     if not isinstance(fields, Mapping):
         raise InvalidGrammarError(f"request fields must be a mapping, got {type(fields).__name__}")
     fit_budget_requested(fields)  # a bad value is this request's 400 too
+    text = canonical_text(fields, CACHED_FIELDS)
+    key = None if text is None else (text, config)
+    spec = PARSED.verdict(key, len(text or ""), lambda: _parse(fields, config))
+    if spec is not None and check_backend:
+        check_with_backend(get_backend_class(config.backend), spec)
+    return spec
+
+
+def _parse(fields: Mapping[str, Any], config: GuidedConfig) -> GrammarSpec | None:
     try:
         json_format = _json_format(fields, config)
-        spec = _spec_from_fields(fields, json_format, config.limits)
+        return _spec_from_fields(fields, json_format, config.limits)
     except InvalidGrammarError:
         raise
     except Exception as error:  # noqa: BLE001 - hostile input must never escape as another type
@@ -74,9 +94,6 @@ def parse_guided_request(
         raise InvalidGrammarError(
             f"could not read the guided fields ({type(error).__name__}: {_short(error)})", part="request"
         ) from None
-    if spec is not None and check_backend:
-        check_with_backend(get_backend_class(config.backend), spec)
-    return spec
 
 
 FIT_BUDGET_FIELD = "guided_fit_budget"
@@ -99,7 +116,12 @@ def check_with_backend(backend_class, spec: GrammarSpec) -> None:
 
     A checker bug triggered by odd input must not escape as a TypeError and take down the caller's
     whole batch: it becomes an InvalidGrammarError (the traceback is logged for the developers).
+    The verdict is remembered per (backend, spec) (`cache.CHECKED`): a spec seen before costs a lookup.
     """
+    CHECKED.verdict((backend_class, spec), len(spec.source), lambda: _check(backend_class, spec))
+
+
+def _check(backend_class, spec: GrammarSpec) -> None:
     try:
         backend_class.check(spec)
     except InvalidGrammarError:

@@ -1,0 +1,121 @@
+"""Admission results remembered by canonical hash: a constraint seen before is admitted (or refused)
+again without reading it again.
+
+Cold admission reads a schema several times over (meta-schema, references, bounds, each engine's
+normal form): milliseconds, on the host's request thread. The verdict depends only on the guided
+fields, the config and the backend, so it is kept in one bounded LRU per process: a `GrammarSpec`
+(frozen: safe to share) or the refusal (re-raised as a new `InvalidGrammarError` with the same
+message, part and feature). The key is the canonical JSON of the guided fields (compact, in the
+order written: an object's key order is the order its properties are generated in, so it is part
+of the constraint; a field that is not plain JSON, such as a pydantic class, is never cached) with
+the config.
+Entries and their key text are bounded (`MAX_ENTRIES`, `MAX_BYTES`); nothing expires otherwise:
+verdicts never change within a process.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+from ..errors import InvalidGrammarError
+
+MAX_ENTRIES = 4096
+MAX_BYTES = 64 << 20  # key text held, summed
+
+
+class _Refused:
+    __slots__ = ("error_class", "message", "part", "feature")
+
+    def __init__(self, error: InvalidGrammarError):
+        self.error_class = type(error)
+        text = str(error)
+        prefix = f"{error.part}: " if error.part else ""
+        self.message = text[len(prefix) :] if prefix and text.startswith(prefix) else text
+        self.part, self.feature = error.part, error.feature
+
+    def raise_again(self):
+        try:
+            error = self.error_class(self.message, part=self.part, feature=self.feature)
+        except TypeError:  # a subclass with another signature
+            error = InvalidGrammarError(self.message, part=self.part, feature=self.feature)
+        raise error
+
+
+class VerdictCache:
+    """A thread-safe LRU of admission verdicts, bounded by entries and by key bytes."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES):
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def verdict(self, key: Hashable | None, size: int, decide: Callable[[], Any]) -> Any:
+        """`decide()`'s result for `key`, remembered (a raised InvalidGrammarError too); `key` None:
+        not cacheable, decided every time."""
+        if key is None:
+            return decide()
+        try:
+            hash(key)
+        except TypeError:  # a config holding an unhashable value: decided every time
+            return decide()
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+        if found is not None:
+            if isinstance(found[0], _Refused):
+                found[0].raise_again()
+            return found[0]
+        self.misses += 1
+        try:
+            value = decide()
+        except InvalidGrammarError as error:
+            self._store(key, _Refused(error), size)
+            raise
+        self._store(key, value, size)
+        return value
+
+    def _store(self, key: Hashable, value: Any, size: int) -> None:
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._entries:
+                return
+            self._entries[key] = (value, size)
+            self._bytes += size
+            while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self._bytes -= dropped
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+            self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def canonical_text(fields: Mapping[str, Any], names: tuple[str, ...]) -> str | None:
+    """The canonical JSON of `fields`' entries named in `names`, or None if one is not plain JSON."""
+    try:
+        return json.dumps(
+            {name: fields[name] for name in names if name in fields},
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+PARSED = VerdictCache()  # (canonical fields, config) -> GrammarSpec | None | refusal
+CHECKED = VerdictCache()  # (backend class, spec) -> None | refusal
