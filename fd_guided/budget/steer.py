@@ -13,7 +13,9 @@ generated, reasoning included), once per step, after the fill (`BudgetSteering.s
            roll back): still a completion (a string grew, whitespace), it stays; else a new search
   closing  ``left - need <= headroom``: the row allows only tokens that spell the next bytes of
            the plan and leave a completion within what is left (``1 + need_after <= left``), the
-           stop token once the plan is written; the matcher's own row still has the last word
+           stop tokens, and while slack is left (``left > need``) the tokens that keep the plan a
+           completion (`slack.SlackTokens`: a string may still grow); the matcher's own row
+           still has the last word
   thinking a request in its reasoning section gets its think-end marker forced (through its
            `ReasoningState` budget) when what is left would hold only the marker and the
            shortest output from the grammar's start
@@ -26,8 +28,9 @@ tokens, `draft_limits` 0), so drafts never overrun the budget.
 Guarantee: in the closing zone every allowed token keeps a verified completion within the
 budget, so a request that enters it with ``need <= left`` ends ``stop`` with a valid output. A
 token taken outside the closing zone that raises the shortest completion by more than the slack
-left (an array item opened with ``left - need <= headroom + 1``) can still overrun; such requests
-are counted (``budget_overruns_total``) and end as the host's budget says (``length``).
+left then (an array item of a long required object, opened with more than ``headroom`` slack) can
+still overrun; such requests are counted (``budget_overruns_total``) and end as the host's budget
+says (``length``). See docs/budget.md.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import json
 import re
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 from adversary import pick
@@ -159,3 +160,64 @@ def test_request_field():
     with pytest.raises(InvalidGrammarError) as error:
         fit_budget_requested({"guided_fit_budget": "no"})
     assert error.value.part == "guided_fit_budget"
+
+
+def test_a_thinking_request_is_cut_to_leave_room_for_its_output():
+    tokenizer = load_tokenizer("deepseek")
+    backend = in_process_backend("xgrammar")
+    manager = GuidedDecodingManager(backend, max_num_seqs=1, think_end_id=tokenizer.think_end_id)
+    fields = REQUESTS[0]
+    try:
+        add_ready(
+            manager,
+            0,
+            parse_guided_request(fields, GuidedConfig(backend="xgrammar")),
+            prefill_done=True,
+            enable_thinking=True,
+            max_tokens=40,
+        )
+        output: list[int] = []
+        space = tokenizer.encode(" ")[0]
+        while len(output) < 40:
+            logits = torch.zeros((1, VOCAB))
+            manager.begin_step([0])
+            manager.apply(logits)
+            if manager.is_reasoning_row(0):  # thinks forever unless the marker is forced
+                allowed = np.flatnonzero(np.isfinite(logits[0].numpy()))
+                token = space if len(allowed) > 1 else int(allowed[0])
+            else:
+                token = pick(tokenizer, manager.bitmask.numpy()[0], VOCAB)
+            finished = manager.accept([token])
+            if finished:
+                assert finished[0].reason == "stop"
+                break
+            output.append(token)
+        assert len(output) < 40 and tokenizer.think_end_id in output
+        text = tokenizer.decode(output[output.index(tokenizer.think_end_id) + 1 :])
+        assert valid(fields, text), text
+        assert manager.metrics.value("budget_reasoning_cut_total") == 1
+    finally:
+        manager.close()
+
+
+def test_drafts_near_the_budget_are_cut():
+    backend = in_process_backend("xgrammar")
+    manager = GuidedDecodingManager(backend, max_num_seqs=1, max_draft_tokens=3)
+    fields = REQUESTS[0]
+    tokenizer = load_tokenizer("deepseek")
+    try:
+        need = minimum("xgrammar", fields)
+        add_ready(
+            manager,
+            0,
+            parse_guided_request(fields, GuidedConfig(backend="xgrammar")),
+            prefill_done=True,
+            max_tokens=need + 1,
+        )
+        drafts = tokenizer.encode('{"name"')[:3]
+        manager.begin_speculative_step([0], [drafts])
+        manager.apply(torch.zeros((len(drafts) + 1, VOCAB)))
+        assert manager.draft_limits() == [0]
+        assert all(manager.allows_only_stop(row) for row in range(1, len(drafts) + 1))
+    finally:
+        manager.close()
