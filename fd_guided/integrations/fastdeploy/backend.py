@@ -46,6 +46,9 @@ class RequestContext:
     `final_chunk`: this PREFILL task's forward ends the request's prefill (its next sample is a
     generated token); None when the task carries no ``prefill_end_index`` (FastDeploy's v0 path).
     `output_token_ids` are tokens already generated (before a preemption, or by a prefill instance).
+    `max_tokens`: FastDeploy's ``max_tokens`` (its ``max_dec_len``, reasoning included; None when
+    absent) and `fit_budget` the request's ``guided_fit_budget``: the guided output is steered to
+    end complete within them (`fd_guided.budget`).
     """
 
     request_id: str | None
@@ -53,6 +56,8 @@ class RequestContext:
     output_token_ids: tuple[int, ...]
     enable_thinking: bool | None
     final_chunk: bool | None
+    max_tokens: int | None = None
+    fit_budget: bool = True
 
     @classmethod
     def of(cls, request: Any) -> "RequestContext":
@@ -61,6 +66,9 @@ class RequestContext:
         end = read(request, "prefill_end_index")
         getter = getattr(request, "get", None)
         thinking = getter("enable_thinking", None) if callable(getter) else read(request, "enable_thinking")
+        # Request.get reads its sampling_params too (max_tokens lives there).
+        max_tokens = getter("max_tokens", None) if callable(getter) else read(request, "max_tokens")
+        fit = getter("guided_fit_budget", None) if callable(getter) else read(request, "guided_fit_budget")
         return cls(
             request_id=None if read(request, "request_id") is None else str(read(request, "request_id")),
             prompt_token_ids=prompt,
@@ -68,6 +76,8 @@ class RequestContext:
             enable_thinking=None if thinking is None else bool(thinking),
             # v1 PREFILL tasks carry the chunk's end; v0 leaves Request's default 0: unknown then.
             final_chunk=None if end is None or int(end) <= 0 else int(end) >= len(prompt) + len(output),
+            max_tokens=int(max_tokens) if isinstance(max_tokens, int) and max_tokens > 1 else None,
+            fit_budget=fit is not False,
         )
 
 

@@ -121,7 +121,11 @@ class GuidedDecoding:
         prompt = list(context.prompt_token_ids) if context is not None else []
         self._handoff.hand_over(future.spec, future.compile_future)
         self.manager.add_request(idx, future.spec, request_id=_request_id(future), prompt_token_ids=prompt,
-                                 output_token_ids=replay, enable_thinking=thinking, prefill_done=True)
+                                 output_token_ids=replay, enable_thinking=thinking, prefill_done=True,
+                                 # FastDeploy reports "length" for an EOS at its max_dec_len-th token (it
+                                 # forces one there), so the output and its EOS must end one token sooner.
+                                 max_tokens=context.max_tokens - 1 if context is not None and context.max_tokens else None,
+                                 fit_budget=context.fit_budget if context is not None else True)
         self._active[idx] = future
 
     # ----- the step ---------------------------------------------------------------------------
