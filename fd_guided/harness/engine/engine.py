@@ -224,10 +224,12 @@ class ReferenceEngine:
             if not done:
                 done = self._jump_forward(seq, added_from)
                 # The cache keeps the accepted drafts only; the draft model's keeps what is shared.
+                # Neither keeps the last token: the next step feeds it for its logits (the tokens a
+                # step adds, jump-forward's included, can be exactly drafts already cached).
                 all_ids = seq.prompt_ids + seq.output_ids
-                truncate_to_shared_prefix(seq.cache, (seq.prompt_ids + seq.output_ids)[:length] + proposal.tokens, all_ids)
+                truncate_to_shared_prefix(seq.cache, all_ids[:length] + proposal.tokens, all_ids[:-1])
                 if seq.draft_cache is not None:
-                    truncate_to_shared_prefix(seq.draft_cache, seq.draft_fed, all_ids)
+                    truncate_to_shared_prefix(seq.draft_cache, seq.draft_fed, all_ids[:-1])
             added = tuple(seq.output_ids[added_from:])
             if done:
                 self._retire(seq.slot)
