@@ -98,8 +98,12 @@ def apply_token_bitmask_inplace(
     *,
     vocab_size: int | None = None,
     impl: str = "auto",
+    prefetched: Any = None,
 ) -> None:
-    """Set logits[i, t] = -inf in place wherever bitmask row i disallows token t (module docstring)."""
+    """Set logits[i, t] = -inf in place wherever bitmask row i disallows token t (module docstring).
+
+    `prefetched` (CUDA only): the `fd_guided.kernels.prefetch.Upload` of this host bitmask made
+    when its fill ended, so the copy overlapped the forward; None stages the rows here."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
     kind = device_kind(logits)
@@ -110,7 +114,12 @@ def apply_token_bitmask_inplace(
     _validate_bitmask_device(bitmask, kind)
     rows, vocab_size = _validate_shapes(logits, bitmask, vocab_size)
     indices = _validate_indices(indices, rows, bitmask.shape[0])
+    if prefetched is not None and impl != "cuda":
+        raise ValueError(f"prefetched uploads are for impl='cuda', got impl={impl!r}")
     if vocab_size == 0 or rows == 0 or indices == ():
+        return None
+    if prefetched is not None:
+        _implementation(impl)(logits, bitmask, indices, vocab_size, prefetched=prefetched)
         return None
     _implementation(impl)(logits, bitmask, indices, vocab_size)
     return None

@@ -167,7 +167,10 @@ def apply_token_bitmask_inplace_cuda(
     vocab_size: int,
     *,
     backend: str | None = None,
+    prefetched: Any = None,
 ) -> None:
+    """`prefetched`: a `prefetch.Upload` of this host bitmask (its rows already on their way to
+    the device on a side stream): waited for on the GPU instead of staging the rows here."""
     import torch
     import xgrammar
 
@@ -190,6 +193,9 @@ def apply_token_bitmask_inplace_cuda(
             release = cross_stream_read(bitmask_stream, stream)
             device_bitmask = to_torch_view(bitmask)
             device_index = _device_indices(indices, view.device) if indices is not None else None
+        elif prefetched is not None:
+            device_bitmask = prefetched.device_rows(to_torch_view(bitmask), indices, view.shape[0], stream)
+            device_index = _device_indices(indices, view.device) if indices is not None else None
         else:
             host = to_torch_view(bitmask)
             staging = _staging_for(view.device, view.shape[0], host.shape[1])
@@ -201,6 +207,8 @@ def apply_token_bitmask_inplace_cuda(
             xgrammar.apply_token_bitmask_inplace(view, device_bitmask, vocab_size=vocab_size, indices=index32, backend=backend)
         if staging is not None:
             staging.kernel_done.record(stream)
+        if prefetched is not None and not on_device:
+            prefetched.kernel_enqueued(stream)
         if release is not None:
             release(device_bitmask)
 
