@@ -104,17 +104,22 @@ class VerdictCache:
         return len(self._entries)
 
 
-def canonical_text(fields: Mapping[str, Any], names: tuple[str, ...]) -> str | None:
-    """The canonical JSON of `fields`' entries named in `names`, or None if one is not plain JSON."""
+def canonical_key(fields: Mapping[str, Any], names: tuple[str, ...]) -> tuple[tuple, int] | None:
+    """(key, size) for `fields`' entries named in `names`: text as given (hashing it is cheaper than
+    writing it as JSON again), anything else as compact JSON; None if a value is not plain JSON."""
+    key, size = [], 0
     try:
-        return json.dumps(
-            {name: fields[name] for name in names if name in fields},
-            separators=(",", ":"),
-            ensure_ascii=False,
-            allow_nan=False,
-        )
+        for name in names:
+            if name in fields:
+                value = fields[name]
+                if not isinstance(value, str):
+                    value = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+                    name = f"{name}:json"  # the text '"a"' and the JSON string "a" are different requests
+                key.append((name, value))
+                size += len(value)
     except (TypeError, ValueError, RecursionError):
         return None
+    return tuple(key), size
 
 
 PARSED = VerdictCache()  # (canonical fields, config) -> GrammarSpec | None | refusal

@@ -31,7 +31,7 @@ from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..limits import AdmissionLimits, check_choices, check_grammar, check_schema, check_size
 from ..registry import get_backend_class
-from .cache import CHECKED, PARSED, canonical_text
+from .cache import CHECKED, PARSED, canonical_key
 from .documents import as_dict, check_text, load_schema
 from .meta import check_json_schema
 from .spec import FIELD_OF_KIND, GrammarSpec, JsonFormat
@@ -75,9 +75,9 @@ def parse_guided_request(
     if not isinstance(fields, Mapping):
         raise InvalidGrammarError(f"request fields must be a mapping, got {type(fields).__name__}")
     fit_budget_requested(fields)  # a bad value is this request's 400 too
-    text = canonical_text(fields, CACHED_FIELDS)
-    key = None if text is None else (text, config)
-    spec = PARSED.verdict(key, len(text or ""), lambda: _parse(fields, config))
+    found = canonical_key(fields, CACHED_FIELDS)
+    key, size = (None, 0) if found is None else ((found[0], config), found[1])
+    spec = PARSED.verdict(key, size, lambda: _parse(fields, config))
     if spec is not None and check_backend:
         check_with_backend(get_backend_class(config.backend), spec)
     return spec
@@ -266,7 +266,19 @@ def grammar_is_lark(text: str) -> bool:
     return bool(_LARK_RULE.search(text)) or text.lstrip().startswith("%")
 
 
+# Schema text this many times the byte limit is refused before it is parsed: indentation rarely
+# doubles a schema, and reading a 5 MB text into Python objects costs ~1 s on the caller's thread.
+TEXT_SLACK = 2
+
+
 def _parse_json_schema(value: Any, json_format: JsonFormat, limits: AdmissionLimits, *, part: str) -> GrammarSpec:
+    if isinstance(value, (str, bytes)) and len(value) > TEXT_SLACK * limits.max_constraint_bytes:
+        limit = limits.max_constraint_bytes
+        raise InvalidGrammarError(
+            f"the schema is at least {len(value):,} bytes, over the limit of {limit:,}",
+            part=part,
+            feature=f"schema larger than {limit:,} bytes",
+        )
     schema = load_schema(value, part)
     source = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
     check_size(source, limits.max_constraint_bytes, part, "schema")
