@@ -9,6 +9,7 @@ rows of the step and what each became, the background fill) and reaches requests
 """
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
@@ -74,6 +75,12 @@ class BatchStep:
         self._draft_bitmask: Any = None
         self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-guided-fill")
         self._fill_future: Future | None = None
+        # CUDA logits: with FD_GUIDED_BITMASK_PREFETCH=1 the fill thread starts the bitmask's copy
+        # to the device on a side stream as soon as the fill ends (fd_guided.kernels.prefetch), so
+        # it overlaps the forward; off by default until it has run on a GPU (docs/integration.md).
+        self._prefetch = os.environ.get("FD_GUIDED_BITMASK_PREFETCH", "0") == "1"
+        self._uploader: Any = None  # made on the first apply with CUDA logits
+        self._upload: Any = None
         self._rows: list[int | None] = []
         self._entries: list[StepEntry] = []
         self._speculative = False
@@ -143,8 +150,9 @@ class BatchStep:
             job = self._prepare(entry, state)
             if job is not None:
                 jobs.append(job)
+        self._upload = None
         if jobs and self.overlap_fill:
-            self._fill_future = self._fill_pool.submit(self._timed_fill, jobs)
+            self._fill_future = self._fill_pool.submit(self._timed_fill, jobs, self._uploader)
         elif jobs:
             self._timed_fill(jobs)
 
@@ -202,8 +210,14 @@ class BatchStep:
         started = time.perf_counter()
         if rows:
             # Every row guided: no row list (on CUDA that saves staging it and a scatter).
-            apply_token_bitmask_inplace(logits, self.bitmask, indices=None if len(rows) == len(self._rows) else rows,
-                                        impl=self.kernel_impl)
+            indices = None if len(rows) == len(self._rows) else rows
+            if self._upload is not None:  # rows written since the upload are copied again (prefetch.py)
+                apply_token_bitmask_inplace(logits, self.bitmask, indices=indices, impl=self.kernel_impl, prefetched=self._upload)
+            else:
+                apply_token_bitmask_inplace(logits, self.bitmask, indices=indices, impl=self.kernel_impl)
+            if self._prefetch and self._uploader is None and self.kernel_impl in ("auto", "cuda"):
+                self._uploader = _uploader_for(logits, self.bitmask)
+        self._upload = None
         self._applied_rows = set(rows)
         self.phase = "applied"
         elapsed = time.perf_counter() - started
@@ -397,9 +411,11 @@ class BatchStep:
         assert entry.slot is not None
         return entry.slot
 
-    def _timed_fill(self, jobs: list[TreeFill]) -> None:
+    def _timed_fill(self, jobs: list[TreeFill], uploader: Any = None) -> None:
         started = time.perf_counter()
         fill_trees(self.backend, self.bitmask, self.bitmask_words, jobs)
+        if uploader is not None:  # on the fill thread, as soon as the fill ends
+            self._upload = uploader.upload(self.bitmask, len(self._rows))
         elapsed = time.perf_counter() - started
         self.timings.fill += elapsed
         self.metrics.observe("fill_seconds", elapsed)
@@ -413,3 +429,14 @@ class BatchStep:
     def close(self) -> None:
         self._join_fill()
         self._fill_pool.shutdown(wait=True)
+
+
+def _uploader_for(logits, bitmask) -> Any:
+    """A `BitmaskUploader` for CUDA `logits`, or None for logits elsewhere."""
+    from ..kernels.dlpack import CUDA, cuda_device_index, device_kind
+
+    if device_kind(logits) != CUDA:
+        return None
+    from ..kernels.prefetch import BitmaskUploader
+
+    return BitmaskUploader(f"cuda:{cuda_device_index(logits)}", int(bitmask.shape[0]), int(bitmask.shape[1]))
