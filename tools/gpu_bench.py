@@ -16,7 +16,8 @@ overlap  one guided step of a `GuidedDecodingManager` (a JSON schema per row, re
          stream (a sleep kernel), apply, then a marker. Reports host time of fill end and of
          apply's return against the forward's GPU end, and the GPU time from the forward's end
          to the marker: the copy + kernel left exposed after the forward (with the copy issued
-         at apply time, it queues behind the forward).
+         at apply time, it queues behind the forward). Run twice: as by default, and with
+         FD_GUIDED_BITMASK_PREFETCH=1 (the copy on a side stream when the fill ends).
 syncs    the FastDeploy adapter's hooks (tests/integrations/fastdeploy/test_adapter_host_reads.py's
          calls) on Paddle GPU tensors, nothing guided and then a guided slot: device reads per
          step counted by `HostReads` (fd_guided's own reads of device tensors), and torch's
@@ -109,8 +110,11 @@ def bench_overlap(rows_list, vocab: int, forward_ms: float, repeats: int) -> lis
     backend = create_backend("xgrammar", tokenizer, vocab_size=vocab, config=GuidedConfig(backend="xgrammar"))
     schema = {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string"}}, "required": ["id", "name"]}
     spec = parse_guided_request({"guided_json": schema})
+    import os
+
     results = []
-    for rows in rows_list:
+    for prefetch, rows in [(p, r) for p in ("0", "1") for r in rows_list]:
+        os.environ["FD_GUIDED_BITMASK_PREFETCH"] = prefetch  # read when the manager is built
         manager = GuidedDecodingManager(backend, max_num_seqs=rows)
         for slot in range(rows):
             manager.add_request(slot, spec, prefill_done=True)
@@ -140,7 +144,7 @@ def bench_overlap(rows_list, vocab: int, forward_ms: float, repeats: int) -> lis
                                 "host_apply_ms": 1e3 * (applied - queued),
                                 "fill_ms": 1e3 * manager.timings.fill / max(1, manager.timings.steps)})
         manager.close()
-        results.append({"rows": rows, **{k: sorted(s[k] for s in samples)[len(samples) // 2] for k in samples[0]}})
+        results.append({"rows": rows, "prefetch": prefetch == "1", **{k: sorted(s[k] for s in samples)[len(samples) // 2] for k in samples[0]}})
     backend.close()
     return results
 
