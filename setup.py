@@ -15,6 +15,14 @@ CPU_MASK_EXTENSION = Extension(
     extra_compile_args=["-O3", "-std=c11"],
     optional=True,
 )
+# The uniqueItems guard's per-row candidate loop (fd_guided.unique.native; a Python reference
+# runs without it).
+UNIQUE_GUARD_EXTENSION = Extension(
+    "fd_guided.unique._native",
+    sources=["fd_guided/unique/_native.c"],
+    extra_compile_args=["-O2", "-std=c11"],
+    optional=True,
+)
 
 CORE_REQUIRES = [
     "torch>=2.1",  # the bitmask and the CPU/CUDA mask kernels (xgrammar's kernels need it too)
@@ -70,7 +78,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["fd_guided", "fd_guided.*"]),
     package_data={"fd_guided": ["py.typed"]},
-    ext_modules=[CPU_MASK_EXTENSION],
+    ext_modules=[CPU_MASK_EXTENSION, UNIQUE_GUARD_EXTENSION],
     # The core: what a host imports. No Paddle distribution (a GPU host has paddlepaddle-gpu, another
     # distribution of the same `paddle` package; fd_guided uses whichever is there, or none), and
     # nothing only the reference engine, the server or the benchmarks need: those are extras.

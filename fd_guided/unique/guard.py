@@ -68,6 +68,7 @@ import numpy as np
 from ..interface import Grammar
 from ..kernels import allocate_pinned_bitmask
 from ..schema.unique_paths import UniquePaths
+from . import native
 from .tracker import AFTER_QUOTE, CLASS_BYTES, LITERAL_START, QUOTE, JsonTracker
 
 
@@ -105,6 +106,8 @@ class TokenClasses:
         self._by_text: dict[bytes, list[int]] | None = None
         self.comma_ids = np.array([i for i, text in enumerate(texts) if text.lstrip(b" \t\n\r").startswith(b",")], dtype=np.int64)
         self._ids: dict[int, np.ndarray] = {}
+        self._table: "native.TokenTable | None" = None
+        self._pointers: dict[int, tuple[int, int, int]] = {}
 
     def ids_of(self, texts: Sequence[bytes]) -> np.ndarray:
         """The ids of the tokens spelled exactly as one of `texts`."""
@@ -115,6 +118,24 @@ class TokenClasses:
             for token, text in enumerate(self._texts):
                 self._by_text.setdefault(text, []).append(token)
         return np.array(sorted({token for text in texts for token in self._by_text.get(text, ())}), dtype=np.int64)
+
+    def native_table(self) -> "native.TokenTable":
+        """The token bytes as the C loop reads them (built once, ~30 ms)."""
+        if self._table is None:
+            self._table = native.TokenTable(self._texts, self.flags)
+        return self._table
+
+    @property
+    def size(self) -> int:
+        return len(self._texts)
+
+    def id_pointer(self, classes: int) -> tuple[int, int, int]:
+        """(address, count, classes) of `ids(classes)`, for the C loop (the array is cached)."""
+        pointer = self._pointers.get(classes)
+        if pointer is None:
+            ids = self.ids(classes)
+            pointer = self._pointers[classes] = (ids.ctypes.data, int(ids.size), classes)
+        return pointer
 
     def ids(self, classes: int) -> np.ndarray:
         if classes not in self._ids:
@@ -204,10 +225,22 @@ class UniqueItemsGrammar(Grammar):
 
     def restrict(self, bitmask, row: int) -> None:
         """Clear the bits of allowed tokens that would finish a duplicate item."""
+        restrict_rows((self,), bitmask, (row,))
+
+    def _native_plan(self, row: int) -> tuple | None:
+        """The row's entry for the C loop when it decides this state (`native.row_plan`). Candidates
+        beside the classes (`counted_candidates`) never finish an item in the states it takes: a
+        language that never runs out keeps every item live."""
+        if not native.ENABLED:
+            return None
+        plan = native.row_plan(self.tracker)
+        if plan is None:
+            return None
+        return (row,) + plan + native.candidates(self.classes, self.tracker.mode, not plan[3])
+
+    def _restrict_words(self, words: np.ndarray) -> None:
+        """The Python reference: every candidate through `JsonTracker.finishes_duplicate`."""
         tracker = self.tracker
-        if not tracker.guarded():
-            return
-        words = host_words(bitmask)[row].view(np.uint32)
         finite = tracker.in_finite_domain()
         if finite:
             # Any token may lead into a dead end here (`"h` when "hex" is the one value left that
@@ -220,8 +253,11 @@ class UniqueItemsGrammar(Grammar):
             if extra.size:
                 ids = np.union1d(ids, extra[extra < words.size * 32])
             allowed = ids[_allowed(words, ids)]
-        flags = self.classes.flags
-        for token in allowed.tolist():
+        self._decide(words, allowed.tolist(), finite)
+
+    def _decide(self, words: np.ndarray, tokens: Sequence[int], finite: bool) -> None:
+        tracker, flags = self.tracker, self.classes.flags
+        for token in tokens:
             goes_on = finite or bool(flags[token] & AFTER_QUOTE)
             if tracker.finishes_duplicate(self.token_bytes[token] or b"", goes_on) or (tracker.closing and self._closes_as_duplicate(token)):
                 words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)
@@ -272,7 +308,24 @@ def unguarded(grammar: Grammar) -> Grammar:
 
 
 def restrict_rows(grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> None:
-    """After a batched native fill: apply the guards of the guarded grammars among `grammars`."""
+    """After a batched native fill: apply the guards of the guarded grammars among `grammars`.
+    Rows in the state the C loop takes (`native`) go through it together, the GIL released; the
+    rest, and the candidates it leaves undecided, through the Python tracker."""
+    words = table = None
+    batch, entries = [], []
     for grammar, row in zip(grammars, rows):
-        if isinstance(grammar, UniqueItemsGrammar):
-            grammar.restrict(bitmask, row)
+        if not isinstance(grammar, UniqueItemsGrammar) or not grammar.tracker.guarded():
+            continue
+        if words is None:
+            words = host_words(bitmask).view(np.uint32)
+        entry = grammar._native_plan(row)
+        if entry is not None and table in (None, grammar.classes.native_table()) and words.shape[1] * 32 >= grammar.classes.size:
+            table = grammar.classes.native_table()
+            batch.append(grammar)
+            entries.append(entry)
+        else:
+            grammar._restrict_words(words[row])
+    if batch:
+        for grammar, entry, undecided in zip(batch, entries, native.restrict(table, words, entries)):
+            if undecided:
+                grammar._decide(words[entry[0]], undecided, False)
