@@ -19,10 +19,14 @@
  *     AVX-512 too through GCC's target_clones where available).
  * Values are written as integer bit patterns in the logits' own dtype: no float round trip.
  */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <pthread.h>
+#include <unistd.h>
 
 /* The row loops are memory bound only once they are vectorised wider than SSE2 (the x86-64
  * baseline that -O3 targets): on GCC/x86-64/glibc, compile them also for AVX2 and AVX-512 and
@@ -75,10 +79,10 @@ HELPER void word_u32(uint32_t *restrict dst, uint32_t word) {
     mixed_word_u32(dst, word);
 }
 
+/* Words [w, end) of a row; the tail word (vocab % 32 tokens) when `end` is the row's end. */
 SIMD_CLONES
-static void row_u32(uint32_t *restrict dst, const uint32_t *restrict bits, Py_ssize_t vocab) {
-    const Py_ssize_t full_words = vocab / 32;
-    Py_ssize_t w = 0;
+static void row_u32(uint32_t *restrict dst, const uint32_t *restrict bits, Py_ssize_t vocab, Py_ssize_t w, Py_ssize_t end) {
+    const Py_ssize_t full_words = end < vocab / 32 ? end : vocab / 32;
     for (; w + RUN_WORDS <= full_words; w += RUN_WORDS) {
         const uint32_t *b = bits + w;
         uint32_t all = b[0] & b[1] & b[2] & b[3] & b[4] & b[5] & b[6] & b[7];
@@ -91,7 +95,7 @@ static void row_u32(uint32_t *restrict dst, const uint32_t *restrict bits, Py_ss
         for (int k = 0; k < RUN_WORDS; k++) word_u32(dst + (w + k) * 32, b[k]);
     }
     for (; w < full_words; w++) word_u32(dst + w * 32, bits[w]);
-    const int tail = (int)(vocab - full_words * 32);
+    const int tail = end * 32 > vocab ? (int)(vocab - full_words * 32) : 0;
     for (int j = 0; j < tail; j++)
         if (!(bits[full_words] & BIT32[j])) dst[full_words * 32 + j] = NEG_INF_F32;
 }
@@ -117,9 +121,8 @@ HELPER void word_u16(uint16_t *restrict dst, uint32_t word, uint16_t neg) {
 
 SIMD_CLONES
 static void row_u16(uint16_t *restrict dst, const uint32_t *restrict bits, Py_ssize_t vocab,
-                    uint16_t neg) {
-    const Py_ssize_t full_words = vocab / 32;
-    Py_ssize_t w = 0;
+                    uint16_t neg, Py_ssize_t w, Py_ssize_t end) {
+    const Py_ssize_t full_words = end < vocab / 32 ? end : vocab / 32;
     for (; w + RUN_WORDS <= full_words; w += RUN_WORDS) {
         const uint32_t *b = bits + w;
         uint32_t all = b[0] & b[1] & b[2] & b[3] & b[4] & b[5] & b[6] & b[7];
@@ -132,7 +135,7 @@ static void row_u16(uint16_t *restrict dst, const uint32_t *restrict bits, Py_ss
         for (int k = 0; k < RUN_WORDS; k++) word_u16(dst + (w + k) * 32, b[k], neg);
     }
     for (; w < full_words; w++) word_u16(dst + w * 32, bits[w], neg);
-    const int tail = (int)(vocab - full_words * 32);
+    const int tail = end * 32 > vocab ? (int)(vocab - full_words * 32) : 0;
     for (int j = 0; j < tail; j++)
         if (!(bits[full_words] & BIT32[j])) dst[full_words * 32 + j] = neg;
 }
@@ -171,10 +174,10 @@ AVX512 static inline void word_store(char *row, Py_ssize_t word, uint32_t masked
         word_store_u16((uint16_t *)row + word * 32, masked, neg);
 }
 
-AVX512 static void row_avx512(char *dst, const uint32_t *bits, Py_ssize_t vocab, int element_size, uint16_t neg16) {
+AVX512 static void row_avx512(char *dst, const uint32_t *bits, Py_ssize_t vocab, int element_size, uint16_t neg16,
+                              Py_ssize_t w, Py_ssize_t end) {
     const __m512i neg = element_size == 4 ? _mm512_set1_epi32((int)NEG_INF_F32) : _mm512_set1_epi16((short)neg16);
-    const Py_ssize_t full_words = vocab / 32;
-    Py_ssize_t w = 0;
+    const Py_ssize_t full_words = end < vocab / 32 ? end : vocab / 32;
     for (; w + BLOCK_WORDS <= full_words; w += BLOCK_WORDS) {
         for (uint32_t todo = block_not_all_allowed(bits + w); todo; todo &= todo - 1) {
             const int k = __builtin_ctz(todo);
@@ -182,7 +185,7 @@ AVX512 static void row_avx512(char *dst, const uint32_t *bits, Py_ssize_t vocab,
         }
     }
     for (; w < full_words; w++) word_store(dst, w, ~bits[w], element_size, neg);
-    const int tail = (int)(vocab - full_words * 32);
+    const int tail = end * 32 > vocab ? (int)(vocab - full_words * 32) : 0;
     if (tail) word_store(dst, full_words, ~bits[full_words] & ((1u << tail) - 1u), element_size, neg);
 }
 
@@ -208,19 +211,75 @@ typedef struct {
     int avx512; /* use the AVX-512 row loops */
 } MaskJob;
 
-static void mask_one_row(const MaskJob *job, Py_ssize_t row) {
+/* Words [w, end) of one row. */
+static void mask_unit(const MaskJob *job, Py_ssize_t row, Py_ssize_t w, Py_ssize_t end) {
     char *dst = job->logits + row * job->logits_row_bytes;
     const uint32_t *bits = job->bitmask + row * job->bitmask_row_stride;
 #if HAVE_AVX512_PATH
     if (job->avx512) {
-        row_avx512(dst, bits, job->vocab_size, job->element_size, job->neg16);
+        row_avx512(dst, bits, job->vocab_size, job->element_size, job->neg16, w, end);
         return;
     }
 #endif
     if (job->element_size == 4)
-        row_u32((uint32_t *)dst, bits, job->vocab_size);
+        row_u32((uint32_t *)dst, bits, job->vocab_size, w, end);
     else
-        row_u16((uint16_t *)dst, bits, job->vocab_size, job->neg16);
+        row_u16((uint16_t *)dst, bits, job->vocab_size, job->neg16, w, end);
+}
+
+/* ---- threads ------------------------------------------------------------------------------
+ * The work is cut into units of UNIT_WORDS words (16,384 tokens) of one row, taken in order from
+ * one atomic counter by every thread (the caller's included), so rows that cost little (mostly
+ * allowed) and rows that cost a full write of -inf (mostly masked) balance themselves, and one
+ * long row is shared too. Threads are started per call (~15 us each, beside 0.1-7 ms of work)
+ * and only when the call has at least 2 * MIN_UNITS_PER_THREAD units. */
+#define UNIT_WORDS 512
+#define MIN_UNITS_PER_THREAD 4
+#define MAX_THREADS 16
+
+typedef struct {
+    const MaskJob *job;
+    const Py_ssize_t *rows; /* NULL: rows 0..count-1 */
+    Py_ssize_t count, units_per_row, row_words;
+    Py_ssize_t next; /* the next unit, taken atomically */
+} Work;
+
+static void *work_loop(void *arg) {
+    Work *work = (Work *)arg;
+    const Py_ssize_t total = work->count * work->units_per_row;
+    for (;;) {
+        Py_ssize_t unit = __atomic_fetch_add(&work->next, 1, __ATOMIC_RELAXED);
+        if (unit >= total) return NULL;
+        Py_ssize_t i = unit / work->units_per_row, part = unit % work->units_per_row;
+        Py_ssize_t w = part * UNIT_WORDS, end = w + UNIT_WORDS < work->row_words ? w + UNIT_WORDS : work->row_words;
+        mask_unit(work->job, work->rows ? work->rows[i] : i, w, end);
+    }
+}
+
+/* The cores this process may run on (its affinity mask where the platform has one). */
+static int usable_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+#if defined(__linux__) && defined(CPU_COUNT)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+#endif
+    return n < 1 ? 1 : (n > MAX_THREADS ? MAX_THREADS : (int)n);
+}
+
+/* `threads` <= 0: as many as the usable cores, fewer for small calls. Returns the number used. */
+static int run_work(Work *work, int threads) {
+    const Py_ssize_t units = work->count * work->units_per_row;
+    if (threads <= 0) threads = usable_cores();
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > units / MIN_UNITS_PER_THREAD) threads = (int)(units / MIN_UNITS_PER_THREAD);
+    if (threads < 1) threads = 1;
+    pthread_t helpers[MAX_THREADS];
+    int started = 0;
+    for (int t = 1; t < threads; t++)
+        if (pthread_create(&helpers[started], NULL, work_loop, work) == 0) started++;
+    work_loop(work); /* the caller works too; a helper that failed to start is simply not there */
+    for (int t = 0; t < started; t++) pthread_join(helpers[t], NULL);
+    return started + 1;
 }
 
 static int avx512_available = 0; /* set once at import */
@@ -293,25 +352,29 @@ fail:
 
 PyDoc_STRVAR(apply_doc,
     "apply(logits_ptr, logits_row_stride, dtype, bitmask_ptr, bitmask_row_stride, vocab_size,\n"
-    "      num_rows, indices=None, path='auto')\n"
+    "      num_rows, indices=None, path='auto', threads=0)\n"
     "--\n\n"
     "Set masked logits to -inf in place. Pointers are addresses as ints, strides are in\n"
     "elements (the last dimension of both arrays must be contiguous), dtype is 'float32',\n"
     "'float16' or 'bfloat16'. Rows 0..num_rows-1 are processed, or only `indices` (each in\n"
     "[0, num_rows)). Bitmask row i applies to logits row i. The GIL is released while looping.\n"
-    "path: 'auto' (the fastest this CPU runs), 'avx512' or 'portable'; see paths().");
+    "path: 'auto' (the fastest this CPU runs), 'avx512' or 'portable'; see paths().\n"
+    "threads: 0 (auto: the usable cores, fewer for small calls) or how many to use at most.\n"
+    "Returns the number of threads that ran (0 when there was nothing to do).");
 
 static PyObject *apply(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"logits_ptr", "logits_row_stride", "dtype", "bitmask_ptr",
-                               "bitmask_row_stride", "vocab_size", "num_rows", "indices", "path", NULL};
+                               "bitmask_row_stride", "vocab_size", "num_rows", "indices", "path", "threads", NULL};
     unsigned long long logits_ptr, bitmask_ptr;
     Py_ssize_t logits_row_stride, bitmask_row_stride, vocab_size, num_rows;
     const char *dtype;
     PyObject *indices = Py_None;
     const char *path = "auto";
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KnsKnnn|Os", keywords, &logits_ptr,
+    int threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KnsKnnn|Osi", keywords, &logits_ptr,
                                      &logits_row_stride, &dtype, &bitmask_ptr,
-                                     &bitmask_row_stride, &vocab_size, &num_rows, &indices, &path))
+                                     &bitmask_row_stride, &vocab_size, &num_rows, &indices, &path,
+                                     &threads))
         return NULL;
     if (vocab_size < 0 || num_rows < 0) {
         PyErr_SetString(PyExc_ValueError, "vocab_size and num_rows must be >= 0");
@@ -331,13 +394,16 @@ static PyObject *apply(PyObject *self, PyObject *args, PyObject *kwargs) {
         rows = read_indices(indices, num_rows, &count);
         if (rows == NULL) return NULL;
     }
-    if (vocab_size > 0) {
+    int used = 0;
+    if (vocab_size > 0 && count > 0) {
+        const Py_ssize_t row_words = (vocab_size + 31) / 32;
+        Work work = {&job, rows, count, (row_words + UNIT_WORDS - 1) / UNIT_WORDS, row_words, 0};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < count; i++) mask_one_row(&job, rows ? rows[i] : i);
+        used = run_work(&work, threads);
         Py_END_ALLOW_THREADS
     }
     PyMem_Free(rows);
-    Py_RETURN_NONE;
+    return PyLong_FromLong(used);
 }
 
 static PyObject *paths(PyObject *self, PyObject *unused) {

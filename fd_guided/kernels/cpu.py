@@ -1,12 +1,17 @@
 """CPU path: the C kernel in `_cpu_mask.c` on raw pointers, in the logits' own dtype, zero-copy.
 
-Single-threaded on purpose: Paddle's and torch's thread pools already compete for the cores, and
-the loop is memory bound (it skips all-allowed words and streams -inf over all-masked runs).
+One thread by default (`THREADS`, or FD_GUIDED_CPU_MASK_THREADS): the kernel can split a call's
+rows, in units of 16,384 tokens, across pthreads with the GIL released (`_cpu_mask.apply(threads=)`),
+but on the 2-core machines measured, shared with Paddle's and torch's pools and other processes, a
+second thread waits for a core more often than it finds one (tools/guard_kernel_bench.py,
+docs/benchmarks.md); a host with idle cores may raise it (0: every usable core).
+The loop is memory bound (it skips all-allowed words and writes -inf only where bits are 0).
 If the extension was not built (no compiler at install time), `FAST_PATH_AVAILABLE` is False and
 the vectorised torch implementation in `torch_native` runs instead: same results, ~5-10x slower.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .dlpack import dtype_name, is_numpy_array, is_paddle_tensor, is_torch_tensor, to_torch_view
@@ -17,6 +22,7 @@ except ImportError:  # optional extension: see setup.py
     _cpu_mask = None
 
 FAST_PATH_AVAILABLE = _cpu_mask is not None
+THREADS = int(os.environ.get("FD_GUIDED_CPU_MASK_THREADS", "1"))
 
 
 def host_pointer(x: Any) -> tuple[int, int, Any]:
@@ -44,6 +50,6 @@ def apply_token_bitmask_inplace_cpu(
     rows = logits.shape[0] if indices is None else min(logits.shape[0], bitmask.shape[0])
     _cpu_mask.apply(
         logits_ptr, logits_row_stride, dtype_name(logits), bitmask_ptr, bitmask_row_stride,
-        vocab_size, rows, indices,
+        vocab_size, rows, indices, threads=THREADS,
     )
     del logits_owner, bitmask_owner  # alive until the kernel returned
