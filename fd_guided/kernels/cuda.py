@@ -166,7 +166,7 @@ def apply_token_bitmask_inplace_cuda(
     indices: tuple[int, ...] | None,
     vocab_size: int,
     *,
-    backend: str | None = None,
+    backend: Any = None,
     prefetched: Any = None,
 ) -> None:
     """`prefetched`: a `prefetch.Upload` of this host bitmask (its rows already on their way to
@@ -174,7 +174,7 @@ def apply_token_bitmask_inplace_cuda(
     import torch
     import xgrammar
 
-    backend = backend or XGRAMMAR_BACKEND
+    backend = backend or XGRAMMAR_BACKEND  # one of xgrammar's backend literals, checked here
     if backend not in XGRAMMAR_BACKENDS:
         raise ValueError(f"FD_GUIDED_CUDA_MASK_BACKEND={backend!r}; valid: {', '.join(XGRAMMAR_BACKENDS)}")
     on_device = device_kind(bitmask) == CUDA

@@ -138,7 +138,8 @@ def _paddle_current_stream(device):
 
     try:  # a tensor's .place is a generic Place, which current_stream() does not accept
         stream = paddle.device.current_stream(paddle.CUDAPlace(device.index))
-        handle = getattr(stream, "stream_base", stream).cuda_stream
+        base: Any = getattr(stream, "stream_base", stream)
+        handle = base.cuda_stream
         return torch.cuda.ExternalStream(handle, device=device)
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return None

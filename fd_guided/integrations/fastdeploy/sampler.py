@@ -245,7 +245,8 @@ class GuidedDecoding:
         if request_id is None:
             logger.warning("guided request in slot %d failed (no request id to report it): %s", idx, finish.error)
         elif self._reporter:
-            message = finish.error if finish.error.startswith("guided decoding") else f"guided decoding failed: {finish.error}"
+            error = finish.error or ""
+            message = error if error.startswith("guided decoding") else f"guided decoding failed: {error}"
             self.reports.post(request_id, message, error_code)
 
 def _request_id(future: ProcessorFuture | None) -> str | None:
