@@ -13,9 +13,9 @@ generated, reasoning included), once per step, after the fill (`BudgetSteering.s
            roll back): still a completion (a string grew, whitespace), it stays; else a new search
   closing  ``left - need <= headroom``: the row allows only tokens that spell the next bytes of
            the plan and leave a completion within what is left (``1 + need_after <= left``), the
-           stop tokens, and while slack is left (``left > need``) the tokens that keep the plan a
-           completion (`slack.SlackTokens`: a string may still grow); the matcher's own row
-           still has the last word
+           stop tokens (opt-in `slack_tokens`: while slack is left, ``left > need``, also the
+           tokens that keep the plan a completion, `slack.SlackTokens`: a string may still grow);
+           the matcher's own row still has the last word
   thinking a request in its reasoning section gets its think-end marker forced (through its
            `ReasoningState` budget) when what is left would hold only the marker and the
            shortest output from the grammar's start
@@ -117,6 +117,9 @@ class BudgetSteering:
     headroom: int = HEADROOM
     window: int = WINDOW
     max_expansions: int = 3000
+    # Closing rows also allow the tokens that keep the plan while slack is left (a string may go
+    # on growing): more freedom for the model, at a matcher walk per new state (docs/budget.md).
+    slack_tokens: bool = False
     _slots: dict[int, _Slot] = field(default_factory=dict)
     _start_plans: OrderedDict[Any, Completion | None] = field(default_factory=OrderedDict)
 
@@ -271,11 +274,11 @@ class BudgetSteering:
         budget.plan = _Plan.of(completion, table)
 
     def _close(self, step: _Step, row: int, plan: _Plan, left: int, budget: _Slot, grammar: Grammar) -> bool:
-        """Allow only the tokens that spell the plan's next bytes within what is left, the stop
-        tokens, and with slack left the tokens that keep the plan (`slack.SlackTokens`); False
-        (the row untouched) when the grammar allows none of them."""
+        """Allow only the tokens that spell the plan's next bytes within what is left and the stop
+        tokens (with `slack_tokens`, while slack is left, also the tokens that keep the plan:
+        `slack.SlackTokens`); False (the row untouched) when the grammar allows none of them."""
         table, words = self.table, step.words
-        allowed = sorted(step.stop_ids)
+        allowed = list(step.stop_ids)
         if plan.position < len(plan.text):
             text, start = plan.text, plan.position
             for end in range(start + 1, min(len(text), start + table.max_len) + 1):
@@ -283,22 +286,29 @@ class BudgetSteering:
                 token = table.by_bytes.get(text[start:end])
                 if token is not None and 1 + after[0] + 1 <= left:
                     allowed.append(token)
-        restriction = _row_of(allowed, words.shape[1])
-        if left > plan.need:
+        current = words[row]
+        if self.slack_tokens and left > plan.need:
             if self._slack is None:
                 self._slack = SlackTokens(table, self.backend.vocab_size)
             rest = plan.rest_tokens(table)
-            restriction = restriction | self._slack.row(
-                grammar, words[row], plan.text[plan.position :], rest, self._completes
+            restriction = _row_of(allowed, words.shape[1]) | self._slack.row(
+                grammar, current, plan.text[plan.position :], rest, self._completes
             )
-        restricted = words[row] & restriction
+            restricted = current & restriction
+        else:  # a handful of tokens: set their bits alone (no pass over the vocabulary)
+            restricted = np.zeros_like(current)
+            flat = restricted.view(np.uint32)
+            have = current.view(np.uint32)
+            for token in allowed:
+                word, bit = token >> 5, np.uint32(1 << (token & 31))
+                if word < flat.shape[0]:
+                    flat[word] |= have[word] & bit
         if not restricted.any():
             return False
         if not budget.steered:
             budget.steered = True
             self.metrics.inc("budget_steered_requests_total")
-        if (words[row] & ~restriction).any():
-            self.metrics.inc("budget_forced_tokens_total")
+        self.metrics.inc("budget_forced_tokens_total")
         words[row] = restricted
         return True
 

@@ -70,11 +70,12 @@ def valid(fields: dict, text: str) -> bool:
     return text in fields["guided_choice"]
 
 
-def run(backend_name: str, fields_list: list[dict], budgets: list[int], *, fit: bool = True):
+def run(backend_name: str, fields_list: list[dict], budgets: list[int], *, fit: bool = True, slack: bool = False):
     """Decode every request with the adversary; returns (finish, text, tokens generated) each."""
     tokenizer = load_tokenizer("deepseek")
     backend = in_process_backend(backend_name)
     manager = GuidedDecodingManager(backend, max_num_seqs=len(fields_list))
+    manager.budget.slack_tokens = slack
     try:
         for slot, (fields, budget) in enumerate(zip(fields_list, budgets)):
             spec = parse_guided_request(fields, GuidedConfig(backend=backend_name))
@@ -126,12 +127,15 @@ def minimum(backend_name: str, fields: dict) -> int:
         manager.close()
 
 
-@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance", "auto"])
-def test_adversary_ends_valid_within_budget(backend_name):
+@pytest.mark.parametrize(
+    "backend_name, slack",
+    [("xgrammar", False), ("llguidance", False), ("auto", False), ("xgrammar", True), ("llguidance", True)],
+)
+def test_adversary_ends_valid_within_budget(backend_name, slack):
     needs = [minimum(backend_name, fields) for fields in REQUESTS]
     cases = [(fields, need + extra) for fields, need in zip(REQUESTS, needs) for extra in (0, 1, 3)]
     cases += [(fields, int(need * 2)) for fields, need in zip(REQUESTS, needs)]
-    results = run(backend_name, [f for f, _ in cases], [b for _, b in cases])
+    results = run(backend_name, [f for f, _ in cases], [b for _, b in cases], slack=slack)
     for (fields, budget), (finish, text, used) in zip(cases, results):
         assert finish == "stop", (fields, budget, finish, text)
         assert used < budget, (fields, budget, used)  # the stop token fits too
