@@ -82,6 +82,11 @@ class VerdictCache:
         self._store(key, value, size)
         return value
 
+    def known(self, key: Hashable) -> bool:
+        """Whether `key`'s verdict is remembered (a lookup; `verdict` then returns or raises it)."""
+        with self._lock:
+            return key in self._entries
+
     def _store(self, key: Hashable, value: Any, size: int) -> None:
         if size > self.max_bytes:
             return

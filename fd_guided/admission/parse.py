@@ -121,6 +121,17 @@ def check_with_backend(backend_class, spec: GrammarSpec) -> None:
     CHECKED.verdict((backend_class, spec), len(spec.source), lambda: _check(backend_class, spec))
 
 
+def check_if_known(backend_class, spec: GrammarSpec) -> bool:
+    """The remembered verdict of `backend_class`'s check on `spec`, if any: raises a remembered
+    refusal, returns True for a remembered pass and False when the check has not run (the caller
+    leaves it to the compile, which runs the same check in a worker process)."""
+    key = (backend_class, spec)
+    if not CHECKED.known(key):
+        return False
+    CHECKED.verdict(key, len(spec.source), lambda: _check(backend_class, spec))
+    return True
+
+
 def _check(backend_class, spec: GrammarSpec) -> None:
     try:
         backend_class.check(spec)

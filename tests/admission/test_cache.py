@@ -83,3 +83,17 @@ def test_the_cache_is_bounded_by_entries_and_bytes():
     assert lru._bytes <= 100 and len(lru) <= 3 and lru.verdict("big", 75, lambda: "other") == "big"
     lru.verdict("huge", 101, lambda: "huge")
     assert "huge" not in lru._entries
+
+
+def test_fastdeploys_checker_can_leave_the_normaliser_to_the_compile_worker():
+    """FD_GUIDED_DEFER_SCHEMA_CHECKS: the engine's insertion thread runs the bounded checks and the
+    backend verdicts it remembers; what it has not seen is decided by the compile (in a worker)."""
+    from fd_guided.integrations.fastdeploy.admission import SchemaChecker
+
+    unenforceable = {"type": "array", "contains": {"const": 1}}
+    deferred = SchemaChecker(GuidedConfig(backend="auto"), defer_backend_check=True)
+    assert deferred.schema_format({"guided_json": dict(unenforceable)})[1] is None
+    assert "column" in deferred.schema_format({"guided_grammar": 'root ::= ("a" | '})[1]  # syntax: always inline
+    inline = SchemaChecker(GuidedConfig(backend="auto"))
+    assert "contains" in inline.schema_format({"guided_json": dict(unenforceable)})[1]
+    assert "contains" in deferred.schema_format({"guided_json": dict(unenforceable)})[1]  # remembered now

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Mapping
+import os
+from collections.abc import Mapping
+from typing import Any
 
+from ...admission.parse import check_if_known
 from ...config import GuidedConfig
 from ...errors import InvalidGrammarError
 from ...registry import get_backend_class
@@ -37,13 +40,20 @@ KEY_FIELDS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_gramm
               ("structural_tag", "structural_tag"))
 
 
+# Set to 1: the engine's checker runs only the bounded checks (syntax, meta-schema, references, limits)
+# and the backend checks it remembers; the schema normaliser (milliseconds to seconds on large
+# schemas, on the engine's one request-insertion thread) then runs only in the compile worker, which
+# refuses what it cannot enforce there (the request fails alone, naming the feature and path).
+DEFER_ENV = "FD_GUIDED_DEFER_SCHEMA_CHECKS"
+
+
 class AdmissionError(str):
     """A refusal message that is the client's fault: FastDeploy sends it with ``error_code=400``."""
 
     http_status = 400
 
 
-def schema_checker(backend_name: str, **kwargs) -> "SchemaChecker":
+def schema_checker(backend_name: str, **kwargs) -> SchemaChecker:
     """FastDeploy's ``schema_checker``: the admission checker for `backend_name`.
 
     kwargs: ``disable_any_whitespace`` (what FastDeploy passes: its config's bool), ``fd_config``
@@ -72,8 +82,12 @@ class SchemaChecker:
     Works on FastDeploy's ``Request`` or anything with its ``guided_*`` attributes (or a dict).
     """
 
-    def __init__(self, config: GuidedConfig):
+    def __init__(self, config: GuidedConfig, defer_backend_check: bool | None = None):
         self.config = config
+        if defer_backend_check is None:
+            defer_backend_check = os.environ.get(DEFER_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+        self.defer_backend_check = defer_backend_check
+        self.backend_class = get_backend_class(config.backend)
 
     def schema_format(self, request: Any) -> tuple[Any, str | None]:
         """``(request, None)`` with the fields normalised, or ``(request, AdmissionError)``.
@@ -81,7 +95,9 @@ class SchemaChecker:
         Never raises for a bad request: every failure, whatever its type, becomes the message.
         """
         try:
-            spec = parse_guided_request(request_fields(request), self.config)
+            spec = parse_guided_request(request_fields(request), self.config, check_backend=not self.defer_backend_check)
+            if spec is not None and self.defer_backend_check:
+                check_if_known(self.backend_class, spec)  # unknown: the worker's compile decides
             if spec is not None:
                 write_spec_to_request(request, spec)
         except InvalidGrammarError as error:
