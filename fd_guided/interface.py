@@ -7,8 +7,10 @@ request in one slot: it is that request's matcher, advanced token by token.
 Process contract (untrusted constraints may crash or stall native compilers):
   - `check` runs at admission on the caller's thread: pure Python, cheap, bounded, no native
     compiler calls. Native validation and compiling happen in `compile`, which the compile
-    service runs in a killable worker process built from `worker_recipe()`; the result comes back
-    through `serialize`/`deserialize`. A backend without a recipe compiles in threads instead.
+    service runs in a killable worker process built from the backend's `worker_recipe()` (the
+    `ProcessCompilable` protocol of `fd_guided.backends.composite`); the result comes back through
+    `serialize`/`deserialize`. A backend without a recipe compiles in threads instead. A backend
+    over several engines (``auto``) implements `CompositeBackend` from the same module.
 
 Threading contract (the reason LMDeploy crashed with tensor parallel):
   - `GuidedBackend.compile` may run concurrently on pool threads and must not write shared
@@ -148,33 +150,6 @@ class GuidedBackend(abc.ABC):
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """Validate natively and compile. Thread-safe; raises InvalidGrammarError on bad input."""
 
-    @classmethod
-    def compile_engines(cls, spec: GrammarSpec) -> tuple[str, ...]:
-        """The engines that may compile `spec`, preferred first (see `engine`). Admission-cheap.
-
-        A single-engine backend checks the spec and names itself; ``auto`` names every engine
-        whose check passes. Raises InvalidGrammarError when none can enforce `spec`.
-        """
-        cls.check(spec)
-        return (cls.name,)
-
-    @classmethod
-    def static_refusals(cls, spec: GrammarSpec) -> list[tuple[str, Any]]:
-        """(engine, InvalidGrammarError) for each engine whose admission check refused `spec`:
-        named beside the compile errors when every candidate engine failed. Empty by default."""
-        return []
-
-    @property
-    def engine_names(self) -> tuple[str, ...]:
-        """Every engine this backend can compile with (see `engine`)."""
-        return (self.name,)
-
-    def engine(self, name: str) -> "GuidedBackend":
-        """The backend that compiles, serializes and runs the grammars of engine `name`."""
-        if name != self.name:
-            raise KeyError(f"backend {self.name!r} has no engine {name!r}")
-        return self
-
     def compile_checked(self, spec: GrammarSpec) -> CompiledGrammar:
         """`compile`, then refuse a grammar no output can satisfy (what compile workers run)."""
         compiled = self.compile(spec)
@@ -183,17 +158,6 @@ class GuidedBackend(abc.ABC):
 
     def warm_up(self) -> None:
         """Pay one-time native set-up costs now (compile workers call it before forking)."""
-
-    def worker_recipe(self) -> tuple[str, dict] | None:
-        """``("module:factory", kwargs)`` that rebuilds this backend in a compile worker process
-        (picklable; ``kwargs["config"]`` is this backend's config), or None to compile in-process."""
-        return None
-
-    def with_config(self, config: GuidedConfig) -> "GuidedBackend":
-        """This backend with another config, sharing its tokenizer tables (compile workers use it)."""
-        if config == self.config:
-            return self
-        return type(self)(self.tokenizer, vocab_size=self.vocab_size, config=config, stop_token_ids=self.stop_token_ids)
 
     @abc.abstractmethod
     def new_grammar(self, compiled: CompiledGrammar) -> Grammar:

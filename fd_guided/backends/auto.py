@@ -11,7 +11,9 @@ per step on long generations.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+import threading
+import time
+from typing import Any, Mapping, Sequence
 
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError, combine_engine_errors
@@ -19,6 +21,8 @@ from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle
 from ..unique_guard import unguarded
+from . import composite
+from .composite import CompositeBackend
 from .xgrammar import XGrammarBackend, XGrammarMatcher
 
 logger = logging.getLogger(__name__)
@@ -108,12 +112,55 @@ def _reason(error: InvalidGrammarError) -> str:
     return text.split(": ", 1)[1] if error.part and text.startswith(f"{error.part}: ") else text
 
 
-class AutoBackend(GuidedBackend):
+class MaskCosts:
+    """Per engine, measured on this backend's own fills: seconds per bitmask row (an exponential
+    average over fill calls) and rows per request (rows filled / matchers created). Their product's
+    difference between two engines is what one saves a request over the other: how long a request
+    that one engine could serve now should wait for the other's compile (`expected_gain_s`).
+
+    Updated from the fill thread and read from compile-service threads; a lock keeps each update
+    whole. A guess is never made: until each engine has filled `MIN_ROWS` rows the gain is 0.
+    """
+
+    MIN_ROWS = 64
+    SMOOTHING = 0.05  # weight of one fill call in the average
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.row_seconds: dict[str, float] = {}
+        self.rows: dict[str, int] = {}
+        self.grammars: dict[str, int] = {}
+
+    def grammar_created(self, engine: str) -> None:
+        with self._lock:
+            self.grammars[engine] = self.grammars.get(engine, 0) + 1
+
+    def filled(self, engine: str, rows: int, seconds: float) -> None:
+        if rows <= 0:
+            return
+        with self._lock:
+            per_row = seconds / rows
+            previous = self.row_seconds.get(engine)
+            self.row_seconds[engine] = per_row if previous is None else previous + self.SMOOTHING * (per_row - previous)
+            self.rows[engine] = self.rows.get(engine, 0) + rows
+
+    def gain_s(self, engine: str, over: str) -> float:
+        with self._lock:
+            if min(self.rows.get(engine, 0), self.rows.get(over, 0)) < self.MIN_ROWS:
+                return 0.0
+            rows = self.rows[engine] + self.rows[over]
+            per_request = rows / max(1, self.grammars.get(engine, 0) + self.grammars.get(over, 0))
+            return max(0.0, (self.row_seconds[over] - self.row_seconds[engine]) * per_request)
+
+
+class AutoBackend(CompositeBackend):
     """Per-request choice between an xgrammar and an llguidance backend over one tokenizer.
 
     Both sub-backends are built from the same tokenizer, logits width, config and stop tokens;
     they share no mutable state. Compiled grammars keep their engine's type and `backend_name`,
-    so `new_grammar` and `fill_bitmasks` dispatch on it.
+    so `new_grammar` and `fill_bitmasks` dispatch on it. `engines` passes sub-backends already
+    built (a clone with another config, a worker process's rebuild): each must be built with this
+    backend's tokenizer, logits width, config and stop tokens.
     """
 
     name = "auto"
@@ -125,9 +172,16 @@ class AutoBackend(GuidedBackend):
         vocab_size: int,
         config: GuidedConfig | None = None,
         stop_token_ids: Sequence[int] | None = None,
+        engines: Mapping[str, GuidedBackend] | None = None,
     ):
         super().__init__(tokenizer, vocab_size=vocab_size, config=config, stop_token_ids=stop_token_ids)
-        self.backends: dict[str, GuidedBackend] = {
+        self.mask_costs = MaskCosts()
+        if engines is not None:
+            if PREFERRED not in engines or not set(engines) <= {PREFERRED, FALLBACK}:
+                raise ValueError(f"auto's engines are {PREFERRED!r} and optionally {FALLBACK!r}, got {sorted(engines)}")
+            self.backends: dict[str, GuidedBackend] = {name: engines[name] for name in (PREFERRED, FALLBACK) if name in engines}
+            return
+        self.backends = {
             PREFERRED: XGrammarBackend(tokenizer, vocab_size=vocab_size, config=self.config, stop_token_ids=self.stop_token_ids)
         }
         fallback = _fallback_class()
@@ -176,20 +230,29 @@ class AutoBackend(GuidedBackend):
         return static_refusals(spec)
 
     def worker_recipe(self) -> tuple[str, dict]:
-        kwargs = self.backends[PREFERRED]._recipe_kwargs()
-        kwargs["with_fallback"] = FALLBACK in self.backends
-        return "fd_guided.backends.auto:backend_from_recipe", kwargs
+        """`ProcessCompilable`: the shared constructor arguments once, and per engine its own
+        recipe's factory with the arguments only that engine takes (xgrammar's TokenizerInfo)."""
+        common = {"tokenizer": self.tokenizer.portable(), "vocab_size": self.vocab_size, "config": self.config,
+                  "stop_token_ids": self.stop_token_ids}
+        engines = {}
+        for name, backend in self.backends.items():
+            recipe = composite.worker_recipe(backend)
+            if recipe is None:
+                raise TypeError(f"auto's {name} engine cannot be rebuilt in a worker process")
+            path, kwargs = recipe
+            engines[name] = (path, {key: value for key, value in kwargs.items() if key not in common})
+        return "fd_guided.backends.auto:backend_from_recipe", {**common, "engines": engines}
 
-    def with_config(self, config: GuidedConfig) -> "AutoBackend":
+    def with_config(self, config: GuidedConfig) -> AutoBackend:
         if config == self.config:
             return self
-        clone = object.__new__(AutoBackend)
-        GuidedBackend.__init__(clone, self.tokenizer, vocab_size=self.vocab_size, config=config, stop_token_ids=self.stop_token_ids)
-        clone.backends = {name: backend.with_config(config) for name, backend in self.backends.items()}
-        return clone
+        return AutoBackend(self.tokenizer, vocab_size=self.vocab_size, config=config, stop_token_ids=self.stop_token_ids,
+                           engines={name: composite.with_config(backend, config) for name, backend in self.backends.items()})
 
     def new_grammar(self, compiled: CompiledGrammar) -> Grammar:
-        return self._owner(compiled).new_grammar(compiled)
+        grammar = self._owner(compiled).new_grammar(compiled)
+        self.mask_costs.grammar_created(compiled.backend_name)
+        return grammar
 
     def fill_bitmasks(self, grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> None:
         groups: dict[str, tuple[list[Grammar], list[int]]] = {}
@@ -199,7 +262,14 @@ class AutoBackend(GuidedBackend):
             group[0].append(grammar)
             group[1].append(row)
         for name, (members, member_rows) in groups.items():
+            started = time.perf_counter()
             self.backends[name].fill_bitmasks(members, bitmask, member_rows)
+            self.mask_costs.filled(name, len(member_rows), time.perf_counter() - started)
+
+    def expected_gain_s(self, engine: str, over: str) -> float:
+        """What running on `engine` instead of `over` saves a request, from this backend's own
+        fills (`MaskCosts`): 0 until both engines have filled enough rows to tell."""
+        return self.mask_costs.gain_s(engine, over)
 
     def serialize(self, compiled: CompiledGrammar) -> bytes | None:
         data = self._owner(compiled).serialize(compiled)
@@ -226,15 +296,8 @@ class AutoBackend(GuidedBackend):
         return backend
 
 
-def backend_from_recipe(*, with_fallback: bool, tokenizer_info_json: str, **kwargs) -> AutoBackend:
-    """`AutoBackend.worker_recipe`'s factory (see `fd_guided.backends.xgrammar.backend_from_recipe`)."""
-    import xgrammar as xgr
-
-    backend = object.__new__(AutoBackend)
-    GuidedBackend.__init__(backend, kwargs["tokenizer"], vocab_size=kwargs["vocab_size"], config=kwargs["config"],
-                           stop_token_ids=kwargs["stop_token_ids"])
-    backend.backends = {PREFERRED: XGrammarBackend(tokenizer_info=xgr.TokenizerInfo.deserialize_json(tokenizer_info_json), **kwargs)}
-    fallback = _fallback_class()
-    if with_fallback and fallback is not None:
-        backend.backends[FALLBACK] = fallback(**kwargs)
-    return backend
+def backend_from_recipe(*, engines: Mapping[str, tuple[str, dict]], **common) -> AutoBackend:
+    """`AutoBackend.worker_recipe`'s factory: each engine from its own factory, then auto over them."""
+    built = {name: composite.from_recipe((path, {**common, **own})) for name, (path, own) in engines.items()}
+    return AutoBackend(common["tokenizer"], vocab_size=common["vocab_size"], config=common["config"],
+                       stop_token_ids=common["stop_token_ids"], engines=built)

@@ -122,12 +122,20 @@ class XGrammarBackend(GuidedBackend):
             raise InvalidGrammarError(f"rejected by xgrammar: {message}", part=_part_of(spec), feature=feature) from None
         return XGrammarCompiled(spec, native)
 
-    def worker_recipe(self) -> tuple[str, dict]:
-        return "fd_guided.backends.xgrammar:backend_from_recipe", self._recipe_kwargs()
+    @classmethod
+    def from_tokenizer_info_json(cls, tokenizer_info_json: str, tokenizer: TokenizerBundle, *, vocab_size: int,
+                                 config: GuidedConfig | None = None,
+                                 stop_token_ids: Sequence[int] | None = None) -> XGrammarBackend:
+        """A backend over a serialized TokenizerInfo (`worker_recipe`'s factory): the parent's exact
+        TokenizerInfo, so compiled grammars deserialize there (one rebuilt from raw bytes would not match)."""
+        return cls(tokenizer, vocab_size=vocab_size, config=config, stop_token_ids=stop_token_ids,
+                   tokenizer_info=xgr.TokenizerInfo.deserialize_json(tokenizer_info_json))
 
-    def _recipe_kwargs(self) -> dict:
-        return {"tokenizer": self.tokenizer.portable(), "vocab_size": self.vocab_size, "config": self.config,
-                "stop_token_ids": self.stop_token_ids, "tokenizer_info_json": self.tokenizer_info.serialize_json()}
+    def worker_recipe(self) -> tuple[str, dict]:
+        """`ProcessCompilable` (`fd_guided.backends.composite`): rebuilt by `from_tokenizer_info_json`."""
+        return "fd_guided.backends.xgrammar:backend_from_recipe", {
+            "tokenizer": self.tokenizer.portable(), "vocab_size": self.vocab_size, "config": self.config,
+            "stop_token_ids": self.stop_token_ids, "tokenizer_info_json": self.tokenizer_info.serialize_json()}
 
     def with_config(self, config: GuidedConfig) -> "XGrammarBackend":
         if config == self.config:
@@ -164,10 +172,9 @@ class XGrammarBackend(GuidedBackend):
 
 
 
-def backend_from_recipe(*, tokenizer_info_json: str, **kwargs) -> XGrammarBackend:
-    """`XGrammarBackend.worker_recipe`'s factory: the parent's exact TokenizerInfo, so compiled
-    grammars deserialize there (a TokenizerInfo rebuilt from raw bytes would not match)."""
-    return XGrammarBackend(tokenizer_info=xgr.TokenizerInfo.deserialize_json(tokenizer_info_json), **kwargs)
+def backend_from_recipe(*, tokenizer_info_json: str, tokenizer: TokenizerBundle, **kwargs) -> XGrammarBackend:
+    """`XGrammarBackend.worker_recipe`'s factory (`XGrammarBackend.from_tokenizer_info_json`)."""
+    return XGrammarBackend.from_tokenizer_info_json(tokenizer_info_json, tokenizer, **kwargs)
 
 
 def _tokenizer_info(tokenizer: TokenizerBundle, vocab_size: int, stop_token_ids: list[int]) -> xgr.TokenizerInfo:

@@ -2,7 +2,9 @@
 
 The map (one module per concern):
   service.py  `CompileService`: per-request tickets over per-engine jobs, L1/L2 caches, fallback
-  pool.py     `CompileProcessPool`: forked worker processes with time and memory budgets
+  tickets.py  `Ticket`: which engine's outcome settles a request, and how long it waits for a preferred one
+  pool.py     `CompileProcessPool`: forked worker processes with time and memory budgets; the cache-only lane
+  zygote.py   the per-tokenizer processes workers are forked from
   worker.py   what runs inside the zygote and worker processes
   cache.py    the byte-bounded LRU of compiled grammars and the memory of failed compiles
   threads.py  deep-stack threads for native compilers

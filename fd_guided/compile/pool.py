@@ -9,7 +9,9 @@ only fill the cache), polls each busy worker's memory,
 lowers the CPU priority of a job that runs past `demote_after_s` (it then stops counting against
 `max_workers`, so fresh compiles get a worker and most of the CPU; at most twice `max_workers`
 jobs run demoted), runs a job no request waits for any more (`to_background`: a cache-only
-compile) after all others and in the idle CPU class, and kills a job that runs past
+compile) after all others, in the idle CPU class and at most `background_workers` at once, on
+workers outside the foreground count (so a backlog of them never holds a slot a request's job
+needs), and kills a job that runs past
 `timeout_s` or grows its worker by more than `memory_limit_bytes`. A killed or crashed worker is
 simply gone: its job fails with a typed error and a fresh worker is forked when one is needed.
 `close()` kills everything and returns at once; so does interpreter exit, and the workers and
@@ -23,14 +25,11 @@ import itertools
 import logging
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import weakref
 from concurrent.futures import Future
-from multiprocessing import connection, reduction
+from multiprocessing import connection
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -43,12 +42,20 @@ from ..errors import (
     error_class,
 )
 from .threads import lower_priority
+from .zygote import _zygotes, shutdown_zygotes, zygote_for  # noqa: F401 - _zygotes: tests look at it
 
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.02
 _MAX_JOBS_PER_WORKER = 256
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def background_lane(cpus: int | None = None) -> int:
+    """How many cache-only compiles run at once: half the cores (at least one). They run in the
+    idle CPU class, so they only take CPU nothing else wants; the bound keeps them from piling up
+    as processes (memory) and leaves cores for the compiles requests wait for."""
+    return max(1, (cpus or os.cpu_count() or 2) // 2)
 
 
 def _rss(pid: int) -> int:
@@ -64,89 +71,6 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-# ----- zygotes ----------------------------------------------------------------------------------------
-
-
-class Zygote:
-    """One process holding a backend's engines and tokenizer tables, forking compile workers."""
-
-    def __init__(self, recipe: tuple[str, dict]):
-        parent, child = socket.socketpair()
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("FD_GUIDED_COMPILE_OMP_THREADS", "1"))
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "fd_guided.compile.worker", str(child.fileno())],
-            pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL, close_fds=True,
-        )
-        child.close()
-        self.conn = Connection(parent.detach())
-        self.conn.send((recipe, os.getpid()))
-        self._lock = threading.Lock()
-        self._ready: bool | None = None
-        self.error: str | None = None
-
-    def wait_ready(self) -> bool:
-        """Block until the zygote has built its backend (seconds, once). False if it failed."""
-        with self._lock:
-            if self._ready is None:
-                try:
-                    status, detail = self.conn.recv()
-                except (EOFError, OSError) as error:
-                    status, detail = "failed", f"the zygote exited while starting ({error!r})"
-                self._ready = status == "ready"
-                self.error = None if self._ready else str(detail)
-            return self._ready
-
-    def fork(self, config: Any) -> tuple[int, Connection] | None:
-        """A new worker (pid, connection) built with `config`, or None if the zygote is gone."""
-        if not self.wait_ready():
-            return None
-        ours, theirs = socket.socketpair()
-        with self._lock:
-            try:
-                self.conn.send(("fork", config))
-                reduction.send_handle(self.conn, theirs.fileno(), self.process.pid)
-                _, pid = self.conn.recv()
-            except (EOFError, OSError):
-                self._ready, self.error = False, "the zygote exited"
-                return None
-            finally:
-                theirs.close()
-        return pid, Connection(ours.detach())
-
-    def alive(self) -> bool:
-        return self.process.poll() is None and self._ready is not False
-
-    def close(self) -> None:
-        try:
-            self.conn.send(("exit",))
-        except OSError:
-            pass
-        self.process.kill()
-        self.conn.close()
-
-
-_zygotes: dict[str, Zygote] = {}
-_zygotes_lock = threading.Lock()
-
-
-def zygote_for(key: str, recipe: tuple[str, dict]) -> Zygote:
-    """The shared zygote of `key` (a digest of the recipe without its config), started if needed."""
-    with _zygotes_lock:
-        zygote = _zygotes.get(key)
-        if zygote is None or not zygote.alive():
-            if zygote is not None:
-                zygote.close()
-            zygote = _zygotes[key] = Zygote(recipe)
-        return zygote
-
-
-def shutdown_zygotes() -> None:
-    with _zygotes_lock:
-        for zygote in _zygotes.values():
-            zygote.close()
-        _zygotes.clear()
 
 
 # ----- the pool ---------------------------------------------------------------------------------------
@@ -185,19 +109,20 @@ class CompileProcessPool:
 
     def __init__(self, zygote_key: str, recipe: tuple[str, dict], config: Any, *, max_workers: int, timeout_s: float,
                  memory_limit_bytes: int, demote_after_s: float, spare_workers: int = 1, on_event=None,
-                 cost_weights: dict[str, int] | None = None):
+                 cost_weights: dict[str, int] | None = None, background_workers: int | None = None):
         self._zygote_key, self._recipe, self._config = zygote_key, recipe, config
         self.max_workers = max_workers
         self.timeout_s = timeout_s
         self.memory_limit_bytes = memory_limit_bytes
         self.demote_after_s = demote_after_s
         self.spare_workers = spare_workers
+        self.background_workers = background_workers or background_lane()
         self.cost_weights = dict(cost_weights or {})
         self._on_event = on_event or (lambda name: None)
         self._pending: list[tuple[bool, int, int, _Job]] = []
         self._incoming: list[_Job] = []
         self._incoming_lock = threading.Lock()
-        self._cancelled: list[tuple[Future, BaseException]] = []
+        self._cancelled: list[tuple[Future, BaseException, bool]] = []
         self._backgrounded: list[Future] = []
         self._workers: dict[int, _Worker] = {}
         self._ids = itertools.count()
@@ -224,7 +149,14 @@ class CompileProcessPool:
         """Drop the job of `run` if no worker has taken it yet (it fails with `error`); a job
         already running finishes. Asynchronous: the loop thread owns the queue."""
         with self._incoming_lock:
-            self._cancelled.append((run, error))
+            self._cancelled.append((run, error, False))
+        self._wake()
+
+    def cancel(self, run: Future, error: BaseException) -> None:
+        """Drop the job of `run`, queued or running (its worker is killed: a fresh one forks in
+        milliseconds); it fails with `error`. For work nobody can use any more. Asynchronous."""
+        with self._incoming_lock:
+            self._cancelled.append((run, error, True))
         self._wake()
 
     def to_background(self, run: Future) -> None:
@@ -240,7 +172,8 @@ class CompileProcessPool:
     def stats(self) -> dict[str, int]:
         workers = list(self._workers.values())
         return {"workers": len(workers), "busy": sum(w.job is not None for w in workers),
-                "demoted": sum(w.demoted for w in workers), "queued": len(self._pending) + len(self._incoming)}
+                "demoted": sum(w.demoted for w in workers), "background": self._background_running(),
+                "queued": len(self._pending) + len(self._incoming)}
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Kill every worker, fail every job still pending or running; returns within `timeout_s`."""
@@ -290,7 +223,10 @@ class CompileProcessPool:
             if job.future.set_running_or_notify_cancel():
                 heapq.heappush(self._pending, self._queue_entry(job))
         if cancelled:
-            self._drop_pending(dict(cancelled))
+            self._drop_pending({run: error for run, error, _ in cancelled})
+            running = {run: error for run, error, kill in cancelled if kill}
+            for worker in [w for w in self._workers.values() if w.job is not None and w.job.future in running]:
+                self._kill_job(worker, running[worker.job.future], "cancelled")
         if backgrounded:
             self._move_to_background(set(backgrounded))
 
@@ -326,10 +262,19 @@ class CompileProcessPool:
     def _foreground(self) -> list[_Worker]:
         return [w for w in self._workers.values() if not w.demoted]
 
+    def _background_running(self) -> int:
+        return sum(w.job is not None and w.job.background for w in self._workers.values())
+
+    def _startable(self) -> int:
+        """Pending jobs that could start now: every foreground one, background ones up to the lane."""
+        background = sum(entry[-1].background for entry in self._pending)
+        lane = max(0, self.background_workers - self._background_running())
+        return len(self._pending) - background + min(background, lane)
+
     def _fork_workers(self) -> None:
         foreground = self._foreground()
         idle = sum(w.job is None for w in foreground)
-        wanted = min(self.max_workers, len(foreground) - idle + len(self._pending) + self.spare_workers)
+        wanted = min(self.max_workers, len(foreground) - idle + self._startable() + self.spare_workers)
         for _ in range(wanted - len(foreground)):
             forked = zygote_for(self._zygote_key, self._recipe).fork(self._config)
             if forked is None:
@@ -341,11 +286,17 @@ class CompileProcessPool:
             self._on_event("forked")
 
     def _dispatch(self) -> None:
+        """Start pending jobs on idle foreground workers, best first. Cache-only (background) jobs
+        queue after every other, and at most `background_workers` of them run at once: their
+        workers leave the foreground (idle CPU class, not counted against `max_workers`), so a
+        backlog of them never holds the worker or the core a waiting request needs."""
         for worker in self._foreground():
             if not self._pending:
                 return
             if worker.job is not None:
                 continue
+            if self._pending[0][-1].background and self._background_running() >= self.background_workers:
+                return  # the head is background, so is everything behind it
             *_, job = heapq.heappop(self._pending)
             try:
                 worker.conn.send((job.id, job.engine, job.spec))
@@ -385,17 +336,22 @@ class CompileProcessPool:
     def _demote_worker(self, worker: _Worker) -> None:
         """Lower the worker's CPU priority (`lower_priority`: the idle class for a job no request
         waits for, else niceness 19: idle class could starve a job a request waits for under a
-        saturated CPU until its time budget kills it) and, while fewer than twice `max_workers`
-        are, stop counting it against `max_workers`. A lowered worker cannot be raised back without
-        privileges: it exits after its job."""
+        saturated CPU until its time budget kills it) and stop counting it against `max_workers`:
+        always for a background job (the lane bounds those), for a slow one while fewer than twice
+        `max_workers` are demoted. A lowered worker cannot be raised back without privileges: it
+        exits after its job."""
         idle_class = worker.job is not None and worker.job.background and getattr(self._config, "background_idle_class", True)
         if idle_class and not worker.idle_class:
             worker.idle_class = lower_priority(worker.pid, idle_class=True)
             worker.lowered = worker.lowered or worker.idle_class
         elif not worker.lowered:
             worker.lowered = lower_priority(worker.pid, idle_class=False)
-        if worker.lowered and not worker.demoted and sum(w.demoted for w in self._workers.values()) < 2 * self.max_workers:
+        background = worker.job is not None and worker.job.background
+        if worker.demoted or not (worker.lowered or background):
+            return
+        if background or sum(w.demoted for w in self._workers.values()) < 2 * self.max_workers:
             worker.demoted = True
+            worker.lowered = True  # exits after its job: a background worker never serves a request's job
             self._on_event("demoted")
 
     def _police(self) -> None:

@@ -3,16 +3,23 @@
 `CompileService.submit(spec)` never blocks. It returns a *ticket*, a `Future` that resolves with
 the `CompiledGrammar` the request will run, or fails with the `InvalidGrammarError` that explains
 why no engine could compile it. Behind a ticket are *jobs*, one per engine that may compile the spec
-(`GuidedBackend.compile_engines`: xgrammar then llguidance for ``auto``, one engine otherwise):
+(`fd_guided.backends.composite.compile_engines`: xgrammar then llguidance for ``auto``, one engine
+otherwise):
 
   - a job is looked up in the in-process LRU (keys ``(engine, spec)``, bounded by the bytes held,
     keys included), then in the optional shared L2 cache, then compiled by the runner;
   - identical jobs in flight are shared, identical tickets too; failed jobs are remembered;
   - with ``GuidedConfig.auto_first_ready`` every engine's job starts at once and the ticket takes
-    the first success in preference order among the jobs done: an uncached request starts on
-    llguidance's millisecond compile while xgrammar's compile finishes for the cache, and a request
+    the first success in preference order among the jobs done (`tickets.Ticket.decide`): an
+    uncached request starts on llguidance's millisecond compile as soon as it is ready, waiting
+    for xgrammar only what xgrammar is measured to gain on it (`expected_gain_s`), and a request
     whose xgrammar compile fails or runs out of budget is served by llguidance (compile-time
-    fallback). Without it, the next engine starts only when the previous one failed.
+    fallback). Without it, the next engine starts only when the previous one failed;
+  - once a ticket settles, the jobs of engines it prefers over the winner only fill the cache:
+    they queue after every job a request waits for and run in the pool's bounded cache-only lane
+    (idle CPU class; the oldest queued ones dropped past `max_background_compiles`; a result too
+    large to load without stalling this process is not loaded); jobs of engines it prefers less
+    could never serve the constraint while the winner is cached, and are stopped.
 
 Runners: ``process`` compiles in killable workers (`fd_guided.compile.pool`; the result crosses
 as the engine's serialized grammar and is rebuilt here on a deep-stack loader thread), ``thread``
@@ -21,9 +28,7 @@ compiles in this process (no kill: a job past its budget fails its requests but 
 from __future__ import annotations
 
 import atexit
-import hashlib
 import logging
-import pickle
 import threading
 import time
 import weakref
@@ -31,21 +36,23 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Protocol
 
+from ..backends import composite
 from ..errors import (
-    CompileSkipped,
     CompileBudgetError,
+    CompileSkipped,
     GrammarCompileTimeout,
     GuidedDecodingError,
     InvalidGrammarError,
-    combine_engine_errors,
 )
 from ..interface import CompiledGrammar, GuidedBackend
 from ..metrics import GuidedMetrics
 from ..spec import GrammarSpec
 from .cache import CompiledGrammarCache, RememberedErrors
-from .pool import CompileProcessPool
 from .futures import failed, failed_with, join, resolved
+from .pool import CompileProcessPool
 from .threads import DeepStackExecutor, ThreadCompileRunner
+from .tickets import Ticket
+from .zygote import zygote_key
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +60,10 @@ logger = logging.getLogger(__name__)
 _LOADER_THREADS = 2
 # close() waits this long for a loader inside a native call (a rebuild takes milliseconds).
 _LOADER_CLOSE_WAIT_S = 2.0
+# A cache-only result larger than this is not loaded: loading holds the GIL for stretches that
+# grow with its size (a 338 MB xgrammar grammar stalled every other thread of the process for up
+# to 2.3 s; 1-7 MB ones for under 6 ms), so one would delay every request's compile hand-off.
+_CACHE_ONLY_LOAD_MAX_BYTES = 32 << 20
 # After this many bytes of grammars loaded, freed native memory is handed back to the OS (below).
 _TRIM_EVERY_BYTES = 8 << 20
 
@@ -89,21 +100,6 @@ def _skipped_error(engine: str) -> CompileSkipped:
     return CompileSkipped(f"a cache-only {engine} compile was dropped from a full backlog")
 
 
-class _Ticket:
-    """One request-level compile: its engines in preference order and their jobs."""
-
-    __slots__ = ("spec", "engines", "jobs", "future", "lock", "settled", "started", "timer")
-
-    def __init__(self, spec: GrammarSpec, engines: tuple[str, ...]):
-        self.spec, self.engines = spec, engines
-        self.jobs: dict[str, Future] = {}
-        self.future: Future = Future()
-        self.lock = threading.RLock()
-        self.settled = False
-        self.started = time.monotonic()
-        self.timer: threading.Timer | None = None
-
-
 class CompileService:
     """Compiles specs for one backend; see the module docstring.
 
@@ -128,7 +124,7 @@ class CompileService:
         self.errors = RememberedErrors(max(1 << 20, self.config.cache_limit_bytes // 16))
         self._lock = threading.Lock()
         self._jobs: dict[tuple[str, GrammarSpec], Future] = {}
-        self._tickets: dict[GrammarSpec, _Ticket] = {}
+        self._tickets: dict[GrammarSpec, Ticket] = {}
         # Cache-only jobs (their ticket settled on another engine), oldest first, and the runner's
         # futures of started jobs, so the oldest can be dropped from a full backlog.
         self._background: OrderedDict[tuple[str, GrammarSpec], None] = OrderedDict()
@@ -145,15 +141,16 @@ class CompileService:
         self.isolation, self._runner = self._make_runner(workers or self.config.compile_workers, isolation or self.config.compile_isolation)
 
     def _make_runner(self, workers: int, isolation: str):
-        recipe = self.backend.worker_recipe() if isolation == "process" else None
+        recipe = composite.worker_recipe(self.backend) if isolation == "process" else None
         if isolation == "process" and recipe is None:
             logger.warning("backend %s cannot compile in worker processes: compiling in threads (no kill on budget)", self.backend.name)
         if recipe is None:
             return "thread", ThreadCompileRunner(self.backend, workers, self.config.compile_timeout_s)
         pool = CompileProcessPool(
-            _zygote_key(recipe), recipe, self.config, max_workers=workers, timeout_s=self.config.compile_timeout_s,
+            zygote_key(recipe), recipe, self.config, max_workers=workers, timeout_s=self.config.compile_timeout_s,
             memory_limit_bytes=self.config.compile_memory_limit_bytes, demote_after_s=self.config.compile_demote_after_s,
-            cost_weights={name: self.backend.engine(name).compile_cost_weight for name in self.backend.engine_names},
+            cost_weights={name: composite.engine(self.backend, name).compile_cost_weight
+                          for name in composite.engine_names(self.backend)},
             on_event=lambda name: self.metrics.inc_labelled("compile_worker_events_total", "event", name))
         return "process", pool
 
@@ -163,7 +160,7 @@ class CompileService:
         """The ticket (a Future of the CompiledGrammar) of `spec`; never blocks on compiling."""
         self.metrics.inc("compile_requests_total")
         try:
-            engines = tuple(self.backend.compile_engines(spec))
+            engines = composite.compile_engines(self.backend, spec)
         except InvalidGrammarError as error:
             return failed_with(error)
         hits = [self.cache.get((engine, spec)) for engine in engines]
@@ -176,7 +173,7 @@ class CompileService:
                 self.metrics.inc("inflight_joins_total")
                 return ticket.future
             if not self._closed and not any(hits):
-                ticket = self._tickets[spec] = _Ticket(spec, engines)
+                ticket = self._tickets[spec] = Ticket(spec, engines)
         if ticket is None:
             if self._closed:
                 return failed_with(GuidedDecodingError("the compile service is closed"))
@@ -189,7 +186,7 @@ class CompileService:
         self._advance(ticket)
         return ticket.future
 
-    def _advance(self, ticket: _Ticket) -> None:
+    def _advance(self, ticket: Ticket) -> None:
         """Start the jobs the policy allows, and settle the ticket once its outcome is known."""
         started: list[Future] = []
         with ticket.lock:
@@ -202,11 +199,18 @@ class CompileService:
                 if index == 0 or self.config.auto_first_ready or all(j is not None and failed(j) for j in earlier):
                     ticket.jobs[engine] = self._job(engine, ticket.spec)
                     started.append(ticket.jobs[engine])
-            outcome = self._decide(ticket)
-            leftovers = []
+            outcome = ticket.decide(self.backend, self.config, self._advance)
+            leftovers, useless = [], []
             if outcome is not None:
                 ticket.settled = True
-                leftovers = [(engine, ticket.spec) for engine, job in ticket.jobs.items() if not job.done()]
+                # Engines preferred over the one that served it are worth compiling for the cache
+                # (the next request prefers them); less preferred ones never serve this constraint
+                # while the cache holds the winner, so their compiles stop.
+                winner = outcome[1].backend_name if outcome[0] == "ok" else None
+                later = ticket.engines[ticket.engines.index(winner) + 1:] if winner in ticket.engines else ()
+                for engine, job in ticket.jobs.items():
+                    if not job.done():
+                        (useless if engine in later else leftovers).append((engine, ticket.spec))
                 # Each job's done-callbacks hold this ticket: drop the ticket's hold on the jobs so
                 # the pair is not a reference cycle (left to the cyclic GC, settled tickets kept
                 # their compiled grammars alive and RSS swung by ~3x the cache bound).
@@ -219,52 +223,15 @@ class CompileService:
             if self._tickets.get(ticket.spec) is ticket:
                 del self._tickets[ticket.spec]
         self._to_background(leftovers)
+        self._cancel(useless)
         kind, value = outcome
+        if kind == "ok" and value.backend_name != ticket.engines[0]:
+            self.metrics.inc_labelled("auto_served_by_total", "engine", value.backend_name)
         if not ticket.future.done():
             if kind == "ok":
                 ticket.future.set_result(value)
             else:
                 ticket.future.set_exception(value)
-
-    def _decide(self, ticket: _Ticket):
-        """("ok", compiled) or ("error", why) once the ticket's outcome is known, else None.
-
-        - the first success in preference order among finished jobs wins; a later engine's success
-          waits for a pending earlier one, with `auto_first_ready` only up to
-          `auto_fallback_grace_s` after the ticket started (a timer re-checks then);
-        - every engine failed: the errors combined.
-        """
-        jobs = [(engine, ticket.jobs.get(engine)) for engine in ticket.engines]
-        errors, waiting_for_earlier = [], False
-        for engine, job in jobs:
-            if job is None:
-                return None
-            if not job.done():
-                if not self.config.auto_first_ready:
-                    return None
-                waiting_for_earlier = True
-                continue
-            if failed(job):
-                errors.append((engine, job.exception()))
-                continue
-            if waiting_for_earlier and not self._grace_over(ticket):
-                return None
-            if engine != ticket.engines[0]:
-                self.metrics.inc_labelled("auto_served_by_total", "engine", engine)
-            return "ok", job.result()
-        if len(errors) < len(ticket.engines):
-            return None
-        return "error", combine_engine_errors(self.backend.static_refusals(ticket.spec) + errors)
-
-    def _grace_over(self, ticket: _Ticket) -> bool:
-        remaining = ticket.started + self.config.auto_fallback_grace_s - time.monotonic()
-        if remaining <= 0:
-            return True
-        if ticket.timer is None:
-            ticket.timer = threading.Timer(remaining, self._advance, (ticket,))
-            ticket.timer.daemon = True
-            ticket.timer.start()
-        return False
 
     def _to_background(self, keys: list[tuple[str, GrammarSpec]]) -> None:
         """These jobs only fill the cache now. Beyond `max_background_compiles` of them the oldest
@@ -285,6 +252,19 @@ class CompileService:
             if run is not None:
                 self._runner.cancel_pending(run, _skipped_error(engine))
         self._lower(self._runs.get(key) for key in keys if key in self._background)
+
+    def _cancel(self, keys: list[tuple[str, GrammarSpec]]) -> None:
+        """Stop jobs no request will use (queued: dropped; running in a worker: killed)."""
+        for engine, spec in keys:
+            with self._lock:
+                if (engine, spec) not in self._jobs:
+                    continue
+                run = self._runs.get((engine, spec))
+                if run is None:
+                    self._skipped.add((engine, spec))  # not handed to the runner yet: _start_job skips it
+            if run is not None:
+                cancel = getattr(self._runner, "cancel", None) or self._runner.cancel_pending
+                cancel(run, CompileSkipped(f"the {engine} compile was stopped: a preferred engine serves this constraint"))
 
     def _lower(self, runs) -> None:
         """Runs no request waits for: the runner schedules them after the others (idle CPU class)."""
@@ -343,8 +323,10 @@ class CompileService:
     def _after_run(self, engine: str, spec: GrammarSpec, run: Future, future: Future, started: float) -> None:
         try:
             result, compile_seconds = run.result()
-            backend = self.backend.engine(engine)
+            backend = composite.engine(self.backend, engine)
             data = result if isinstance(result, bytes) else None
+            if data is not None and len(data) > _CACHE_ONLY_LOAD_MAX_BYTES and self._loader_for(engine, spec) is self._cache_loaders:
+                raise CompileSkipped(f"a cache-only {engine} grammar of {len(data) >> 20} MB was not loaded")
             compiled = backend.deserialize(spec, data) if data is not None else result
             if compiled is None:
                 raise InvalidGrammarError(f"the {engine} grammar compiled in a worker could not be loaded here")
@@ -395,7 +377,7 @@ class CompileService:
     def _from_shared_cache(self, engine: str, spec: GrammarSpec) -> CompiledGrammar | None:
         if self.shared_cache is None:
             return None
-        backend = self.backend.engine(engine)
+        backend = composite.engine(self.backend, engine)
         data = self.shared_cache.get(spec, backend)
         compiled = backend.deserialize(spec, data) if data else None
         self.metrics.inc("shared_cache_hits_total" if compiled is not None else "shared_cache_misses_total")
@@ -404,7 +386,7 @@ class CompileService:
     def _to_shared_cache(self, engine: str, spec: GrammarSpec, compiled: CompiledGrammar, data: bytes | None) -> None:
         if self.shared_cache is None:
             return
-        backend = self.backend.engine(engine)
+        backend = composite.engine(self.backend, engine)
         data = data if data is not None else backend.serialize(compiled)
         if data is not None:
             self.shared_cache.put(spec, backend, data)
@@ -449,10 +431,3 @@ def _close_services() -> None:
     # Before the interpreter tears down: no loader thread may still be inside native code then.
     for service in list(_live_services):
         service.close()
-
-
-def _zygote_key(recipe: tuple[str, dict]) -> str:
-    """Pools whose recipes differ only in config share one zygote (the config reaches each worker)."""
-    path, kwargs = recipe
-    material = pickle.dumps((path, {k: v for k, v in sorted(kwargs.items()) if k != "config"}), protocol=4)
-    return hashlib.sha256(material).hexdigest()

@@ -19,6 +19,7 @@ import weakref
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..backends import composite
 from ..errors import GrammarCompileTimeout
 from .futures import copy_outcome, settle
 
@@ -179,7 +180,7 @@ class ThreadCompileRunner:
 
         def work():
             started = time.perf_counter()
-            return self.backend.engine(engine).compile_checked(spec), time.perf_counter() - started
+            return composite.engine(self.backend, engine).compile_checked(spec), time.perf_counter() - started
 
         timer = threading.Timer(self.timeout_s, settle, (outer, None, GrammarCompileTimeout(
             f"the {engine} compile ran past its {self.timeout_s:g} s budget (it cannot be stopped in thread isolation)")))

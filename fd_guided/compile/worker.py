@@ -15,7 +15,6 @@ Protocol (pickles over a socket pair; see `CompileProcessPool`):
 """
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import sys
@@ -24,17 +23,15 @@ import traceback
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 
+from ..backends import composite
 from .threads import WORKER_STACK_BYTES, start_thread
 
 _POLL_S = 1.0
 
 
 def build_backend(recipe: tuple[str, dict]):
-    """Instantiate a backend from `GuidedBackend.worker_recipe()`: ("module:factory", kwargs)."""
-    path, kwargs = recipe
-    module_name, _, attribute = path.partition(":")
-    factory = getattr(importlib.import_module(module_name), attribute)
-    return factory(**kwargs)
+    """Instantiate a backend from its `worker_recipe()`: ("module:factory", kwargs)."""
+    return composite.from_recipe(recipe)
 
 
 def _alive(pid: int) -> bool:
@@ -64,8 +61,8 @@ def _warm_up(backend) -> None:
 
     backend.warm_up()
     specs = [GrammarSpec("regex", "[a-z]{1,3}"), parse_guided_request({"guided_json_object": True}, check_backend=False)]
-    for name in backend.engine_names:
-        engine = backend.engine(name)
+    for name in composite.engine_names(backend):
+        engine = composite.engine(backend, name)
         for spec in specs:
             engine.serialize(engine.compile_checked(spec))
 
@@ -97,7 +94,7 @@ def zygote(conn: Connection) -> None:
             os.close(priority_set_write)
             code = 0
             try:
-                serve(backend.with_config(message[1]), Connection(fd), serving_pid)
+                serve(composite.with_config(backend, message[1]), Connection(fd), serving_pid)
             except BaseException:  # noqa: BLE001 - a worker must never return into the zygote's loop
                 code = 1
             finally:
@@ -134,7 +131,7 @@ def _compile(backend, engine: str, spec) -> tuple:
 
     started = time.perf_counter()
     try:
-        engine_backend = backend.engine(engine)
+        engine_backend = composite.engine(backend, engine)
         compiled = engine_backend.compile_checked(spec)
         data = engine_backend.serialize(compiled)
         if data is None:

@@ -210,3 +210,50 @@ def test_lark_property_escape_is_enforced_under_auto():
     for result in results:
         assert result.error is None and result.text
         assert all(unicodedata.category(char).startswith("L") for char in result.text), result.text
+
+
+def test_auto_is_built_through_public_constructors_and_its_recipe_rebuilds_it():
+    from fd_guided.backends import composite
+    from fd_guided.interface import GuidedBackend
+
+    # The base interface carries no composite members; auto implements the composite protocol.
+    assert not any(hasattr(GuidedBackend, name) for name in ("compile_engines", "engine_names", "worker_recipe", "with_config"))
+    backend = AutoBackend(load_tokenizer("deepseek"), vocab_size=129_280, config=AUTO)
+    recipe = backend.worker_recipe()
+    # One config, at the top (pools that differ only in config share a zygote), and one tokenizer.
+    assert all("config" not in own and "tokenizer" not in own for _, own in recipe[1]["engines"].values())
+    rebuilt = composite.from_recipe(recipe)
+    assert isinstance(rebuilt, AutoBackend) and composite.engine_names(rebuilt) == ("xgrammar", "llguidance")
+    spec = spec_of(PLAIN)
+    for name in composite.engine_names(rebuilt):  # what the worker compiles, the parent loads
+        engine = composite.engine(rebuilt, name)
+        data = engine.serialize(engine.compile(spec))
+        assert composite.engine(backend, name).deserialize(spec, data) is not None
+    other = composite.with_config(backend, AUTO.replace(compile_nice=5))
+    assert isinstance(other, AutoBackend) and all(b.config.compile_nice == 5 for b in other.backends.values())
+    single = composite.engine(backend, "llguidance")
+    assert composite.compile_engines(single, spec) == ("llguidance",) and composite.engine_names(single) == ("llguidance",)
+    assert composite.expected_gain_s(single, "llguidance", "xgrammar") == 0.0
+
+
+def test_the_preferred_engines_gain_is_measured_from_real_fills():
+    from fd_guided.backends.auto import MaskCosts
+
+    backend = AutoBackend(load_tokenizer("deepseek"), vocab_size=129_280, config=AUTO)
+    spec = spec_of(SCHEMAS["nested_arrays"])
+    compiled = {name: engine.compile(spec) for name, engine in backend.backends.items()}
+    assert backend.expected_gain_s("xgrammar", "llguidance") == 0.0  # nothing measured: no wait
+    bitmask = allocate_pinned_bitmask(4, 129_280)
+    for _ in range(MaskCosts.MIN_ROWS // 4):
+        grammars = [backend.new_grammar(compiled[name]) for name in ("xgrammar", "llguidance") for _ in range(2)]
+        backend.fill_bitmasks(grammars, bitmask, [0, 1, 2, 3])
+    costs = backend.mask_costs
+    assert costs.rows == {"xgrammar": MaskCosts.MIN_ROWS // 2, "llguidance": MaskCosts.MIN_ROWS // 2}
+    assert backend.expected_gain_s("xgrammar", "llguidance") == 0.0  # not enough rows per engine yet
+    for _ in range(MaskCosts.MIN_ROWS // 4):
+        backend.fill_bitmasks(grammars, bitmask, [0, 1, 2, 3])
+    per_request = sum(costs.rows.values()) / sum(costs.grammars.values())
+    expected = max(0.0, (costs.row_seconds["llguidance"] - costs.row_seconds["xgrammar"]) * per_request)
+    assert backend.expected_gain_s("xgrammar", "llguidance") == pytest.approx(expected)
+    assert backend.expected_gain_s("llguidance", "xgrammar") == pytest.approx(
+        max(0.0, (costs.row_seconds["xgrammar"] - costs.row_seconds["llguidance"]) * per_request))

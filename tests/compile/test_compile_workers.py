@@ -185,7 +185,8 @@ def test_interpreter_exit_waits_for_a_running_compile_in_thread_isolation(tmp_pa
         config = GuidedConfig(backend="xgrammar", limits=AdmissionLimits(max_choices=10**6), compile_isolation="thread",
                               compile_timeout_s=0.3)
         service = CompileService(create_backend("xgrammar", load_tokenizer("deepseek"), vocab_size=129280, config=config))
-        engine = service._runner.backend.engine("xgrammar")
+        from fd_guided.backends import composite
+        engine = composite.engine(service._runner.backend, "xgrammar")
         original = engine.compile_checked
         def compile_and_mark(spec):
             compiled = original(spec)

@@ -1,0 +1,86 @@
+"""Tickets: one request-level compile over per-engine jobs, and which engine's outcome settles it.
+
+A ticket holds its engines in preference order and their job futures (`CompileService` starts the
+jobs). `Ticket.decide` says when the request has its grammar: the first success in preference
+order, where a less preferred engine that is ready waits for a preferred one still compiling only
+as long as that engine is expected to gain on it over the request, or its errors once every
+engine failed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from ..backends import composite
+from ..config import GuidedConfig
+from ..errors import combine_engine_errors
+from ..interface import GuidedBackend
+from ..spec import GrammarSpec
+from .futures import failed
+
+
+class Ticket:
+    """One request-level compile: its engines in preference order and their jobs."""
+
+    __slots__ = ("spec", "engines", "jobs", "future", "lock", "settled", "started", "ready_at", "timer")
+
+    def __init__(self, spec: GrammarSpec, engines: tuple[str, ...]):
+        self.spec, self.engines = spec, engines
+        self.jobs: dict[str, Future] = {}
+        self.future: Future = Future()
+        self.lock = threading.RLock()
+        self.settled = False
+        self.started = time.monotonic()
+        self.ready_at: float | None = None  # when a less preferred engine's job succeeded
+        self.timer: threading.Timer | None = None
+
+    def decide(self, backend: GuidedBackend, config: GuidedConfig, recheck: Callable[[Ticket], Any]):
+        """("ok", compiled) or ("error", why) once the outcome is known, else None.
+
+        - the first success in preference order among finished jobs wins; a later engine's success
+          waits for a pending earlier one, with `auto_first_ready` only as long as that engine is
+          expected to gain on it over the request (`_waited_enough`; `recheck(self)` runs then);
+        - every engine failed: the errors combined.
+        """
+        errors, pending_earlier = [], []
+        for engine in self.engines:
+            job = self.jobs.get(engine)
+            if job is None:
+                return None
+            if not job.done():
+                if not config.auto_first_ready:
+                    return None
+                pending_earlier.append(engine)
+                continue
+            if failed(job):
+                errors.append((engine, job.exception()))
+                continue
+            if pending_earlier and not self._waited_enough(backend, config, pending_earlier, engine, recheck):
+                return None
+            return "ok", job.result()
+        if len(errors) < len(self.engines):
+            return None
+        return "error", combine_engine_errors(composite.static_refusals(backend, self.spec) + errors)
+
+    def _waited_enough(self, backend: GuidedBackend, config: GuidedConfig, pending: list[str], ready: str,
+                       recheck: Callable[[Ticket], Any]) -> bool:
+        """Whether the ticket, its `ready` engine compiled, may stop waiting for the `pending`
+        (preferred) ones: once it has waited what they are expected to gain on `ready` over the
+        request (`CompositeBackend.expected_gain_s`, measured from their masks; 0 while unknown),
+        at most `auto_fallback_grace_s`. A longer wait would cost the request more time to its
+        first token than the preferred engine could give back."""
+        now = time.monotonic()
+        if self.ready_at is None:
+            self.ready_at = now
+        gain = max(composite.expected_gain_s(backend, engine, ready) for engine in pending)
+        remaining = self.ready_at + min(config.auto_fallback_grace_s, gain) - now
+        if remaining <= 0:
+            return True
+        if self.timer is None:
+            self.timer = threading.Timer(remaining, recheck, (self,))
+            self.timer.daemon = True
+            self.timer.start()
+        return False

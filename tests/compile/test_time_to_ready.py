@@ -1,0 +1,85 @@
+"""A cold request is ready in its own engine's compile time, whatever the cache work behind it.
+
+Heavy cache work: a choice of 10,000 strings, which auto prefers xgrammar for, compiles with
+llguidance in well under a second and with xgrammar in seconds, so with ``auto`` every such request
+is served by llguidance and leaves an xgrammar compile that only fills the cache. Real engines, real
+worker processes.
+"""
+import time
+
+import pytest
+
+from fd_guided import GuidedConfig, parse_guided_request
+from fd_guided.backends.auto import AutoBackend
+from fd_guided.compile import CompileService
+from fd_guided.limits import AdmissionLimits
+from fd_guided.registry import create_backend
+from fd_guided.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.cpu
+
+VOCAB = 129_280
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("deepseek")
+
+
+def heavy(i, count: int = 10_000) -> dict:
+    return {"guided_choice": [f"heavy{i}-{k}x{k * 7919 % 100003}" for k in range(count)]}
+
+
+def light(i) -> dict:
+    return {"guided_json": {"type": "object", "properties": {f"light{i}": {"type": "integer"}}, "required": [f"light{i}"]}}
+
+
+def spec_of(fields, **config):
+    return parse_guided_request(fields, GuidedConfig(backend="auto", limits=AdmissionLimits(max_choices=10**6), **config))
+
+
+def test_a_cold_request_is_ready_while_a_backlog_of_heavy_cache_compiles_runs(tokenizer):
+    # One foreground worker: before the cache-only lane, a backlog past twice that many jobs ran
+    # its xgrammar compiles on the foreground worker, and a cold request waited for one (seconds).
+    config = GuidedConfig(backend="auto", compile_workers=1, compile_timeout_s=120)
+    service = CompileService(create_backend("auto", tokenizer, vocab_size=VOCAB, config=config))
+    try:
+        service.compile_now(spec_of(light("warm")))
+        backlog = [spec_of(heavy(i)) for i in range(6)]
+        assert all(t.result(timeout=120).backend_name == "llguidance" for t in [service.submit(s) for s in backlog])
+        waits = []
+        for i in range(5):
+            started = time.monotonic()
+            service.submit(spec_of(light(i))).result(timeout=60)
+            waits.append(time.monotonic() - started)
+        # The backlog was really there: xgrammar had not compiled it all while the cold requests ran.
+        assert sum(service.cache.get(("xgrammar", spec)) is not None for spec in backlog) < len(backlog)
+        assert sorted(waits)[len(waits) // 2] < 0.5, waits
+        assert max(waits) < 2.0, waits
+    finally:
+        service.close()
+
+
+class _Gains(AutoBackend):
+    """auto with the preferred engine's expected gain stated instead of measured."""
+
+    gain_s = 0.0
+
+    def expected_gain_s(self, engine: str, over: str) -> float:
+        return self.gain_s
+
+
+@pytest.mark.parametrize("gain_s, served_by", [(0.0, "llguidance"), (600.0, "xgrammar")])
+def test_a_ready_request_waits_for_the_preferred_engine_only_what_it_is_expected_to_gain(tokenizer, gain_s, served_by):
+    # A cap far above xgrammar's compile time: the wait is bounded by the gain, not by the cap.
+    config = GuidedConfig(backend="auto", auto_fallback_grace_s=300.0, compile_timeout_s=120)
+    backend = _Gains(tokenizer, vocab_size=VOCAB, config=config)
+    backend.gain_s = gain_s
+    service = CompileService(backend)
+    try:
+        service.compile_now(spec_of(light("warm")))
+        spec = spec_of(heavy(f"gain{gain_s}", 4_000))
+        assert backend.compile_engines(spec)[0] == "xgrammar"
+        assert service.submit(spec).result(timeout=120).backend_name == served_by
+    finally:
+        service.close()
