@@ -112,3 +112,57 @@ def test_native_matches_the_reference_on_random_documents():
     assert result["mismatches"] == 0, result
     assert result["native_rows"] >= result["rows"] // 3, result
     assert result["engine_refused"] <= 8, result
+
+
+def test_native_matches_the_reference_with_every_token_allowed():
+    """No engine: the tracker is pushed into crafted states and the row allows every token, so every
+    token of the candidate classes is decided both ways (split characters, invalid UTF-8 items,
+    escapes, brackets with and without a guarded array around, languages that run out or not)."""
+    result = run_isolated(r'''
+        import json
+        import numpy as np
+        from fd_guided.interface import Grammar
+        from fd_guided.schema.unique_paths import UniquePaths
+        from fd_guided.tokenizer import load_tokenizer
+        from fd_guided.unique import guard, native
+
+        class NoEngine(Grammar):  # the states below never ask the engine (no object items)
+            def accept_token(self, token_id): return True
+            def fill_bitmask(self, bitmask, row): raise AssertionError("the engine was asked")
+            def is_terminated(self): return False
+            def rollback(self, num_tokens): pass
+            def reset(self): pass
+
+        tokenizer = load_tokenizer("deepseek")
+        width = (len(tokenizer.token_bytes) + 31) // 32
+        STRINGS = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+        cases = [
+            (STRINGS, ['["ab', 'c", "a', 'b"', ', "ab']),
+            (STRINGS, ['["tag', '", "tag ', 'x", ', '"t']),
+            (STRINGS, ['["\xc3\xa9', '", "\xc3']),            # a character split across tokens
+            (STRINGS, ['["\xff', '", "']),                     # an item that is not UTF-8
+            (STRINGS, ['["a\\n', '", "b', '", ']),
+            (STRINGS, ['["x", "y"', ' ']),
+            ({"type": "object", "properties": {"t": STRINGS}}, ['{"t": ["a', '", "b', '", "']),
+            ({"type": "array", "uniqueItems": True, "items": STRINGS}, ['[["a', '", "b"], ["a', '", "b']),
+            ({**STRINGS, "items": {"type": "string", "pattern": "^[a-z]+$"}}, ['["ab', '", "a']),
+            ({**STRINGS, "items": {"type": "string", "maxLength": 2}}, ['["ab', '", "a']),  # runs out: Python
+            ({**STRINGS, "items": {"type": ["string", "null"]}}, ['["a', '", null, "']),
+        ]
+        compared = native_rows = 0
+        for schema, chunks in cases:
+            grammar = guard.UniqueItemsGrammar(NoEngine(), UniquePaths(schema), tokenizer.token_bytes, width * 32)
+            for chunk in chunks:
+                assert grammar.tracker.push(chunk.encode("latin-1") if "\xff" in chunk or "\xc3" in chunk else chunk.encode()), chunk
+                bits = np.full((2, width), -1, dtype=np.int32)
+                native.ENABLED = True
+                native_rows += native.row_plan(grammar.tracker) is not None
+                guard.restrict_rows([grammar], bits, [0])
+                native.ENABLED = False
+                guard.restrict_rows([grammar], bits, [1])
+                native.ENABLED = True
+                assert np.array_equal(bits[0], bits[1]), (schema, chunk, np.nonzero(bits[0] != bits[1])[0][:5])
+                compared += 1
+        print(json.dumps({"compared": compared, "states": sum(len(chunks) for _, chunks in cases), "native_rows": native_rows}))
+    ''', timeout_s=600)
+    assert result["compared"] == result["states"] and result["native_rows"] >= 20, result
