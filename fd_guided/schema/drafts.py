@@ -37,6 +37,7 @@ import referencing.exceptions
 import referencing.jsonschema
 
 from .refusal import Refusal
+from .walk import subschemas
 
 DRAFT_OF_VALIDATOR = {
     "Draft4Validator": 4, "Draft6Validator": 6, "Draft7Validator": 7,
@@ -237,8 +238,6 @@ def _inferred_keywords(node: dict, out: dict, location: str) -> dict:
 
 def _identifiers(schema: Any) -> tuple[bool, bool]:
     """(a draft-4 ``id`` identifies a subschema, a ``$id``/``$anchor`` does), by keyword position."""
-    from .walk import subschemas
-
     legacy = modern = False
     stack = [schema]
     seen: set[int] = set()
@@ -270,8 +269,6 @@ def _legacy_id_specification(schema: Any, modern):
 
 def _reference_targets(schema: Any, specification) -> dict[str, Any]:
     """Location of each local ``$ref`` -> the node it resolves to under `specification` (None: none)."""
-    from .walk import subschemas
-
     resolver = referencing.Registry().resolver_with_root(specification.create_resource(schema))
     out: dict[str, Any] = {}
     stack = [(schema, "$", resolver)]
@@ -302,8 +299,6 @@ def base_uri(resolver) -> str:
 def first_unresolvable_reference(schema: Any) -> tuple[str, str] | None:
     """(ref, location) of the first ``$ref`` in a schema position that does not resolve inside the
     document (remote, or a dangling pointer), or None. Iterative; each node's base URI honoured."""
-    from .walk import subschemas
-
     document = Document(schema)
     stack = [(schema, "$", document.root_resolver)]
     seen: set[int] = set()
