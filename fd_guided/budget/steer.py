@@ -62,6 +62,9 @@ class _Plan:
     text: bytes
     fewest: list[tuple[int, int]]
     position: int = 0
+    # position -> [(token spelling the next bytes, tokens needed after it)]; shared by the copies
+    # of a cached start plan (read-only but for this memo)
+    spellings_at: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, completion: Completion, table: TokenTable) -> _Plan:
@@ -74,6 +77,22 @@ class _Plan:
     @property
     def need(self) -> int:
         return self.fewest[self.position][0] + 1
+
+    def fresh(self) -> _Plan:
+        """This plan from its start, sharing its tables (a cached start plan for a new request)."""
+        return _Plan(self.text, self.fewest, 0, self.spellings_at)
+
+    def spellings(self, table: TokenTable) -> list[tuple[int, int]]:
+        """The tokens that spell the plan's next bytes, each with the tokens its rest then needs."""
+        found = self.spellings_at.get(self.position)
+        if found is None:
+            found, start = [], self.position
+            for end in range(start + 1, min(len(self.text), start + table.max_len) + 1):
+                token = table.by_bytes.get(self.text[start:end])
+                if token is not None and self.fewest[end][0] < UNSPELLED:
+                    found.append((token, self.fewest[end][0]))
+            self.spellings_at[self.position] = found
+        return found
 
     def rest_tokens(self, table: TokenTable) -> list[int]:
         tokens, position = [], self.position
@@ -121,7 +140,7 @@ class BudgetSteering:
     # on growing): more freedom for the model, at a matcher walk per new state (docs/budget.md).
     slack_tokens: bool = False
     _slots: dict[int, _Slot] = field(default_factory=dict)
-    _start_plans: OrderedDict[Any, Completion | None] = field(default_factory=OrderedDict)
+    _start_plans: OrderedDict[Any, _Plan | None] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self._table: TokenTable | None = None
@@ -212,37 +231,42 @@ class BudgetSteering:
 
     def _start(self, step: _Step, entry, state, budget: _Slot, left: int) -> bool:
         """The first look: a plan from the current state; fail the request if it cannot fit."""
-        completion = self._start_plan(state) if not state.history else None
-        if completion is None or not self._completes(state.grammar, list(completion.tokens)):
-            completion = self._search(state.grammar)  # replayed tokens, or another engine's plan
-        if completion is None:
+        plan = self._start_plan(state) if not state.history else None
+        if plan is None:
+            completion = self._search(state.grammar)  # replayed tokens (or the start search failed)
+            plan = _Plan.of(completion, self.table) if completion is not None else None
+        if plan is None:
             budget.gave_up = True
             self.metrics.inc("budget_search_failures_total")
             return False
-        budget.plan, budget.seen = _Plan.of(completion, self.table), len(state.history)
-        if budget.plan.need > left:
+        budget.plan, budget.seen = plan, len(state.history)
+        if plan.need > left:
             self.metrics.inc("budget_refused_requests_total")
             step.fail(
                 entry.slot,
                 state,
                 f"max_tokens={budget.max_tokens} cannot hold a complete output: the shortest "
-                f"valid {state.spec.kind} output from here needs {budget.plan.need} tokens (its stop token included)"
+                f"valid {state.spec.kind} output from here needs {plan.need} tokens (its stop token included)"
                 + (f", and {budget.max_tokens - left} were generated already" if left < budget.max_tokens else ""),
             )
             _stop_entry(step, entry)
             return False
         return True
 
-    def _start_plan(self, state) -> Completion | None:
-        key = state.spec
+    def _start_plan(self, state) -> _Plan | None:
+        """The plan from the grammar's start state, searched once per spec and engine (its matcher's
+        type: a plan is in that engine's tokens) and copied for every request after."""
+        key = (state.spec, _engine_of(state))
         if key in self._start_plans:
             self._start_plans.move_to_end(key)
-            return self._start_plans[key]
+            cached = self._start_plans[key]
+            return cached.fresh() if cached is not None else None
         completion = self._search(state.grammar)
-        self._start_plans[key] = completion
+        plan = _Plan.of(completion, self.table) if completion is not None else None
+        self._start_plans[key] = plan
         if len(self._start_plans) > START_PLANS:
             self._start_plans.popitem(last=False)
-        return completion
+        return plan.fresh() if plan is not None else None
 
     def _follow(self, grammar: Grammar, history: Sequence[int], budget: _Slot) -> None:
         """Bring the plan up to the tokens the grammar accepted since the last look."""
@@ -279,13 +303,7 @@ class BudgetSteering:
         `slack.SlackTokens`); False (the row untouched) when the grammar allows none of them."""
         table, words = self.table, step.words
         allowed = list(step.stop_ids)
-        if plan.position < len(plan.text):
-            text, start = plan.text, plan.position
-            for end in range(start + 1, min(len(text), start + table.max_len) + 1):
-                after = plan.fewest[end]
-                token = table.by_bytes.get(text[start:end])
-                if token is not None and 1 + after[0] + 1 <= left:
-                    allowed.append(token)
+        allowed.extend(token for token, after in plan.spellings(table) if 1 + after + 1 <= left)
         current = words[row]
         if self.slack_tokens and left > plan.need:
             if self._slack is None:
@@ -295,31 +313,34 @@ class BudgetSteering:
                 grammar, current, plan.text[plan.position :], rest, self._completes
             )
             restricted = current & restriction
-        else:  # a handful of tokens: set their bits alone (no pass over the vocabulary)
-            restricted = np.zeros_like(current)
-            flat = restricted.view(np.uint32)
+            if not restricted.any():
+                return False
+            words[row] = restricted
+        else:  # a handful of tokens: keep their bits alone (no pass over the vocabulary)
             have = current.view(np.uint32)
-            for token in allowed:
-                word, bit = token >> 5, np.uint32(1 << (token & 31))
-                if word < flat.shape[0]:
-                    flat[word] |= have[word] & bit
-        if not restricted.any():
-            return False
+            keep = [
+                (token >> 5, np.uint32(1 << (token & 31)))
+                for token in allowed
+                if (token >> 5) < have.shape[0] and have[token >> 5] & np.uint32(1 << (token & 31))
+            ]
+            if not keep:
+                return False
+            current.fill(0)
+            for word, bit in keep:
+                have[word] |= bit
         if not budget.steered:
             budget.steered = True
             self.metrics.inc("budget_steered_requests_total")
         self.metrics.inc("budget_forced_tokens_total")
-        words[row] = restricted
         return True
 
     def _reasoning(self, budget: _Slot, state, left: int) -> None:
         """Force the think-end marker while the budget still holds it and the shortest output."""
         if budget.plan is None and not budget.gave_up:
-            completion = self._start_plan(state)
-            if completion is None:
+            budget.plan, budget.seen = self._start_plan(state), 0
+            if budget.plan is None:
                 budget.gave_up = True
                 return
-            budget.plan, budget.seen = _Plan.of(completion, self.table), 0
         if budget.plan is None:
             return
         reasoning = state.reasoning
@@ -374,6 +395,14 @@ def _row_of(token_ids: Sequence[int], words: int) -> np.ndarray:
         if 0 <= token < words * 32:
             row[token >> 5] |= np.uint32(1 << (token & 31))
     return row.view(np.int32)
+
+
+def _engine_of(state) -> str:
+    """The engine that compiled the slot's grammar (its ticket is done once it has a matcher)."""
+    try:
+        return str(state.ticket.result(timeout=0).backend_name)
+    except Exception:  # noqa: BLE001 - no compiled grammar to name: the matcher's type will do
+        return type(state.grammar).__name__
 
 
 @dataclass
