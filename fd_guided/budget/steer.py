@@ -273,6 +273,8 @@ class BudgetSteering:
         plan, table = budget.plan, self.table
         if plan is None:
             return
+        if len(history) == budget.seen and not budget.stale:
+            return
         if len(history) < budget.seen:  # jump-forward re-encoded a boundary
             budget.stale = True
         else:
@@ -318,16 +320,13 @@ class BudgetSteering:
             words[row] = restricted
         else:  # a handful of tokens: keep their bits alone (no pass over the vocabulary)
             have = current.view(np.uint32)
-            keep = [
-                (token >> 5, np.uint32(1 << (token & 31)))
-                for token in allowed
-                if (token >> 5) < have.shape[0] and have[token >> 5] & np.uint32(1 << (token & 31))
-            ]
+            size = have.shape[0]
+            keep = [token for token in allowed if (token >> 5) < size and (int(have[token >> 5]) >> (token & 31)) & 1]
             if not keep:
                 return False
             current.fill(0)
-            for word, bit in keep:
-                have[word] |= bit
+            for token in keep:
+                have[token >> 5] |= np.uint32(1 << (token & 31))
         if not budget.steered:
             budget.steered = True
             self.metrics.inc("budget_steered_requests_total")
