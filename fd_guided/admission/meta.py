@@ -21,7 +21,7 @@ from ..schema.walk import schema_regexes, subschemas
 try:  # fast meta-validation at admission; `jsonschema` alone gives the same verdicts, slower
     import jsonschema_rs as _jsonschema_rs
 except ImportError:
-    _jsonschema_rs = None
+    _jsonschema_rs = None  # type: ignore[assignment]
 
 # Keywords whose values are JSON instances, not subschemas: never entered by `schema_objects`.
 _VALUE_KEYWORDS = ("const", "enum", "default", "examples")

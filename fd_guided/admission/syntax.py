@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from ..errors import InvalidGrammarError
 from ..limits import AdmissionLimits, check_regex
@@ -204,7 +205,7 @@ class _Pass:
             self._fail(token.start(), f"{token.group()[:40]!r} outside any rule (a rule starts with 'name ::=')")
         self.expect = False
         macro = not self.lark and self.text.startswith("(", token.end())
-        if not macro and not any(entry[2] for entry in self.stack):
+        if not macro and self.body is not None and not any(entry[2] for entry in self.stack):
             name = token.group().lstrip("?!")
             self.body.append(name)
             self.references.append((name, token.start()))
@@ -256,7 +257,7 @@ class _Pass:
         column = at - self.text.rfind("\n", 0, at)
         return f"line {line}, column {column}"
 
-    def _fail(self, at: int, message: str) -> None:
+    def _fail(self, at: int, message: str) -> NoReturn:
         raise InvalidGrammarError(
             f"{'Lark' if self.lark else 'EBNF'} syntax error at {self._where(at)}: {message}", part=self.part
         )
