@@ -225,3 +225,19 @@ def test_drafts_near_the_budget_are_cut():
         assert all(manager.allows_only_stop(row) for row in range(1, len(drafts) + 1))
     finally:
         manager.close()
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_grammars_and_structural_tags_end_valid(backend_name):
+    from corpus import GRAMMARS, STRUCTURAL_TAGS
+
+    from fd_guided.harness.validate import validate_output
+
+    fields_list = [{"guided_grammar": g} for g in GRAMMARS.values()]
+    fields_list += [{"structural_tag": json.dumps(t)} for t in STRUCTURAL_TAGS.values()]
+    cases = [(fields, minimum(backend_name, fields) + extra) for fields in fields_list for extra in (0, 3)]
+    results = run(backend_name, [f for f, _ in cases], [b for _, b in cases])
+    config = GuidedConfig(backend=backend_name)
+    for (fields, budget), (finish, text, used) in zip(cases, results):
+        assert finish == "stop" and used < budget, (fields, budget, finish, text)
+        assert validate_output(parse_guided_request(fields, config), text).valid, (fields, text)
