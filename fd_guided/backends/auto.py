@@ -268,7 +268,12 @@ class AutoBackend(CompositeBackend):
 
     def expected_gain_s(self, engine: str, over: str) -> float:
         """What running on `engine` instead of `over` saves a request, from this backend's own
-        fills (`MaskCosts`): 0 until both engines have filled enough rows to tell."""
+        fills (`MaskCosts`): 0 until both engines have filled enough rows to tell. llguidance is
+        preferred over xgrammar only where xgrammar would enforce a narrower language
+        (`candidate_engines`): that preference is for the constraint, not for speed, so it is
+        worth the whole wait the config allows (`auto_fallback_grace_s`)."""
+        if engine == FALLBACK and over == PREFERRED:
+            return float("inf")
         return self.mask_costs.gain_s(engine, over)
 
     def serialize(self, compiled: CompiledGrammar) -> bytes | None:

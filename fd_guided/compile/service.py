@@ -195,6 +195,10 @@ class CompileService:
             for index, engine in enumerate(ticket.engines):
                 if engine in ticket.jobs:
                     continue
+                if self._deferred(ticket, index):
+                    ticket.deferred.add(engine)
+                    continue
+                ticket.deferred.discard(engine)
                 earlier = [ticket.jobs.get(e) for e in ticket.engines[:index]]
                 if index == 0 or self.config.auto_first_ready or all(j is not None and failed(j) for j in earlier):
                     ticket.jobs[engine] = self._job(engine, ticket.spec)
@@ -211,6 +215,11 @@ class CompileService:
                 for engine, job in ticket.jobs.items():
                     if not job.done():
                         (useless if engine in later else leftovers).append((engine, ticket.spec))
+                # A deferred engine the winner did not outrank compiles for the cache only.
+                for engine in ticket.deferred:
+                    if engine not in later:
+                        self._job(engine, ticket.spec)
+                        leftovers.append((engine, ticket.spec))
                 # Each job's done-callbacks hold this ticket: drop the ticket's hold on the jobs so
                 # the pair is not a reference cycle (left to the cyclic GC, settled tickets kept
                 # their compiled grammars alive and RSS swung by ~3x the cache bound).
@@ -252,6 +261,18 @@ class CompileService:
             if run is not None:
                 self._runner.cancel_pending(run, _skipped_error(engine))
         self._lower(self._runs.get(key) for key in keys if key in self._background)
+
+    def _deferred(self, ticket: Ticket, index: int) -> bool:
+        """Whether engine `index` starts only once the less preferred ones are done: when no request
+        would wait for it (its expected gain over each of them is 0), while one of them may still
+        serve. Its compile then never takes a core from theirs; it fills the cache afterwards, or
+        serves the request if they all fail."""
+        engine, later = ticket.engines[index], ticket.engines[index + 1:]
+        if not self.config.auto_first_ready or not later:
+            return False
+        if any(composite.expected_gain_s(self.backend, engine, other) > 0 for other in later):
+            return False
+        return not all(other in ticket.jobs and failed(ticket.jobs[other]) for other in later)
 
     def _cancel(self, keys: list[tuple[str, GrammarSpec]]) -> None:
         """Stop jobs no request will use (queued: dropped; running in a worker: killed)."""

@@ -25,11 +25,12 @@ from .futures import failed
 class Ticket:
     """One request-level compile: its engines in preference order and their jobs."""
 
-    __slots__ = ("spec", "engines", "jobs", "future", "lock", "settled", "started", "ready_at", "timer")
+    __slots__ = ("spec", "engines", "jobs", "deferred", "future", "lock", "settled", "started", "ready_at", "timer")
 
     def __init__(self, spec: GrammarSpec, engines: tuple[str, ...]):
         self.spec, self.engines = spec, engines
         self.jobs: dict[str, Future] = {}
+        self.deferred: set[str] = set()  # engines whose job starts once the later ones are done
         self.future: Future = Future()
         self.lock = threading.RLock()
         self.settled = False
@@ -48,9 +49,9 @@ class Ticket:
         errors, pending_earlier = [], []
         for engine in self.engines:
             job = self.jobs.get(engine)
-            if job is None:
+            if job is None and engine not in self.deferred:
                 return None
-            if not job.done():
+            if job is None or not job.done():
                 if not config.auto_first_ready:
                     return None
                 pending_earlier.append(engine)
