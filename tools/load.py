@@ -18,7 +18,8 @@ compiles and requests in flight (polled from `/health`); on the two-process serv
 transit of step updates (`ipc_transit`: engine send -> API decode). A probe in a process of its
 own (so the load generator's own loop does not delay it) sends ``GET /v1/models`` every
 `--probe-interval-ms` on one keep-alive connection through each phase: how long a cheap endpoint
-takes, seen from a client (`probe`). `--phases` runs one phase only. Bounded: `--max-requests` in
+takes, seen from a client (`probe`); with `--probe-priority rr` the probe runs SCHED_RR (where
+permitted), so a busy host's run queue delays the client less and the figure is more the server's. `--phases` runs one phase only. Bounded: `--max-requests` in
 all and `--phase-timeout-s` per phase; loopback addresses only.
 """
 from __future__ import annotations
@@ -196,7 +197,7 @@ async def run_phase(args, client: httpx.AsyncClient, name: str, guided: bool, bu
                                    "requests_in_flight": health["requests_in_flight"]})
             await asyncio.sleep(0.1)
 
-    probe = start_probe(str(client.base_url), args.probe_interval_ms) if args.probe_interval_ms > 0 else None
+    probe = start_probe(str(client.base_url), args.probe_interval_ms, args.probe_priority) if args.probe_interval_ms > 0 else None
     await asyncio.gather(burst(), poll(), *(background(w) for w in range(args.background)))
     wall = time.perf_counter() - started
     stats = (await client.get("/stats", params={"samples": "true"})).json()
@@ -209,9 +210,9 @@ async def run_phase(args, client: httpx.AsyncClient, name: str, guided: bool, bu
 # ----- the probe: a cheap endpoint, timed from a process of its own -------------------------------
 
 
-def start_probe(url: str, interval_ms: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--probe", url, "--probe-interval-ms", str(interval_ms)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+def start_probe(url: str, interval_ms: float, priority: str = "normal") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--probe", url, "--probe-interval-ms", str(interval_ms),
+                             "--probe-priority", priority], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
 
 def stop_probe(probe: subprocess.Popen) -> list[float]:
@@ -219,8 +220,13 @@ def stop_probe(probe: subprocess.Popen) -> list[float]:
     return json.loads(out or b"[]")
 
 
-def run_probe(url: str, interval_ms: float) -> None:
+def run_probe(url: str, interval_ms: float, priority: str = "normal") -> None:
     """`GET /v1/models` every `interval_ms` until stdin closes; prints the latencies (s) as JSON."""
+    if priority == "rr":
+        try:
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+        except PermissionError:
+            print("probe: SCHED_RR refused; running in the normal class", file=sys.stderr)
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     latencies: list[float] = []
@@ -375,12 +381,13 @@ def main(argv=None) -> int:
     parser.add_argument("--max-requests", type=int, default=2000, help="requests in all, both phases")
     parser.add_argument("--phases", default="both", choices=("both", "unguided", "guided"))
     parser.add_argument("--probe-interval-ms", type=float, default=20.0, help="GET /v1/models this often (0: no probe)")
+    parser.add_argument("--probe-priority", default="normal", choices=("normal", "rr"), help="the probe's CPU class")
     parser.add_argument("--probe", metavar="URL", help=argparse.SUPPRESS)  # the probe process itself
     parser.add_argument("--out", help="write the JSON report here")
     args = parser.parse_args(argv)
     if args.probe:
         check_loopback(args.probe)
-        run_probe(args.probe, args.probe_interval_ms)
+        run_probe(args.probe, args.probe_interval_ms, args.probe_priority)
         return 0
     if not args.start_server:
         check_loopback(args.url)

@@ -3,8 +3,8 @@
     app = create_app(ServerSettings(preset="tiny"))   # FastAPI; its lifespan starts the engine process
     serve(settings, host="127.0.0.1", port=8000)     # runs uvicorn (blocks)
 
-This process runs HTTP, cheap bounded checks (body size, prompt length, chat templates), and
-streaming (incremental detokenization, SSE). The engine (model, guided manager, compile service)
+This process runs HTTP, cheap bounded checks (body size, chat templates), and streaming
+(incremental detokenization with the engine's token table, SSE); it loads no tokenizer and no model. The engine (model, guided manager, compile service)
 runs in its own process (`engine_process`, driven by `engine_client`), so nothing it does can
 hold this event loop or its GIL.
 """
@@ -15,13 +15,12 @@ import gc
 import logging
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
-from fd_guided.harness.server.bounds import BodyLimit, PromptBound, longest_token_bytes
+from fd_guided.harness.server.bounds import BodyLimit
 from fd_guided.harness.server.chat import ChatTemplate, get_template
 from fd_guided.harness.server.engine_client import EngineClient
 from fd_guided.harness.server.errors import EngineUnavailable, install_handlers
@@ -30,7 +29,7 @@ from fd_guided.harness.server.loop_priority import LoopScheduling, set_loop_prio
 from fd_guided.harness.server.metrics import ServerMetrics
 from fd_guided.harness.server.routes import router
 from fd_guided.harness.server.settings import ServerSettings
-from fd_guided.tokenizer import TokenizerBundle, load_tokenizer
+from fd_guided.tokenizer import join_token_bytes
 
 logger = logging.getLogger("fd_guided.harness.server")
 KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/health", "/stats",
@@ -45,30 +44,23 @@ class ServerState:
 
     settings: ServerSettings
     engine: EngineClient
-    tokenizer: TokenizerBundle
     metrics: ServerMetrics
     template: ChatTemplate
     lag: LoopLagMonitor
     transit: WindowStats = field(default_factory=WindowStats)
-    # Prompt-length checks (tokenisation releases the GIL for most of its time): one thread, so
-    # at most one competes with the event loop for the GIL.
-    checks: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="fd-guided-checks"))
     loop_scheduling: LoopScheduling | None = None  # set when the app starts
-    _prompts: PromptBound | None = None
 
-    def check_length(self, prompt: str, max_tokens: int) -> None:
-        """Refuse a prompt plus ``max_tokens`` past the model's context, tokenising no more of the
-        prompt than that takes (`bounds.PromptBound`; runs on a worker thread)."""
+    @property
+    def tokenizer(self) -> "Detokenizer":
+        """The serving engine's token bytes (from its `Hello`): what streaming decodes with."""
         hello = self.engine.hello
         if hello is None:
             raise EngineUnavailable()
-        if self._prompts is None or self._prompts.context != hello.max_seq_len:
-            self._prompts = PromptBound(self.tokenizer.encode, longest_token_bytes(self.tokenizer.token_bytes), hello.max_seq_len)
-        try:
-            self._prompts.check(prompt, max_tokens)
-        except Exception:
-            self.metrics.refused.labels("context_length_exceeded").inc()
-            raise
+        if self._detokenizer is None or self._detokenizer.hello is not hello:
+            self._detokenizer = Detokenizer(hello)
+        return self._detokenizer
+
+    _detokenizer: "Detokenizer | None" = None
 
     async def stats(self, reset: bool = False, series: bool = False) -> dict:
         """Over the current window, in seconds: the event loop's lag and the IPC transit of step
@@ -99,7 +91,19 @@ class ServerState:
             return own
 
 
-def create_app(settings: ServerSettings, tokenizer: TokenizerBundle | None = None) -> FastAPI:
+class Detokenizer:
+    """Ids -> bytes with the engine's table (`ChoiceText` needs only `decode_bytes`)."""
+
+    def __init__(self, hello):
+        self.hello = hello
+        self.name = hello.tokenizer
+        self.token_bytes = tuple(hello.token_bytes)
+
+    def decode_bytes(self, token_ids) -> bytes:
+        return join_token_bytes(self.token_bytes, token_ids)
+
+
+def create_app(settings: ServerSettings) -> FastAPI:
     """The FastAPI app. Its lifespan starts the engine process (and waits until it has loaded its
     model) and the loop-lag timer, and stops both."""
     metrics = ServerMetrics()
@@ -111,15 +115,14 @@ def create_app(settings: ServerSettings, tokenizer: TokenizerBundle | None = Non
 
     engine = EngineClient(settings, on_transit=on_transit, on_restart=metrics.engine_restarts.inc)
     lag = LoopLagMonitor(settings.lag_interval_s, metrics.loop_lag_seconds.observe)
-    state = ServerState(settings, engine, tokenizer or load_tokenizer(settings.tokenizer), metrics,
-                        get_template(settings.chat_template), lag, transit)
+    state = ServerState(settings, engine, metrics, get_template(settings.chat_template), lag, transit)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         hello = await engine.start()
         metrics.engine_up.set(1)
-        logger.info("engine process %d: %d layers, hidden %d, vocab %d, context %d tokens", hello.pid, hello.num_layers,
-                    hello.hidden_size, hello.vocab_size, hello.max_seq_len)
+        logger.info("engine process %d: %d layers, hidden %d, vocab %d, context %d tokens, tokenizer %s", hello.pid,
+                    hello.num_layers, hello.hidden_size, hello.vocab_size, hello.max_seq_len, hello.tokenizer)
         lag.start()
         state.loop_scheduling = set_loop_priority(settings.loop_priority)  # on the loop's own thread
         logger.info("event loop thread: %s", state.loop_scheduling.describe())
@@ -128,7 +131,6 @@ def create_app(settings: ServerSettings, tokenizer: TokenizerBundle | None = Non
         finally:
             await lag.stop()
             await engine.stop()
-            state.checks.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="fd_guided", summary="OpenAI-compatible guided decoding on the fd_guided reference engine",
                   lifespan=lifespan)
@@ -182,14 +184,11 @@ def serve(settings: ServerSettings, *, host: str = "127.0.0.1", port: int = 8000
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.setswitchinterval(settings.switch_interval_s)
-    started = time.perf_counter()
-    tokenizer = load_tokenizer(settings.tokenizer)
-    logger.info("tokenizer %s: %d ids, eos %s (%.1f s); guided backend %s; chat template %s (tool calls: %s); "
-                "max_num_seqs %d; GIL switch interval %.1f ms; bodies up to %d bytes", tokenizer.name, tokenizer.vocab_size,
-                list(tokenizer.eos_token_ids), time.perf_counter() - started, settings.backend, settings.chat_template,
+    logger.info("guided backend %s; chat template %s (tool calls: %s); max_num_seqs %d; GIL switch interval %.1f ms; "
+                "bodies up to %d bytes", settings.backend, settings.chat_template,
                 get_template(settings.chat_template).tool_format.name, settings.max_num_seqs, settings.switch_interval_s * 1000,
                 settings.max_body_bytes)
-    app = create_app(settings, tokenizer)
+    app = create_app(settings)
     frozen = _freeze_startup_heap()
     logger.info("garbage collector: %d startup objects frozen out of full collections", frozen)
     logger.info("serving %s on http://%s:%d/v1 (OpenAI API), /metrics, /health, /stats once the engine process is up",

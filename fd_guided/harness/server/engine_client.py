@@ -300,7 +300,10 @@ class EngineClient:
     async def _read(self, inbox: zmq.asyncio.Socket) -> None:
         while True:
             frame = await inbox.recv(copy=False)
-            self._handle(ipc.from_engine.decode(frame.buffer))
+            try:
+                self._handle(ipc.from_engine.decode(frame.buffer))
+            except Exception:  # noqa: BLE001 - one bad message must not stop every request's updates
+                logger.exception("a message from the engine process could not be handled")
 
     def _handle(self, message) -> None:
         if isinstance(message, ipc.Outputs):

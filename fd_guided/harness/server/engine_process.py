@@ -8,8 +8,9 @@ kill whole. Nothing the engine does (forward passes, admission's schema normalis
 compiled grammars, a native crash) can hold the API process's event loop or its GIL.
 
 Threads: the main one receives messages (`ipc.ToEngine`), answers queries and sends a `Load`
-heartbeat every `_HEARTBEAT_S`; the admission thread(s) validate through the library's public
-admission (`ReferenceEngine.validate` -> `GuidedDecodingManager.validate`), submit each choice
+heartbeat every `_HEARTBEAT_S`; the admission thread(s) check each prompt's length against the
+context without tokenising a prompt too long for it whole (`bounds.PromptBound`), validate through
+the library's public admission (`ReferenceEngine.validate` -> `GuidedDecodingManager.validate`), submit each choice
 and report `Admitted` when the grammar's compile ticket settles; the engine thread steps while
 anything is unfinished and sends each step's updates as one `Outputs` message. Sends from the
 three go through one lock (a ZeroMQ socket is not thread-safe; a lock is the full barrier its
@@ -32,7 +33,8 @@ import zmq
 
 from fd_guided.errors import InvalidGrammarError
 from fd_guided.harness.server import ipc
-from fd_guided.harness.server.errors import grammar_error_fields
+from fd_guided.harness.server.bounds import PromptBound, longest_token_bytes
+from fd_guided.harness.server.errors import RequestError, grammar_error_fields
 from fd_guided.harness.server.health import WindowStats
 from fd_guided.harness.server.metrics import EngineMetrics
 from fd_guided.harness.server.settings import ServerSettings
@@ -64,6 +66,8 @@ class EngineServer:
         self.engine = engine
         self.settings = settings
         self.metrics = EngineMetrics(engine.manager.metrics if engine.manager is not None else None)
+        self.prompts = PromptBound(engine.tokenizer.encode, longest_token_bytes(engine.tokenizer.token_bytes),
+                                   engine.model.cfg.max_seq_len)
         self.steps, self.token_gaps = WindowStats(), WindowStats()
         self._out = out
         self._send_lock = threading.Lock()
@@ -85,7 +89,9 @@ class EngineServer:
     def serve(self, inbox: zmq.Socket, parent_pid: int) -> None:
         cfg = self.engine.model.cfg
         self._thread.start()
-        self.send(ipc.Hello(os.getpid(), cfg.max_seq_len, cfg.vocab_size, cfg.num_layers, cfg.hidden_size))
+        tokenizer = self.engine.tokenizer
+        self.send(ipc.Hello(os.getpid(), cfg.max_seq_len, cfg.vocab_size, cfg.num_layers, cfg.hidden_size, tokenizer.name,
+                            list(tokenizer.token_bytes)))
         next_beat = 0.0
         while not self._stopping.is_set():
             if inbox.poll(int(_HEARTBEAT_S * 1000)):
@@ -132,6 +138,11 @@ class EngineServer:
         """Validate once for the ticket, submit each choice, and report when the grammar is compiled."""
         submitted: list[int] = []
         try:
+            checked = set()
+            for request in message.requests:  # n choices share a prompt: check it once
+                if (request.get("prompt"), request.get("max_tokens")) not in checked and isinstance(request.get("prompt"), str):
+                    self.prompts.check(request["prompt"], int(request.get("max_tokens") or 0))
+                    checked.add((request["prompt"], request.get("max_tokens")))
             if message.tools:
                 from fd_guided.harness.server.protocol import Tool
                 from fd_guided.harness.server.tools import check_parameters
@@ -232,6 +243,8 @@ class EngineServer:
 def _error_info(error: BaseException) -> ipc.ErrorInfo:
     if isinstance(error, InvalidGrammarError):
         return ipc.ErrorInfo(400, **grammar_error_fields(error))
+    if isinstance(error, RequestError):
+        return ipc.ErrorInfo(error.status, error.message, error.param, error.code, error.type)
     logger.error("admission failed", exc_info=error)
     return ipc.ErrorInfo(500, f"internal error: {type(error).__name__}: {error}", type="server_error")
 

@@ -1,8 +1,7 @@
 """One HTTP generation request from admission to its last choice, shared by both endpoints.
 
-`Generation.admit` checks the prompts' lengths (on a worker thread, bounded: `bounds.PromptBound`),
-sends the choices to the engine process (one engine request each) and waits until the grammar is
-compiled there, so a constraint that only a compiler can refuse (syntax, budget, an empty language) is
+`Generation.admit` sends the choices to the engine process (one engine request each), which checks
+each prompt's length (bounded: `bounds.PromptBound`) and waits until the grammar is compiled there, so a constraint that only a compiler can refuse (syntax, budget, an empty language) is
 still an `InvalidGrammarError` the route turns into HTTP 400 before any header is sent.
 `Generation.events` then yields each choice's new text as steps produce it, and each choice once
 when it ends. Finish reasons: the engine's ``stop`` (EOS or grammar complete) and ``length``;
@@ -13,11 +12,11 @@ engine process dies, `admit` and `events` raise `EngineUnavailable` (HTTP 503 / 
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
+from fd_guided.harness.server.errors import RequestError
 from fd_guided.harness.server.output import ChoiceText
 from fd_guided.harness.server.protocol import ToolCall, Usage
 from fd_guided.harness.server.tools import ToolPlan
@@ -50,13 +49,12 @@ class Generation:
         stop: stop strings.
         tool_plan: tool calling for this request (chat only), or None.
         choices_per_prompt: ``n`` (usage counts each distinct prompt once).
-        precheck: run on a worker thread before anything is sent to the engine (raises RequestError).
         tools: the request's tool definitions (their parameter schemas are validated in the engine).
     """
 
     def __init__(self, state: "ServerState", endpoint: str, prompts: Sequence[str], fields: dict[str, Any], *,
                  seed: int, max_tokens: int, stop: Sequence[str] = (), tool_plan: ToolPlan | None = None,
-                 precheck: Callable[[], Any] | None = None, choices_per_prompt: int = 1, tools: list[dict] | None = None):
+                 choices_per_prompt: int = 1, tools: list[dict] | None = None):
         self.state = state
         self.endpoint = endpoint
         self.started = time.perf_counter()
@@ -64,7 +62,6 @@ class Generation:
         self.seed = seed
         self.stop = list(stop or ())
         self.tool_plan = tool_plan
-        self.precheck = precheck
         self.tools = tools
         self.choices_per_prompt = choices_per_prompt
         self._closed = False
@@ -75,9 +72,12 @@ class Generation:
 
     async def admit(self) -> None:
         """Queue the choices and wait for the grammar; raises RequestError (nothing left queued)."""
-        if self.precheck is not None:
-            await asyncio.get_running_loop().run_in_executor(self.state.checks, self.precheck)
-        self.submission = await self.state.engine.submit(self.requests, seed=self.seed, tools=self.tools)
+        try:
+            self.submission = await self.state.engine.submit(self.requests, seed=self.seed, tools=self.tools)
+        except RequestError as error:
+            if error.code in ("context_length_exceeded", "engine_unavailable"):
+                self.state.metrics.refused.labels(error.code).inc()
+            raise
         self._pending = set(self.submission.indices)
         plan = self.tool_plan
         for index, engine_index in enumerate(self.submission.indices):

@@ -23,7 +23,8 @@ import msgspec
 
 
 class Submit(msgspec.Struct, tag="submit"):
-    """Admit `requests` (one per choice, same guided fields) as engine requests `indices`."""
+    """Admit `requests` (one per choice, same guided fields, each with its ``max_tokens``) as engine
+    requests `indices`; each prompt's length is checked against the context first."""
 
     id: int
     indices: list[int]
@@ -50,11 +51,16 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
 
 
 class Hello(msgspec.Struct, tag="hello"):
+    """The engine is loaded. `token_bytes` (each id's bytes; None for special ids) is all the API
+    process needs of the tokenizer: it detokenizes streamed ids and never encodes."""
+
     pid: int
     max_seq_len: int
     vocab_size: int
     num_layers: int
     hidden_size: int
+    tokenizer: str
+    token_bytes: list[bytes | None]
 
 
 class ErrorInfo(msgspec.Struct):

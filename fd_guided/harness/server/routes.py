@@ -89,12 +89,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     prompt = state.template.render(body.messages, body.tools or [])
     max_tokens = body.token_limit() or state.settings.default_max_tokens
 
-    def precheck() -> None:  # on a worker thread
-        state.check_length(prompt, max_tokens)
-
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if plan is not None else None
     gen = Generation(state, "chat", [prompt] * body.n, fields, seed=_seed(body.seed), max_tokens=max_tokens,
-                     stop=body.stop, tool_plan=plan, precheck=precheck, tools=tools)
+                     stop=body.stop, tool_plan=plan, tools=tools)
     streamed = await _admit(gen, body, chat_events, state.settings.model_name, request)
     if streamed is not None:
         return streamed
@@ -111,13 +108,9 @@ async def completions(body: CompletionRequest, request: Request):
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     max_tokens = body.token_limit() or state.settings.default_max_tokens
 
-    def precheck() -> None:
-        for prompt in prompts:
-            state.check_length(prompt, max_tokens)
-
     choice_prompts = [prompt for prompt in prompts for _ in range(body.n)]
     gen = Generation(state, "completions", choice_prompts, {**body.guided_fields(), **body.sampling()},
-                     seed=_seed(body.seed), max_tokens=max_tokens, stop=body.stop, precheck=precheck, choices_per_prompt=body.n)
+                     seed=_seed(body.seed), max_tokens=max_tokens, stop=body.stop, choices_per_prompt=body.n)
     streamed = await _admit(gen, body, completion_events, state.settings.model_name, request)
     if streamed is not None:
         return streamed
