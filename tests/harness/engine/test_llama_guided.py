@@ -103,7 +103,7 @@ def test_speculative_ngram_with_jump_forward_gives_the_greedy_output(smollm2, pl
     model, tokenizer = smollm2
     from fd_guided.harness.engine import ReferenceEngine
 
-    engine = ReferenceEngine(model, tokenizer, guided_config=GuidedConfig(backend="auto", jump_forward=True,
+    engine = ReferenceEngine(model, tokenizer, guided_config=GuidedConfig(backend="xgrammar", jump_forward=True,
                                                                            compile_timeout_s=COMPILE_TIMEOUT_S),
                              speculative=SpeculativeConfig("ngram", 4), max_num_seqs=8)
     try:
