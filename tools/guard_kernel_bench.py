@@ -139,6 +139,8 @@ def kernels_part(before_rev: str, repeats: int, batches=(8, 32, 128)) -> list[di
                 "ours_before": lambda: before.apply(*args),
                 "ours_1_thread": lambda: cpu_kernel._cpu_mask.apply(*args, threads=1),
                 "ours_2_threads": lambda: cpu_kernel._cpu_mask.apply(*args, threads=2),
+                # the same loop without the non-temporal stores of all-masked blocks
+                "ours_no_stream": lambda: cpu_kernel._cpu_mask.apply(*args, threads=1, path=cpu_kernel._cpu_mask.paths()[-2:][0]),
                 "xgrammar_cpu": lambda: xgrammar.apply_token_bitmask_inplace(logits, bitmask, backend="cpu"),
                 "xgrammar_torch_compile": lambda: xgrammar.apply_token_bitmask_inplace(logits, bitmask, backend="torch_compile"),
                 "copy": lambda: target.copy_(logits),
@@ -182,7 +184,8 @@ def plot(report: dict, path: Path) -> None:
             ax.set_ylabel("batched fill per step, median ms (log)")
             ax.set_yscale("log")
         else:
-            series = [("ours_before", "ours before"), ("ours_1_thread", "ours, 1 thread"), ("ours_2_threads", "ours, 2 threads"),
+            series = [("ours_before", "ours before"), ("ours_no_stream", "ours, no streaming"), ("ours_1_thread", "ours, 1 thread"),
+                      ("ours_2_threads", "ours, 2 threads"),
                       ("xgrammar_cpu", "xgrammar cpu"), ("xgrammar_torch_compile", "xgrammar torch.compile"), ("copy", "copy")]
             labels = [f"{r['batch']}\n{r['density']}" for r in rows]
             values = lambda r, s: r["median_ms"][s]  # noqa: E731
@@ -202,6 +205,7 @@ def plot(report: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("guard", "kernels", "both"), default="both")
+    parser.add_argument("--merge", type=Path, help="keep the other part's results from this JSON report")
     parser.add_argument("--before", default="77baba3", help="git revision whose CPU kernel is 'before'")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=9)
@@ -214,6 +218,9 @@ def main() -> None:
         report["guard"] = guard_part(args.batch, max(1, args.repeats // 3))
     if args.part in ("kernels", "both"):
         report["kernels"] = kernels_part(args.before, args.repeats)
+    if args.merge:
+        kept = json.loads(args.merge.read_text())
+        report = {**{key: kept[key] for key in ("guard", "kernels") if key in kept and key not in report}, **report}
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     if args.plot:
