@@ -14,7 +14,6 @@ import asyncio
 import gc
 import logging
 import sys
-import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -51,7 +50,7 @@ class ServerState:
     loop_scheduling: LoopScheduling | None = None  # set when the app starts
 
     @property
-    def tokenizer(self) -> "Detokenizer":
+    def tokenizer(self) -> Detokenizer:
         """The serving engine's token bytes (from its `Hello`): what streaming decodes with."""
         hello = self.engine.hello
         if hello is None:
@@ -60,7 +59,7 @@ class ServerState:
             self._detokenizer = Detokenizer(hello)
         return self._detokenizer
 
-    _detokenizer: "Detokenizer | None" = None
+    _detokenizer: Detokenizer | None = None
 
     async def stats(self, reset: bool = False, series: bool = False) -> dict:
         """Over the current window, in seconds: the event loop's lag and the IPC transit of step

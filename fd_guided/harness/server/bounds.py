@@ -15,7 +15,7 @@ RSS from 0.85 to 3.5 GB) only to be refused for exceeding 4,096 tokens.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from fd_guided.harness.server.errors import RequestError, error_response
 

@@ -27,8 +27,8 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import zmq
 import zmq.asyncio

@@ -46,5 +46,5 @@ class ServerSettings:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "ServerSettings":
+    def from_json(cls, text: str) -> ServerSettings:
         return cls(**json.loads(text))

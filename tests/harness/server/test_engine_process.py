@@ -16,7 +16,6 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from server_process import ServerProcess
 
 pytestmark = pytest.mark.cpu
@@ -82,7 +81,7 @@ def send_big(port: int, chunked: bool) -> tuple[int, int]:
             sock.settimeout(0.05)
             try:
                 answer += sock.recv(65536)
-            except (socket.timeout, BlockingIOError):
+            except (TimeoutError, BlockingIOError):
                 pass
             if answer:
                 break
