@@ -1,7 +1,7 @@
 """An OpenAI-compatible HTTP server on the reference engine (``fd-guided serve``), in two processes.
 
-Modules, one concern each: `settings` (the flags), `app` (the API process's shared state,
-`create_app`, `serve`), `routes` (the endpoints), `protocol` (request/response models),
+Modules, one concern each: `settings` (the flags), `state` (what the routes share), `app`
+(`create_app`, `serve`), `routes` (the endpoints), `protocol` (request/response models),
 `engine_process` (the engine, its guided manager and compile service in a process of their own),
 `engine_client` (starting and watching that process; updates to their requests), `ipc` (the
 messages between the two: ZeroMQ + msgpack), `bounds` (body-size and prompt-length bounds),
@@ -11,8 +11,9 @@ as structural tags, and parsed back), `errors` (OpenAI error bodies), `metrics` 
 `health` (event-loop lag and step-time windows), `loop_priority` (the event-loop thread's CPU
 class).
 """
-from fd_guided.harness.server.app import ServerState, create_app, serve
+from fd_guided.harness.server.app import create_app, serve
 from fd_guided.harness.server.settings import ServerSettings
+from fd_guided.harness.server.state import ServerState
 
 __all__ = ["ServerSettings", "ServerState", "build_engine", "create_app", "serve"]
 

@@ -1,105 +1,38 @@
-"""The API process: settings, the state every route shares, `create_app` and `serve` (``fd-guided serve``).
+"""The API process: `create_app` and `serve` (``fd-guided serve``); the shared state is `state.ServerState`.
 
     app = create_app(ServerSettings(preset="tiny"))   # FastAPI; its lifespan starts the engine process
     serve(settings, host="127.0.0.1", port=8000)     # runs uvicorn (blocks)
 
 This process runs HTTP, cheap bounded checks (body size, chat templates), and streaming
-(incremental detokenization with the engine's token table, SSE); it loads no tokenizer and no model. The engine (model, guided manager, compile service)
-runs in its own process (`engine_process`, driven by `engine_client`), so nothing it does can
+(incremental detokenization with the engine's token table, SSE); it loads no tokenizer and no
+model. The engine (model, guided manager, compile service) runs in its own process (`engine_process`, driven by `engine_client`), so nothing it does can
 hold this event loop or its GIL.
 """
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 import sys
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
 from fd_guided.harness.server.bounds import BodyLimit
-from fd_guided.harness.server.chat import ChatTemplate, get_template
+from fd_guided.harness.server.chat import get_template
 from fd_guided.harness.server.engine_client import EngineClient
-from fd_guided.harness.server.errors import EngineUnavailable, install_handlers
+from fd_guided.harness.server.errors import install_handlers
 from fd_guided.harness.server.health import LoopLagMonitor, WindowStats
-from fd_guided.harness.server.loop_priority import LoopScheduling, set_loop_priority
+from fd_guided.harness.server.loop_priority import set_loop_priority
 from fd_guided.harness.server.metrics import ServerMetrics
 from fd_guided.harness.server.routes import router
 from fd_guided.harness.server.settings import ServerSettings
-from fd_guided.tokenizer import join_token_bytes
+from fd_guided.harness.server.state import ServerState
 
 logger = logging.getLogger("fd_guided.harness.server")
 KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/health", "/stats",
                          "/stats/reset"})
 
 __all__ = ["ServerSettings", "ServerState", "create_app", "serve"]
-
-
-@dataclass
-class ServerState:
-    """Shared by every route (``app.state.fd``)."""
-
-    settings: ServerSettings
-    engine: EngineClient
-    metrics: ServerMetrics
-    template: ChatTemplate
-    lag: LoopLagMonitor
-    transit: WindowStats = field(default_factory=WindowStats)
-    loop_scheduling: LoopScheduling | None = None  # set when the app starts
-
-    @property
-    def tokenizer(self) -> Detokenizer:
-        """The serving engine's token bytes (from its `Hello`): what streaming decodes with."""
-        hello = self.engine.hello
-        if hello is None:
-            raise EngineUnavailable()
-        if self._detokenizer is None or self._detokenizer.hello is not hello:
-            self._detokenizer = Detokenizer(hello)
-        return self._detokenizer
-
-    _detokenizer: Detokenizer | None = None
-
-    async def stats(self, reset: bool = False, series: bool = False) -> dict:
-        """Over the current window, in seconds: the event loop's lag and the IPC transit of step
-        updates (this process), engine step times and per step the longest inter-token gap of the
-        requests decoding in it (the engine process; None while it is down); with `series` the raw
-        samples too (for plots)."""
-        try:
-            engine = await self.engine.query("stats", reset=reset, series=series)
-        except (EngineUnavailable, asyncio.TimeoutError):
-            engine = {"engine_step": None, "token_gap": None}
-        return {"loop_lag": self.lag.window.snapshot(reset, series), "ipc_transit": self.transit.snapshot(reset, series),
-                **engine, **self.load()}
-
-    def load(self) -> dict:
-        """What is in flight now (cheap, no IPC: the engine's figures are its last heartbeat's)."""
-        hello = self.engine.hello
-        return {"requests_in_flight": self.engine.in_flight, "compiles_in_flight": self.engine.load.compiles_in_flight,
-                "engine_pid": hello.pid if hello else None, "engine_generation": self.engine.generation,
-                "loop_scheduling": self.loop_scheduling.describe() if self.loop_scheduling else None}
-
-    async def exposition(self) -> bytes:
-        """Both processes' metrics in one Prometheus text (the engine's left out while it is down)."""
-        self.metrics.engine_up.set(1 if self.engine.up else 0)
-        own = self.metrics.exposition()
-        try:
-            return own + (await self.engine.query("metrics")).encode()
-        except (EngineUnavailable, asyncio.TimeoutError):
-            return own
-
-
-class Detokenizer:
-    """Ids -> bytes with the engine's table (`ChoiceText` needs only `decode_bytes`)."""
-
-    def __init__(self, hello):
-        self.hello = hello
-        self.name = hello.tokenizer
-        self.token_bytes = tuple(hello.token_bytes)
-
-    def decode_bytes(self, token_ids) -> bytes:
-        return join_token_bytes(self.token_bytes, token_ids)
 
 
 def create_app(settings: ServerSettings) -> FastAPI:

@@ -22,7 +22,7 @@ from fd_guided.harness.server.protocol import ToolCall, Usage
 from fd_guided.harness.server.tools import ToolPlan
 
 if TYPE_CHECKING:
-    from fd_guided.harness.server.app import ServerState
+    from fd_guided.harness.server.state import ServerState
 
 
 @dataclass

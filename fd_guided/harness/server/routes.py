@@ -37,7 +37,7 @@ from fd_guided.harness.server.streaming import chat_events, completion_events
 from fd_guided.harness.server.tools import plan_tools
 
 if TYPE_CHECKING:
-    from fd_guided.harness.server.app import ServerState
+    from fd_guided.harness.server.state import ServerState
 
 router = APIRouter()
 _SEED_MODULUS = 1 << 63
