@@ -5,7 +5,8 @@ rows, in units of 16,384 tokens, across pthreads with the GIL released (`_cpu_ma
 but on the 2-core machines measured, shared with Paddle's and torch's pools and other processes, a
 second thread waits for a core more often than it finds one (tools/guard_kernel_bench.py,
 docs/benchmarks.md); a host with idle cores may raise it (0: every usable core).
-The loop is memory bound (it skips all-allowed words and writes -inf only where bits are 0).
+The loop is memory bound: it skips all-allowed words, writes -inf only where bits are 0, and on
+AVX-512 CPUs streams all-masked 512-token blocks past the cache (non-temporal stores; `_cpu_mask.c`).
 If the extension was not built (no compiler at install time), `FAST_PATH_AVAILABLE` is False and
 the vectorised torch implementation in `torch_native` runs instead: same results, ~5-10x slower.
 """
