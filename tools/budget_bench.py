@@ -184,9 +184,25 @@ def cost(backend_name: str, batch: int = 32, steps: int = 40, repeats: int = 3) 
     full_batch_steps(manager, tokenizer, specs, closing, True, 4)  # warm: plans cached, tables built
     off: list[float] = []
     on: list[float] = []
+    # The steering's own time (BudgetSteering.steer, inside apply): steered requests also end
+    # sooner than unsteered ones (at their plan's end, not at the budget), so the on run replaces
+    # more requests per step; the steer time alone is the closing phase's cost per step.
+    steer_times: list[float] = []
+    collecting = [False]
+    inner = manager.budget.steer
+
+    def timed_steer(*args, **kwargs):
+        started = time.perf_counter()
+        inner(*args, **kwargs)
+        if collecting[0]:
+            steer_times.append(time.perf_counter() - started)
+
+    manager.budget.steer = timed_steer
     for _ in range(repeats):  # interleaved, so both see the same machine
         off.extend(full_batch_steps(manager, tokenizer, specs, closing, False, steps)[2:])
+        collecting[0] = True
         on.extend(full_batch_steps(manager, tokenizer, specs, closing, True, steps)[2:])
+        collecting[0] = False
     steered = manager.metrics.value("budget_forced_tokens_total")
     manager.close()
     backend.close()
@@ -196,6 +212,8 @@ def cost(backend_name: str, batch: int = 32, steps: int = 40, repeats: int = 3) 
         "off_ms": 1e3 * statistics.median(off),
         "on_ms": 1e3 * statistics.median(on),
         "ratio": statistics.median(on) / statistics.median(off),
+        "steer_ms": 1e3 * statistics.median(steer_times),
+        "steer_ratio": (statistics.median(off) + statistics.median(steer_times)) / statistics.median(off),
         "steered_rows": steered,
     }
 
