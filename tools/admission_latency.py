@@ -5,7 +5,7 @@
 Every ``*.json`` under the directories is admitted as ``{"guided_json": text}`` through
 `parse_guided_request` with the backend's checker (what `manager.validate` and FastDeploy's engine
 checker run on their request thread), once cold (the admission caches cleared) and then again
-warm. ``--hostile`` adds the hostile-input sets of tests/test_hostile_inputs.py and
+warm. ``--hostile`` adds the hostile-input sets of tests/admission/test_hostile_inputs.py and
 tests/schema/test_hostile_schemas.py. Prints p50/p90/p99/max per set, and the slowest cold ones.
 Times are wall clock on whatever machine runs it: wrap it in ``flock /tmp/fd_bench.lock`` on a shared one.
 """
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "schema")]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "schema"), str(REPO / "tests" / "admission")]
 
 from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request  # noqa: E402
 from fd_guided.admission import cache  # noqa: E402

@@ -1,7 +1,7 @@
 """A pytest plugin (``-p tests.unique.native_shadow``): every row the C loop decides is decided by
 the Python reference too, from the same bits, and the two masks must be equal bit for bit.
 
-Loaded by tests/unique/test_native.py in a subprocess running tests/test_unique_guard.py, so the
+Loaded by tests/unique/test_native.py in a subprocess running tests/unique/test_unique_guard.py, so the
 adversarial guard tests double as differential tests of `fd_guided.unique.native`. At the end it
 prints one JSON line: rows compared and mismatches.
 """

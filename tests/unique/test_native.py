@@ -1,7 +1,7 @@
 """The guard's C candidate loop (`fd_guided.unique.native`) against the Python reference, bit for bit.
 
 Each case runs in a subprocess (tests/isolated.py): native code that crashes fails its test only.
-  - the adversarial guard tests (tests/test_unique_guard.py) re-run with every natively decided row
+  - the adversarial guard tests (tests/unique/test_unique_guard.py) re-run with every natively decided row
     decided by the reference too (tests/unique/native_shadow.py);
   - random documents (arrays of similar strings, prefixes, escapes, multi-byte characters, nested
     and enclosing arrays, whitespace) walked token by token on xgrammar: at every step the full row
@@ -23,7 +23,7 @@ def test_native_matches_the_reference_over_the_adversarial_guard_tests():
     result = run_isolated(f"""
         import subprocess, sys, json
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                               "-p", "tests.unique.native_shadow", "tests/test_unique_guard.py"],
+                               "-p", "tests.unique.native_shadow", "tests/unique/test_unique_guard.py"],
                               capture_output=True, text=True, cwd={str(REPO)!r})
         stats = [line for line in done.stdout.splitlines() if line.startswith('{{"rows"')]
         print(json.dumps({{"rc": done.returncode, "stats": json.loads(stats[-1]) if stats else None,

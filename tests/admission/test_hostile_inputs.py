@@ -57,7 +57,7 @@ def admission_verdicts():
     code too: jsonschema-rs): name -> (exception type, message)."""
     return run_isolated("""
         import json, sys
-        sys.path.insert(0, "tests")
+        sys.path[:0] = ["tests", "tests/admission"]
         from test_hostile_inputs import HOSTILE
         from fd_guided import parse_guided_request
         verdicts = {}
@@ -89,7 +89,7 @@ def test_hostile_requests_fail_alone_in_a_batch_that_goes_on():
     """The whole path, in a child process: admission, compile workers, decoding, validation."""
     result = run_isolated("""
         import json, sys
-        sys.path.insert(0, "tests")
+        sys.path[:0] = ["tests", "tests/admission"]
         from test_hostile_inputs import HOSTILE
         from fd_guided.harness.validate import validate_output
         from fd_guided.harness.engine import ReferenceEngine
