@@ -110,8 +110,12 @@ def with_config(backend: GuidedBackend, config: GuidedConfig) -> GuidedBackend:
         return backend
     if isinstance(backend, ProcessCompilable):
         return backend.with_config(config)
-    return type(backend)(backend.tokenizer, vocab_size=backend.vocab_size, config=config,  # type: ignore[call-arg]
-                         stop_token_ids=backend.stop_token_ids)
+    return type(backend)(
+        backend.tokenizer,
+        vocab_size=backend.vocab_size,
+        config=config,  # type: ignore[call-arg]
+        stop_token_ids=backend.stop_token_ids,
+    )
 
 
 def from_recipe(recipe: Recipe) -> GuidedBackend:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 from ..backends import composite
 from ..config import GuidedConfig
@@ -66,8 +67,14 @@ class Ticket:
             return None
         return "error", combine_engine_errors(composite.static_refusals(backend, self.spec) + errors)
 
-    def _waited_enough(self, backend: GuidedBackend, config: GuidedConfig, pending: list[str], ready: str,
-                       recheck: Callable[[Ticket], Any]) -> bool:
+    def _waited_enough(
+        self,
+        backend: GuidedBackend,
+        config: GuidedConfig,
+        pending: list[str],
+        ready: str,
+        recheck: Callable[[Ticket], Any],
+    ) -> bool:
         """Whether the ticket, its `ready` engine compiled, may stop waiting for the `pending`
         (preferred) ones: once it has waited what they are expected to gain on `ready` over the
         request (`CompositeBackend.expected_gain_s`, measured from their masks; 0 while unknown),

@@ -28,7 +28,10 @@ class Zygote:
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("FD_GUIDED_COMPILE_OMP_THREADS", "1"))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "fd_guided.compile.worker", str(child.fileno())],
-            pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL, close_fds=True,
+            pass_fds=(child.fileno(),),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            close_fds=True,
         )
         child.close()
         self.conn = Connection(parent.detach())

@@ -5,6 +5,7 @@ llguidance in well under a second and with xgrammar in seconds, so with ``auto``
 is served by llguidance and leaves an xgrammar compile that only fills the cache. Real engines, real
 worker processes.
 """
+
 import time
 
 import pytest
@@ -31,11 +32,15 @@ def heavy(i, count: int = 10_000) -> dict:
 
 
 def light(i) -> dict:
-    return {"guided_json": {"type": "object", "properties": {f"light{i}": {"type": "integer"}}, "required": [f"light{i}"]}}
+    return {
+        "guided_json": {"type": "object", "properties": {f"light{i}": {"type": "integer"}}, "required": [f"light{i}"]}
+    }
 
 
 def spec_of(fields, **config):
-    return parse_guided_request(fields, GuidedConfig(backend="auto", limits=AdmissionLimits(max_choices=10**6), **config))
+    return parse_guided_request(
+        fields, GuidedConfig(backend="auto", limits=AdmissionLimits(max_choices=10**6), **config)
+    )
 
 
 def test_a_cold_request_is_ready_while_a_backlog_of_heavy_cache_compiles_runs(tokenizer):
