@@ -2,6 +2,7 @@
 
 Public API re-exports only; see docs/architecture.md for the map.
 """
+
 from .config import GuidedConfig
 from .errors import (
     BackendNotFoundError,

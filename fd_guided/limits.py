@@ -10,11 +10,13 @@ every native recursion well inside the stacks we run it on (see `fd_guided.compi
 Every check here is iterative or recursion-bounded, and linear in the input (one pass over the
 text, or one memoised walk over the schema): admission on the caller's thread stays cheap.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import InvalidGrammarError
 
@@ -49,8 +51,11 @@ class AdmissionLimits:
 def check_size(text: str, limit: int, part: str, what: str = "constraint") -> None:
     size = len(text.encode("utf-8", errors="surrogatepass"))
     if size > limit:
-        raise InvalidGrammarError(f"the {what} is {size:,} bytes, over the limit of {limit:,}", part=part,
-                                  feature=f"{what} larger than {limit:,} bytes")
+        raise InvalidGrammarError(
+            f"the {what} is {size:,} bytes, over the limit of {limit:,}",
+            part=part,
+            feature=f"{what} larger than {limit:,} bytes",
+        )
 
 
 # ----- regexes --------------------------------------------------------------------------------------
@@ -61,16 +66,21 @@ def check_regex(pattern: str, limits: AdmissionLimits, part: str) -> None:
     check_size(pattern, limits.max_regex_bytes, part, "regex")
     depth = regex_nesting(pattern)
     if depth > limits.max_regex_nesting:
-        raise InvalidGrammarError(f"groups nested {depth} deep, over the limit of {limits.max_regex_nesting}", part=part,
-                                  feature=f"regex groups nested deeper than {limits.max_regex_nesting}")
+        raise InvalidGrammarError(
+            f"groups nested {depth} deep, over the limit of {limits.max_regex_nesting}",
+            part=part,
+            feature=f"regex groups nested deeper than {limits.max_regex_nesting}",
+        )
     parsed = _python_parse(pattern)
     if parsed is None:
         return  # not Python syntax: the engine's own parser decides (in the compile worker)
     size = _expanded_size(parsed)
     if size > limits.max_repetition:
         raise InvalidGrammarError(
-            f"counted repetitions expand to ~{size:,} states, over the limit of {limits.max_repetition:,}", part=part,
-            feature=f"regex repetition expanding past {limits.max_repetition:,}")
+            f"counted repetitions expand to ~{size:,} states, over the limit of {limits.max_repetition:,}",
+            part=part,
+            feature=f"regex repetition expanding past {limits.max_repetition:,}",
+        )
 
 
 def regex_nesting(pattern: str) -> int:
@@ -195,14 +205,18 @@ def check_schema(schema: Any, limits: AdmissionLimits, part: str) -> None:
     depth = schema_ref_depth(schema)
     if depth > limits.max_ref_depth:
         raise InvalidGrammarError(
-            f"$ref chains and nesting reach {depth} levels, over the limit of {limits.max_ref_depth}", part=part,
-            feature=f"$ref chains deeper than {limits.max_ref_depth}")
+            f"$ref chains and nesting reach {depth} levels, over the limit of {limits.max_ref_depth}",
+            part=part,
+            feature=f"$ref chains deeper than {limits.max_ref_depth}",
+        )
     patterns = list(_schema_patterns(schema))
     if len(patterns) > limits.max_schema_patterns:
         # Each one is parsed here and compiled by every engine: 8,000 patternProperties cost seconds.
-        raise InvalidGrammarError(f"{len(patterns):,} regexes (pattern/patternProperties), over the limit of "
-                                  f"{limits.max_schema_patterns:,}", part=part,
-                                  feature=f"schemas with more than {limits.max_schema_patterns:,} regexes")
+        raise InvalidGrammarError(
+            f"{len(patterns):,} regexes (pattern/patternProperties), over the limit of {limits.max_schema_patterns:,}",
+            part=part,
+            feature=f"schemas with more than {limits.max_schema_patterns:,} regexes",
+        )
     for pattern, where in patterns:
         check_regex(pattern, limits, f"{part}{where}")
 
@@ -289,25 +303,35 @@ def rule_depth(rules: dict[str, list[str]], root: str) -> int:
     return deepest
 
 
-def check_grammar(text: str, lark: bool, limits: AdmissionLimits, part: str,
-                  rules: dict[str, list[str]] | None = None) -> None:
+def check_grammar(
+    text: str, lark: bool, limits: AdmissionLimits, part: str, rules: dict[str, list[str]] | None = None
+) -> None:
     """Bound a grammar's size, rule count and rule-chain depth (`rules`: its rule graph, when the
     caller has it already)."""
     check_size(text, limits.max_constraint_bytes, part, "grammar")
     if rules is None:
         rules = grammar_rules(text)
     if len(rules) > limits.max_grammar_rules:
-        raise InvalidGrammarError(f"{len(rules):,} rules, over the limit of {limits.max_grammar_rules:,}", part=part,
-                                  feature=f"grammars of more than {limits.max_grammar_rules:,} rules")
+        raise InvalidGrammarError(
+            f"{len(rules):,} rules, over the limit of {limits.max_grammar_rules:,}",
+            part=part,
+            feature=f"grammars of more than {limits.max_grammar_rules:,} rules",
+        )
     root = "start" if lark else "root"
     depth = max((rule_depth(rules, name) for name in ([root] if root in rules else list(rules)[:1])), default=0)
     if depth > limits.max_rule_depth:
-        raise InvalidGrammarError(f"rule chains reach {depth:,} levels, over the limit of {limits.max_rule_depth:,}", part=part,
-                                  feature=f"rule chains deeper than {limits.max_rule_depth:,}")
+        raise InvalidGrammarError(
+            f"rule chains reach {depth:,} levels, over the limit of {limits.max_rule_depth:,}",
+            part=part,
+            feature=f"rule chains deeper than {limits.max_rule_depth:,}",
+        )
 
 
 def check_choices(choices: list[str], limits: AdmissionLimits, part: str) -> None:
     if len(choices) > limits.max_choices:
-        raise InvalidGrammarError(f"{len(choices):,} choices, over the limit of {limits.max_choices:,}", part=part,
-                                  feature=f"more than {limits.max_choices:,} choices")
+        raise InvalidGrammarError(
+            f"{len(choices):,} choices, over the limit of {limits.max_choices:,}",
+            part=part,
+            feature=f"more than {limits.max_choices:,} choices",
+        )
     check_size("".join(choices), limits.max_constraint_bytes, part, "choice list")

@@ -1,5 +1,6 @@
 """Moved to `fd_guided.admission` (`admission.spec`: `GrammarSpec`, `JsonFormat`; `admission.parse`:
 `parse_guided_request`); these names stay importable from here for hosts and plugins."""
+
 from __future__ import annotations
 
 from .admission.parse import (
@@ -12,5 +13,16 @@ from .admission.parse import (
 )
 from .admission.spec import FIELD_OF_KIND, JSON_KINDS, KINDS, GrammarSpec, JsonFormat
 
-__all__ = ["COMPACT_SEPARATORS", "FIELD_OF_KIND", "JSON_KINDS", "KINDS", "KIND_FIELDS", "UNKNOWN_FORMAT_POLICIES",
-           "GrammarSpec", "JsonFormat", "check_with_backend", "grammar_is_lark", "parse_guided_request"]
+__all__ = [
+    "COMPACT_SEPARATORS",
+    "FIELD_OF_KIND",
+    "JSON_KINDS",
+    "KINDS",
+    "KIND_FIELDS",
+    "UNKNOWN_FORMAT_POLICIES",
+    "GrammarSpec",
+    "JsonFormat",
+    "check_with_backend",
+    "grammar_is_lark",
+    "parse_guided_request",
+]

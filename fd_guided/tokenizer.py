@@ -160,8 +160,9 @@ def smollm2_gguf_path() -> str | None:
 _GGUF_SPECIAL_TYPES = (2, 3, 4, 5)
 # llama.cpp's pre-tokenizer names -> `tokenizers` pre-tokenizers ("smollm": each digit alone, then GPT-2's split).
 _GGUF_PRE_TOKENIZERS = {
-    "smollm": lambda pre: pre.Sequence([pre.Digits(individual_digits=True),
-                                        pre.ByteLevel(add_prefix_space=False, use_regex=True)]),
+    "smollm": lambda pre: pre.Sequence(
+        [pre.Digits(individual_digits=True), pre.ByteLevel(add_prefix_space=False, use_regex=True)]
+    ),
     "gpt2": lambda pre: pre.ByteLevel(add_prefix_space=False, use_regex=True),
     "default": lambda pre: pre.ByteLevel(add_prefix_space=False, use_regex=True),
 }
@@ -178,20 +179,35 @@ def _gguf_bundle(path: str) -> TokenizerBundle:
     meta = lambda key, default=None: fields[key].contents() if key in fields else default  # noqa: E731
     kind, pre = meta("tokenizer.ggml.model"), meta("tokenizer.ggml.pre", "default")
     if kind != "gpt2" or pre not in _GGUF_PRE_TOKENIZERS:
-        raise ValueError(f"{path}: unsupported GGUF tokenizer (model {kind!r}, pre-tokenizer {pre!r}); "
-                         f"supported: gpt2 with {sorted(_GGUF_PRE_TOKENIZERS)}")
+        raise ValueError(
+            f"{path}: unsupported GGUF tokenizer (model {kind!r}, pre-tokenizer {pre!r}); "
+            f"supported: gpt2 with {sorted(_GGUF_PRE_TOKENIZERS)}"
+        )
     tokens = meta("tokenizer.ggml.tokens")
     merges = [tuple(merge.split(" ", 1)) for merge in meta("tokenizer.ggml.merges")]
     tokenizer = Tokenizer(models.BPE(vocab={token: i for i, token in enumerate(tokens)}, merges=merges))
     tokenizer.pre_tokenizer = _GGUF_PRE_TOKENIZERS[pre](pre_tokenizers)
     tokenizer.decoder = decoders.ByteLevel()
     types = meta("tokenizer.ggml.token_type")
-    tokenizer.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                                  for i, kind in enumerate(types) if kind in _GGUF_SPECIAL_TYPES])
-    special = {key: tokens[index] for key in ("bos", "eos", "unknown", "padding")
-               if (index := meta(f"tokenizer.ggml.{key}_token_id")) is not None}
-    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=special.get("bos"), eos_token=special.get("eos"),
-                                 unk_token=special.get("unknown"), pad_token=special.get("padding"))
+    tokenizer.add_special_tokens(
+        [
+            AddedToken(tokens[i], special=True, normalized=False)
+            for i, kind in enumerate(types)
+            if kind in _GGUF_SPECIAL_TYPES
+        ]
+    )
+    special = {
+        key: tokens[index]
+        for key in ("bos", "eos", "unknown", "padding")
+        if (index := meta(f"tokenizer.ggml.{key}_token_id")) is not None
+    }
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=special.get("bos"),
+        eos_token=special.get("eos"),
+        unk_token=special.get("unknown"),
+        pad_token=special.get("padding"),
+    )
     hf.chat_template = meta("tokenizer.chat_template")
     return bundle_from_hf(str(meta("general.basename", meta("general.name", "gguf"))), hf)
 

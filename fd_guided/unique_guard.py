@@ -1,4 +1,5 @@
 """Moved to `fd_guided.unique.guard`; this name stays for imports that use it (backends.auto)."""
+
 from .unique.guard import (  # noqa: F401
     TokenClasses,
     UniqueItemsGrammar,

@@ -14,13 +14,14 @@ strictness and oneOf/not/if/dependencies/unevaluated* rewritten into keywords it
 ``guided_regex`` gets Python's exact reading through `fd_guided.schema.regex_for_engine`;
 format-style structural tags become Lark in `llguidance_tags`.
 """
+
 from __future__ import annotations
 
 import ctypes
 import functools
 import logging
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from llguidance import LLExecutor, LLMatcher, LLTokenizer
 
@@ -32,7 +33,6 @@ from ..unique_guard import restrict_rows, with_unique_guard
 from .llguidance_grammar import first_line, grammar_text, invalid_grammar, static_check
 
 logger = logging.getLogger(__name__)
-
 
 
 # ----- compiled grammar and matcher ---------------------------------------------------------------
@@ -93,7 +93,9 @@ class LLGuidanceMatcher(Grammar):
 
     def accept_tokens(self, token_ids: Sequence[int]) -> int:
         tokens = [int(t) for t in token_ids]
-        text = next((i for i, t in enumerate(tokens) if t in self.stop_token_ids or not 0 <= t < self.vocab_size), len(tokens))
+        text = next(
+            (i for i, t in enumerate(tokens) if t in self.stop_token_ids or not 0 <= t < self.vocab_size), len(tokens)
+        )
         if self._terminated or self.matcher.is_error():
             return 0
         # One native call validates the text tokens before the first stop token, one consumes them.
@@ -195,14 +197,19 @@ class LLGuidanceBackend(GuidedBackend):
     def worker_recipe(self) -> tuple[str, dict]:
         """`ProcessCompilable` (`fd_guided.backends.composite`): rebuilt by the constructor."""
         return "fd_guided.backends.llguidance:LLGuidanceBackend", {
-            "tokenizer": self.tokenizer.portable(), "vocab_size": self.vocab_size, "config": self.config,
-            "stop_token_ids": self.stop_token_ids}
+            "tokenizer": self.tokenizer.portable(),
+            "vocab_size": self.vocab_size,
+            "config": self.config,
+            "stop_token_ids": self.stop_token_ids,
+        }
 
     def with_config(self, config: GuidedConfig) -> LLGuidanceBackend:
         """This backend with `config` (its LLTokenizer is cached per tokenizer: shared)."""
         if config == self.config:
             return self
-        return LLGuidanceBackend(self.tokenizer, vocab_size=self.vocab_size, config=config, stop_token_ids=self.stop_token_ids)
+        return LLGuidanceBackend(
+            self.tokenizer, vocab_size=self.vocab_size, config=config, stop_token_ids=self.stop_token_ids
+        )
 
     def new_grammar(self, compiled: CompiledGrammar) -> Grammar:
         if not isinstance(compiled, LLGuidanceCompiled):
@@ -250,7 +257,9 @@ def build_lltokenizer(tokenizer: TokenizerBundle, vocab_size: int, stop_token_id
     Built from the bundle rather than `llguidance.hf.from_tokenizer` so both backends and the
     engine agree on which ids are text (the HF loader treats some added tokens as text).
     """
-    return LLTokenizer(_BundleTokenizer(tokenizer, vocab_size, stop_token_ids[0]), n_vocab=vocab_size, eos_token=list(stop_token_ids))
+    return LLTokenizer(
+        _BundleTokenizer(tokenizer, vocab_size, stop_token_ids[0]), n_vocab=vocab_size, eos_token=list(stop_token_ids)
+    )
 
 
 class _BundleTokenizer:
@@ -260,7 +269,9 @@ class _BundleTokenizer:
     bos_token_id = None
 
     def __init__(self, bundle: TokenizerBundle, vocab_size: int, eos_token_id: int):
-        specials = [i for i, text in enumerate(bundle.token_bytes) if text is None] + list(range(bundle.vocab_size, vocab_size))
+        specials = [i for i, text in enumerate(bundle.token_bytes) if text is None] + list(
+            range(bundle.vocab_size, vocab_size)
+        )
         self.special_token_ids = specials
         # Special and padded ids get a placeholder name; llguidance marks them so text never matches them.
         self.tokens = [text if text is not None else b"<[%d]>" % i for i, text in enumerate(bundle.token_bytes)]

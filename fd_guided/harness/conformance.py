@@ -21,15 +21,17 @@ The suite is read from ``$FD_GUIDED_JSON_SCHEMA_SUITE`` or ``../shared/corpora/j
 next to the repository (the directory holding ``tests/draft2020-12``). Draft-7 cases without
 ``$schema`` get draft 7's, as the suite intends (a schema without one is read as 2020-12).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from fd_guided.config import GuidedConfig
 from fd_guided.errors import InvalidGrammarError
@@ -37,7 +39,10 @@ from fd_guided.spec import parse_guided_request
 from fd_guided.tokenizer import TokenizerBundle
 
 SUITE_ENV = "FD_GUIDED_JSON_SCHEMA_SUITE"
-DRAFTS = {"draft2020-12": "https://json-schema.org/draft/2020-12/schema", "draft7": "http://json-schema.org/draft-07/schema#"}
+DRAFTS = {
+    "draft2020-12": "https://json-schema.org/draft/2020-12/schema",
+    "draft7": "http://json-schema.org/draft-07/schema#",
+}
 STOP = 256
 SEARCH_BUDGET = 20_000  # token feeds per instance while searching key orders
 
@@ -45,7 +50,9 @@ SEARCH_BUDGET = 20_000  # token feeds per instance while searching key orders
 def suite_root(repo_root: str | os.PathLike | None = None) -> Path | None:
     """The suite directory, from the environment or next to the repository; None if absent."""
     candidates = [os.environ.get(SUITE_ENV)]
-    base = Path(repo_root) if repo_root is not None else Path(__file__).resolve().parents[2]  # fd_guided/harness/ -> the repo root
+    base = (
+        Path(repo_root) if repo_root is not None else Path(__file__).resolve().parents[2]
+    )  # fd_guided/harness/ -> the repo root
     candidates.append(str(base.parent / "shared" / "corpora" / "json-schema-test-suite"))
     for candidate in candidates:
         if candidate and (Path(candidate) / "tests" / "draft2020-12").is_dir():
@@ -72,16 +79,22 @@ def load_cases(root: Path, draft: str, *, optional: str | None = None) -> list[C
             schema = raw["schema"]
             if isinstance(schema, dict) and "$schema" not in schema:
                 schema = {"$schema": DRAFTS[draft], **schema}
-            cases.append(Case(path.name if not optional else f"{optional}/{path.name}", raw["description"], schema, raw["tests"]))
+            cases.append(
+                Case(path.name if not optional else f"{optional}/{path.name}", raw["description"], schema, raw["tests"])
+            )
     return cases
 
 
 def byte_tokenizer() -> TokenizerBundle:
     """256 one-byte tokens and a stop token (id 256)."""
     tokens = tuple(bytes([i]) for i in range(256)) + (None,)
-    return TokenizerBundle(name="bytes", token_bytes=tokens, eos_token_ids=(STOP,),
-                           encode=lambda text: list(text.encode("utf-8")),
-                           decode_bytes=lambda ids: b"".join(tokens[i] or b"" for i in ids))
+    return TokenizerBundle(
+        name="bytes",
+        token_bytes=tokens,
+        eos_token_ids=(STOP,),
+        encode=lambda text: list(text.encode("utf-8")),
+        decode_bytes=lambda ids: b"".join(tokens[i] or b"" for i in ids),
+    )
 
 
 @dataclass
@@ -99,7 +112,9 @@ class SchemaResult:
     capped: int = 0
 
 
-def run_cases(backend_name: str, cases: list[Case], *, strict: bool = False, config: GuidedConfig | None = None) -> list[SchemaResult]:
+def run_cases(
+    backend_name: str, cases: list[Case], *, strict: bool = False, config: GuidedConfig | None = None
+) -> list[SchemaResult]:
     """Admit, compile once and test every instance of every case on `backend_name`."""
     from fd_guided.registry import get_backend_class
 
@@ -204,7 +219,7 @@ def _members(grammar, remaining: list, first: bool, budget: list[int]) -> Iterat
         head = ("" if first else ",") + _text(key) + ":"
         if not _feed(grammar, head, budget):
             continue
-        rest = remaining[:index] + remaining[index + 1:]
+        rest = remaining[:index] + remaining[index + 1 :]
         for _ in _ways(grammar, item, budget):
             yield from _members(grammar, rest, False, budget)
         grammar.rollback(len(head.encode("utf-8")))
@@ -246,8 +261,9 @@ def summarise(results: list[SchemaResult]) -> dict[str, Any]:
     }
 
 
-def run_suite(backend_name: str, draft: str, *, root: Path | None = None, optional: str | None = None,
-              strict: bool = False) -> dict[str, Any]:
+def run_suite(
+    backend_name: str, draft: str, *, root: Path | None = None, optional: str | None = None, strict: bool = False
+) -> dict[str, Any]:
     """`summarise` of one backend on one draft of the suite (raises FileNotFoundError without it)."""
     root = root or suite_root()
     if root is None:

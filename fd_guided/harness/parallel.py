@@ -17,12 +17,14 @@ for rank processes (`PipeBroadcast`, multiprocessing pipes), and `PaddleBroadcas
 ``paddle.distributed.broadcast`` a real stack uses on its TP group. Any numpy payload goes
 through them, so the same transport also carries the sampled token ids.
 """
+
 from __future__ import annotations
 
 import abc
 import hashlib
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +39,7 @@ ALL_ALLOWED = -1  # a bitmask word with every bit set
 
 
 # ----- per-rank mode ---------------------------------------------------------------------------
+
 
 def per_rank_managers(
     backend: GuidedBackend,
@@ -56,7 +59,9 @@ def per_rank_managers(
         raise ValueError("world_size must be >= 1")
     service = compile_service or CompileService(backend, metrics=metrics)
     return [
-        GuidedDecodingManager(backend, max_num_seqs, metrics=service.metrics, think_end_id=think_end_id, compile_service=service)
+        GuidedDecodingManager(
+            backend, max_num_seqs, metrics=service.metrics, think_end_id=think_end_id, compile_service=service
+        )
         for _ in range(world_size)
     ]
 
@@ -72,6 +77,7 @@ def mask_digest(logits) -> str:
 
 # ----- transports --------------------------------------------------------------------------------
 
+
 class BitmaskTransport(abc.ABC):
     """Moves one numpy array per call from rank 0 to every rank of a group, in call order.
 
@@ -86,7 +92,7 @@ class BitmaskTransport(abc.ABC):
     def broadcast(self, payload: np.ndarray | None) -> np.ndarray:
         """Send (rank 0) or receive (other ranks) one array."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: most transports hold nothing)
         """Release the transport's resources. Idempotent."""
 
 
@@ -164,7 +170,7 @@ class PipeBroadcast(BitmaskTransport):
         self._connections = connections  # rank 0: one sender per other rank; others: one receiver
 
     @classmethod
-    def group(cls, world_size: int, context=None) -> list["PipeBroadcast"]:
+    def group(cls, world_size: int, context=None) -> list[PipeBroadcast]:
         import multiprocessing
 
         context = context or multiprocessing.get_context("spawn")
@@ -198,8 +204,16 @@ class PaddleBroadcast(BitmaskTransport):
     group), nor run on GPUs yet.
     """
 
-    def __init__(self, rank: int, world_size: int, shape: Sequence[int], dtype: str = "int32", group=None, src: int = 0,
-                 place=None):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        shape: Sequence[int],
+        dtype: str = "int32",
+        group=None,
+        src: int = 0,
+        place=None,
+    ):
         self.rank = rank
         self.world_size = world_size
         self.shape = list(shape)
@@ -234,6 +248,7 @@ class PaddleBroadcast(BitmaskTransport):
 
 # ----- rank-0 broadcast mode -----------------------------------------------------------------
 
+
 class Rank0BroadcastGuided:
     """The manager's step hooks for one rank in rank-0-fills-and-broadcasts mode.
 
@@ -244,7 +259,9 @@ class Rank0BroadcastGuided:
     mask travel as all-allowed words, so the other ranks mask exactly what rank 0 masked.
     """
 
-    def __init__(self, transport: BitmaskTransport, manager: GuidedDecodingManager | None = None, *, kernel_impl: str = "auto"):
+    def __init__(
+        self, transport: BitmaskTransport, manager: GuidedDecodingManager | None = None, *, kernel_impl: str = "auto"
+    ):
         if (transport.rank == 0) != (manager is not None):
             raise ValueError("rank 0 needs a manager and the other ranks must not have one")
         self.transport = transport

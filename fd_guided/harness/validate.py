@@ -9,6 +9,7 @@ checked with Python's ``re.fullmatch``, choices by membership, and EBNF/Lark gra
 re-parsing the text character by character (not through tokens). Used by the CLI summary, the
 tests and the coverage and conformance tools.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,11 +20,22 @@ from dataclasses import dataclass
 
 from fd_guided.spec import GrammarSpec
 
-
 logger = logging.getLogger(__name__)
 # Formats jsonschema checks only with the [format] extras installed.
-EXTRA_FORMATS = ("date-time", "time", "duration", "uri", "uri-reference", "iri", "iri-reference", "hostname",
-                 "idn-hostname", "json-pointer", "relative-json-pointer", "uri-template")
+EXTRA_FORMATS = (
+    "date-time",
+    "time",
+    "duration",
+    "uri",
+    "uri-reference",
+    "iri",
+    "iri-reference",
+    "hostname",
+    "idn-hostname",
+    "json-pointer",
+    "relative-json-pointer",
+    "uri-template",
+)
 
 
 def missing_format_checkers() -> list[str]:
@@ -37,8 +49,10 @@ def missing_format_checkers() -> list[str]:
 def _warn_missing_format_checkers() -> None:
     missing = missing_format_checkers()
     if missing:
-        logger.warning("jsonschema cannot check the formats %s: install jsonschema[format] (pip install 'fd-guided[test]')",
-                       ", ".join(missing))
+        logger.warning(
+            "jsonschema cannot check the formats %s: install jsonschema[format] (pip install 'fd-guided[test]')",
+            ", ".join(missing),
+        )
 
 
 @dataclass(frozen=True)

@@ -31,14 +31,16 @@ cannot run on the logits' device. Nothing is written when an argument is rejecte
 Each implementation lives in its own module, imported only when chosen, so a CPU-only process never
 loads Triton or xgrammar's CUDA kernels, and a Paddle-only device never needs torch.
 """
+
 from __future__ import annotations
 
 import functools
 import importlib
 import operator
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from .dlpack import CPU, CUDA, device_kind, dtype_name, element_strides, to_torch_view, to_paddle_view
+from .dlpack import CPU, CUDA, device_kind, dtype_name, element_strides, to_paddle_view, to_torch_view
 
 __all__ = [
     "IMPLS",
@@ -79,7 +81,9 @@ def allocate_pinned_bitmask(rows: int, vocab_size: int):
     import torch
 
     return torch.full(
-        (rows, bitmask_width(vocab_size)), -1, dtype=torch.int32,
+        (rows, bitmask_width(vocab_size)),
+        -1,
+        dtype=torch.int32,
         pin_memory=torch.cuda.is_available(),
     )
 

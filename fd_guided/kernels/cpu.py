@@ -10,6 +10,7 @@ AVX-512 CPUs streams all-masked 512-token blocks past the cache (non-temporal st
 If the extension was not built (no compiler at install time), `FAST_PATH_AVAILABLE` is False and
 the vectorised torch implementation in `torch_native` runs instead: same results, ~5-10x slower.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,7 +51,14 @@ def apply_token_bitmask_inplace_cpu(
     bitmask_ptr, bitmask_row_stride, bitmask_owner = host_pointer(bitmask)
     rows = logits.shape[0] if indices is None else min(logits.shape[0], bitmask.shape[0])
     _cpu_mask.apply(
-        logits_ptr, logits_row_stride, dtype_name(logits), bitmask_ptr, bitmask_row_stride,
-        vocab_size, rows, indices, threads=THREADS,
+        logits_ptr,
+        logits_row_stride,
+        dtype_name(logits),
+        bitmask_ptr,
+        bitmask_row_stride,
+        vocab_size,
+        rows,
+        indices,
+        threads=THREADS,
     )
     del logits_owner, bitmask_owner  # alive until the kernel returned

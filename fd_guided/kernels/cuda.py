@@ -31,6 +31,7 @@ aligned row start, so an unaligned view goes to Triton) or ``torch_compile``.
 variant per dtype and argument specialisation on first use, which would otherwise stall a step.
 None of this has run on a GPU yet (docs/integration.md).
 """
+
 from __future__ import annotations
 
 import logging
@@ -204,7 +205,9 @@ def apply_token_bitmask_inplace_cuda(
         if backend == "cuda":
             _native_kernel(xgrammar, view, device_bitmask, index32, vocab_size)
         else:
-            xgrammar.apply_token_bitmask_inplace(view, device_bitmask, vocab_size=vocab_size, indices=index32, backend=backend)
+            xgrammar.apply_token_bitmask_inplace(
+                view, device_bitmask, vocab_size=vocab_size, indices=index32, backend=backend
+            )
         if staging is not None:
             staging.kernel_done.record(stream)
         if prefetched is not None and not on_device:
@@ -217,7 +220,9 @@ def _native_kernel(xgrammar, view, device_bitmask, index32, vocab_size: int) -> 
     """xgrammar's nvcc kernel on exactly the columns and rows it must touch; Triton where its
     vector stores would be misaligned."""
     if view.data_ptr() % _VECTOR_BYTES:
-        xgrammar.apply_token_bitmask_inplace(view, device_bitmask, vocab_size=vocab_size, indices=index32, backend="triton")
+        xgrammar.apply_token_bitmask_inplace(
+            view, device_bitmask, vocab_size=vocab_size, indices=index32, backend="triton"
+        )
         return
     words = (vocab_size + 31) // 32
     rows = device_bitmask if index32 is not None else device_bitmask[: view.shape[0]]
@@ -228,15 +233,23 @@ def _on_paddles_stream(logits, bitmask, indices, vocab_size: int) -> None:
     global _warned_paddle_fallback
     if not _warned_paddle_fallback:
         _warned_paddle_fallback = True
-        logger.warning("fd_guided: paddle's CUDA stream cannot be reached from torch; masking with paddle ops "
-                       "on paddle's stream (slower, ordered)")
+        logger.warning(
+            "fd_guided: paddle's CUDA stream cannot be reached from torch; masking with paddle ops "
+            "on paddle's stream (slower, ordered)"
+        )
     from .paddle import apply_token_bitmask_inplace_paddle
 
     apply_token_bitmask_inplace_paddle(logits, bitmask, indices, vocab_size)
 
 
-def warm_up(vocab_size: int, *, device: int | None = None, dtypes=("float32", "float16", "bfloat16"),
-            row_counts=(1, 3), backend: str | None = None) -> None:
+def warm_up(
+    vocab_size: int,
+    *,
+    device: int | None = None,
+    dtypes=("float32", "float16", "bfloat16"),
+    row_counts=(1, 3),
+    backend: str | None = None,
+) -> None:
     """Launch every kernel variant a serving step can hit (each dtype, one row and several, all
     rows and an `indices` subset) once on small logits of the served width, then wait for them:
     Triton's first-use compiles (and the ``cuda`` backend's nvcc build) happen here, at start-up,

@@ -23,11 +23,13 @@ before the read, and afterwards the operand's producer stream waits for the kern
 a torch operand is `record_stream`-ed, so neither its next write nor the reuse of its memory can
 overtake the read. All waits are GPU-side: the host never blocks.
 """
+
 from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 CPU, CUDA, OTHER = "cpu", "cuda", "other"
 
@@ -56,7 +58,7 @@ def is_numpy_array(x: Any) -> bool:
 
 
 def device_kind(x: Any) -> str:
-    """"cpu", "cuda" or "other" (XPU, NPU, custom places...) for a tensor of any supported kind."""
+    """ "cpu", "cuda" or "other" (XPU, NPU, custom places...) for a tensor of any supported kind."""
     if is_torch_tensor(x):
         kind = x.device.type
         return kind if kind in (CPU, CUDA) else OTHER
@@ -69,9 +71,7 @@ def device_kind(x: Any) -> str:
         return CPU
     dlpack_device = getattr(x, "__dlpack_device__", None)
     if dlpack_device is None:
-        raise TypeError(
-            f"expected a paddle.Tensor, a torch.Tensor or a DLPack producer, got {type(x).__name__}"
-        )
+        raise TypeError(f"expected a paddle.Tensor, a torch.Tensor or a DLPack producer, got {type(x).__name__}")
     return _DLPACK_DEVICE_KINDS.get(int(dlpack_device()[0]), OTHER)
 
 

@@ -6,6 +6,7 @@ and the logits are masked with `masked_fill_` on a slice view, so the logits nev
 device and the caller's tensor object is the one that changes. With `indices`, the rows in between
 get an all-allowed mask so one masked_fill_ covers them without changing their values.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -16,6 +16,7 @@ stream, behind the forward: only the CPU fill overlaps the forward, the copy doe
 An `Upload` serves one apply. A `BitmaskUploader` belongs to one manager (one bitmask, one
 device); its uploads may come from any one thread at a time. Not run on a GPU yet.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,7 +28,7 @@ class Upload:
     """One `BitmaskUploader.upload`: rows [0, rows) of the host bitmask, copied to device buffer
     `buffer` behind `copied` (an event on the uploader's side stream)."""
 
-    def __init__(self, uploader: "BitmaskUploader", buffer: int, rows: int):
+    def __init__(self, uploader: BitmaskUploader, buffer: int, rows: int):
         self.uploader, self.buffer, self.rows = uploader, buffer, rows
         self.used = False
 
@@ -95,7 +96,9 @@ class BitmaskUploader:
             raise ValueError(f"{rows} rows exceed the uploader's capacity of {self.capacity}")
         host = to_torch_view(bitmask)
         if host.device.type != "cpu" or tuple(host.shape[1:]) != (self.width,):
-            raise ValueError(f"expected a host bitmask of {self.width} words per row, got {tuple(host.shape)} on {host.device}")
+            raise ValueError(
+                f"expected a host bitmask of {self.width} words per row, got {tuple(host.shape)} on {host.device}"
+            )
         buffer, self._next = self._next, (self._next + 1) % _BUFFERS
         self.copied[buffer].synchronize()  # the pinned slot is free once its last copy ran
         self.host[buffer][:rows].copy_(host[:rows])

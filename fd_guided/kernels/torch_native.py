@@ -1,6 +1,7 @@
 """Plain torch implementation: the correctness oracle, and the CPU fallback when the C extension is
 not built. Vectorised (unpack the rows' bits, one masked_fill), any torch device, not tuned.
 """
+
 from __future__ import annotations
 
 from typing import Any

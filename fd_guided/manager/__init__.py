@@ -50,6 +50,7 @@ complete grammar); a host bans them only in rows where `allows_only_stop(row)` i
 constraint wins and such a request ends shorter than ``min_tokens``. Every slot owns its matcher;
 compiled grammars are shared read-only. Hooks called out of order raise `SlotStateError`.
 """
+
 from ..errors import InvalidGrammarError
 from .core import GuidedDecodingManager
 from .drafting import DraftingSession
@@ -57,5 +58,12 @@ from .jump_forward import JumpForward
 from .plan import DraftTree
 from .slot import GuidedFinish, StepTimings
 
-__all__ = ["GuidedDecodingManager", "GuidedFinish", "StepTimings", "DraftTree", "DraftingSession", "JumpForward",
-           "InvalidGrammarError"]
+__all__ = [
+    "GuidedDecodingManager",
+    "GuidedFinish",
+    "StepTimings",
+    "DraftTree",
+    "DraftingSession",
+    "JumpForward",
+    "InvalidGrammarError",
+]

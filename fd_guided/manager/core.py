@@ -5,6 +5,7 @@ each request's compile ticket, matcher, reasoning and finish) and the step (`fd_
 the bitmask, the rows of the current step, the background fill). It adds admission, the request
 lifecycle and the drafting/jump-forward helpers; every step hook is the step's own.
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,9 +53,19 @@ class GuidedDecodingManager:
 
     step_class: type[BatchStep] = BatchStep  # a subclass may step differently (the bench baseline)
 
-    def __init__(self, backend: GuidedBackend, max_num_seqs: int, *, metrics: GuidedMetrics | None = None,
-                 think_end_id: int | None = None, think_end: MarkerLike = None, compile_service: CompileService | None = None,
-                 kernel_impl: str = "auto", max_draft_tokens: int = 0, overlap_fill: bool = True):
+    def __init__(
+        self,
+        backend: GuidedBackend,
+        max_num_seqs: int,
+        *,
+        metrics: GuidedMetrics | None = None,
+        think_end_id: int | None = None,
+        think_end: MarkerLike = None,
+        compile_service: CompileService | None = None,
+        kernel_impl: str = "auto",
+        max_draft_tokens: int = 0,
+        overlap_fill: bool = True,
+    ):
         if max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if max_draft_tokens < 0:
@@ -68,9 +79,17 @@ class GuidedDecodingManager:
         self._owns_compiler = compile_service is None
         self.compiler = compile_service or CompileService(backend, metrics=self.metrics)
         self.slots = SlotTable(backend, self.metrics, max_num_seqs)
-        self.step = self.step_class(self.slots, backend, self.config, self.metrics,
-                                    max_rows=max_num_seqs * (max_draft_tokens + 1), max_num_seqs=max_num_seqs,
-                                    max_draft_tokens=max_draft_tokens, kernel_impl=kernel_impl, overlap_fill=overlap_fill)
+        self.step = self.step_class(
+            self.slots,
+            backend,
+            self.config,
+            self.metrics,
+            max_rows=max_num_seqs * (max_draft_tokens + 1),
+            max_num_seqs=max_num_seqs,
+            max_draft_tokens=max_draft_tokens,
+            kernel_impl=kernel_impl,
+            overlap_fill=overlap_fill,
+        )
 
     # ----- the step's settings and state, as the manager's --------------------------------------
 
@@ -129,10 +148,21 @@ class GuidedDecodingManager:
         if spec is not None:
             self.compiler.submit(spec)
 
-    def add_request(self, slot: int, spec: GrammarSpec | None, *, request_id: Any = None, prompt_token_ids: Sequence[int] = (),
-                    output_token_ids: Sequence[int] = (), enable_thinking: bool | None = None, prefill_done: bool = False,
-                    reasoning_budget: int | None = None, jump_forward: bool | None = None, max_tokens: int | None = None,
-                    fit_budget: bool = True) -> None:
+    def add_request(
+        self,
+        slot: int,
+        spec: GrammarSpec | None,
+        *,
+        request_id: Any = None,
+        prompt_token_ids: Sequence[int] = (),
+        output_token_ids: Sequence[int] = (),
+        enable_thinking: bool | None = None,
+        prefill_done: bool = False,
+        reasoning_budget: int | None = None,
+        jump_forward: bool | None = None,
+        max_tokens: int | None = None,
+        fit_budget: bool = True,
+    ) -> None:
         """Start guiding `slot` with `spec` (None: an unguided request, nothing to do).
 
         `output_token_ids` are tokens already generated for this request elsewhere (a prefill
@@ -157,13 +187,20 @@ class GuidedDecodingManager:
             return
         self.metrics.inc("requests_total")
         thinking = starts_in_reasoning(self.reasoning_marker, prompt_token_ids, enable_thinking)
-        self.slots.put(slot, SlotState(
-            request_id=request_id, spec=spec, ticket=self.compiler.submit(spec), pending_tokens=list(output_token_ids),
-            reasoning=ReasoningState(self.reasoning_marker, budget=reasoning_budget)
-            if thinking and self.reasoning_marker is not None else None,
-            prefill_done=prefill_done or bool(output_token_ids),
-            jump_forward=self.config.jump_forward if jump_forward is None else bool(jump_forward),
-        ))
+        self.slots.put(
+            slot,
+            SlotState(
+                request_id=request_id,
+                spec=spec,
+                ticket=self.compiler.submit(spec),
+                pending_tokens=list(output_token_ids),
+                reasoning=ReasoningState(self.reasoning_marker, budget=reasoning_budget)
+                if thinking and self.reasoning_marker is not None
+                else None,
+                prefill_done=prefill_done or bool(output_token_ids),
+                jump_forward=self.config.jump_forward if jump_forward is None else bool(jump_forward),
+            ),
+        )
         self.step.budget.track(slot, max_tokens, fit_budget)
 
     def add_failed_request(self, slot: int, message: str, *, request_id: Any = None) -> None:
@@ -174,8 +211,14 @@ class GuidedDecodingManager:
         self.slots.check_free(slot)
         failed: Future = Future()
         failed.set_exception(InvalidGrammarError(message))
-        state = SlotState(request_id=request_id, spec=GrammarSpec("regex", "(failed)"), ticket=failed, pending_tokens=[],
-                          reasoning=None, prefill_done=True)
+        state = SlotState(
+            request_id=request_id,
+            spec=GrammarSpec("regex", "(failed)"),
+            ticket=failed,
+            pending_tokens=[],
+            reasoning=None,
+            prefill_done=True,
+        )
         self.slots.fail(slot, state, message)
         self.slots.put(slot, state)
 
@@ -245,8 +288,9 @@ class GuidedDecodingManager:
         """Before the forward: map logits rows to slots and start filling ready rows in the background."""
         self.step.begin_step(rows)
 
-    def begin_speculative_step(self, slots: Sequence[int | None],
-                               drafts: Sequence[DraftTree | Sequence[int] | None]) -> None:
+    def begin_speculative_step(
+        self, slots: Sequence[int | None], drafts: Sequence[DraftTree | Sequence[int] | None]
+    ) -> None:
         """Before a verification forward (see `BatchStep.begin_speculative_step`)."""
         self.step.begin_speculative_step(slots, drafts)
 
@@ -266,14 +310,24 @@ class GuidedDecodingManager:
         """After `apply`: whether logits row `row` is a guided request's reasoning row."""
         return self.step.is_reasoning_row(row)
 
-    def accept(self, token_ids: Sequence[int], *, masked_out: Literal["reject", "host"] = "reject",
-               host_forced: Mapping[int, str] | None = None) -> list[GuidedFinish]:
+    def accept(
+        self,
+        token_ids: Sequence[int],
+        *,
+        masked_out: Literal["reject", "host"] = "reject",
+        host_forced: Mapping[int, str] | None = None,
+    ) -> list[GuidedFinish]:
         """Advance each decoding slot by its row's sampled token; return slots finished this step
         (see `BatchStep.accept` for `masked_out` and `host_forced`)."""
         return self.step.accept(token_ids, masked_out=masked_out, host_forced=host_forced)
 
-    def accept_speculative(self, accepted: Sequence[Sequence[int]], *, masked_out: Literal["reject", "host"] = "reject",
-                           host_forced: Mapping[int, str] | None = None) -> list[GuidedFinish]:
+    def accept_speculative(
+        self,
+        accepted: Sequence[Sequence[int]],
+        *,
+        masked_out: Literal["reject", "host"] = "reject",
+        host_forced: Mapping[int, str] | None = None,
+    ) -> list[GuidedFinish]:
         """After verification: push each request's accepted drafts and sampled token."""
         return self.step.accept_speculative(accepted, masked_out=masked_out, host_forced=host_forced)
 

@@ -19,10 +19,11 @@ Rows of slots that are unguided, not ready or finished are left unmasked (their 
 matter: the verification step masks them); reasoning rows are unmasked until the think-end
 marker, or forced to it once the budget is spent, as in the verification step.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import SlotStateError
 from ..kernels import apply_token_bitmask_inplace
@@ -57,7 +58,7 @@ class DraftingSession:
         self._words = host_words(self._bitmask)
         step.drafting = self
 
-    def __enter__(self) -> "DraftingSession":
+    def __enter__(self) -> DraftingSession:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -100,8 +101,12 @@ class DraftingSession:
             masked.append(row)
         if masked:
             masked.sort()
-            apply_token_bitmask_inplace(logits, self._bitmask, indices=None if len(masked) == len(self.slots) else masked,
-                                        impl=manager.kernel_impl)
+            apply_token_bitmask_inplace(
+                logits,
+                self._bitmask,
+                indices=None if len(masked) == len(self.slots) else masked,
+                impl=manager.kernel_impl,
+            )
         manager.timings.fill += time.perf_counter() - started
 
     def advance(self, tokens: Sequence[int]) -> None:

@@ -20,6 +20,7 @@ The retokenization boundary, where it goes wrong if done naively:
 Nothing is emitted unless it adds at least one token beyond the retracted one, the tokens decode to
 exactly the expected bytes, and the grammar accepts them all (else the matcher is put back).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,8 +43,15 @@ def jump_forward(manager, slot: int, max_new_tokens: int | None) -> JumpForward 
     if manager.step.phase == "begun" or manager.step.drafting is not None:
         raise SlotStateError("jump_forward is called between steps (after accept), not inside one")
     state = manager.slots.get(slot)
-    if (state is None or not state.jump_forward or not state.prefill_done or state.finish is not None
-            or state.grammar is None or state.in_reasoning or state.grammar.is_terminated()):
+    if (
+        state is None
+        or not state.jump_forward
+        or not state.prefill_done
+        or state.finish is not None
+        or state.grammar is None
+        or state.in_reasoning
+        or state.grammar.is_terminated()
+    ):
         return None
     if max_new_tokens is not None and max_new_tokens <= 0:
         return None

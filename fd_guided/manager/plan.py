@@ -19,10 +19,11 @@ for the rest, and fills the rows of every request's next node in one `fill_bitma
 chains that is one parallel fill per draft depth). Stop tokens are never pushed: a stop draft is
 valid when its parent's row allows it. Every matcher ends where it started.
 """
+
 from __future__ import annotations
 
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Generator, Sequence
 
 import numpy as np
 
@@ -43,17 +44,19 @@ class DraftTree:
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
-            raise ValueError(f"a draft tree needs one parent per token: {len(self.tokens)} tokens, {len(self.parents)} parents")
+            raise ValueError(
+                f"a draft tree needs one parent per token: {len(self.tokens)} tokens, {len(self.parents)} parents"
+            )
         for node, parent in enumerate(self.parents, start=1):
             if not 0 <= parent < node:
                 raise ValueError(f"draft node {node} has parent {parent}: parents must come before their children")
 
     @classmethod
-    def chain(cls, tokens: Sequence[int]) -> "DraftTree":
+    def chain(cls, tokens: Sequence[int]) -> DraftTree:
         return cls(tuple(int(t) for t in tokens), tuple(range(len(tokens))))
 
     @classmethod
-    def of(cls, drafts: "DraftTree | Sequence[int] | None") -> "DraftTree":
+    def of(cls, drafts: DraftTree | Sequence[int] | None) -> DraftTree:
         if drafts is None:
             return EMPTY
         return drafts if isinstance(drafts, DraftTree) else cls.chain(drafts)
@@ -138,7 +141,8 @@ def fill_trees(backend: GuidedBackend, bitmask, words: np.ndarray, jobs: Sequenc
     stop_ids = frozenset(backend.stop_token_ids)
     walkers = [_walk(job, words, stop_ids) for job in jobs]
     started: list[tuple[Generator[int, bool, None], TreeFill, int | None]] = [
-        (walker, job, next(walker, None)) for walker, job in zip(walkers, jobs)]
+        (walker, job, next(walker, None)) for walker, job in zip(walkers, jobs)
+    ]
     try:
         while True:
             pending = [(walker, job, row) for walker, job, row in started if row is not None]

@@ -1,9 +1,11 @@
 """Per-slot state of the manager, what it reports, and the bitmask row helpers every step uses."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 

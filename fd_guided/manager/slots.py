@@ -7,6 +7,7 @@ one: `materialise` (the ticket is done: create the matcher, replay tokens made e
 (`fd_guided.manager.step`), the drafting session and jump-forward read and change requests only
 through these methods; the manager (`fd_guided.manager.core`) is the host-facing facade.
 """
+
 from __future__ import annotations
 
 import logging
@@ -100,8 +101,13 @@ class SlotTable:
             return
         state.grammar = self.backend.new_grammar(compiled)
         self.metrics.inc_labelled("requests_by_backend_total", "backend", compiled.backend_name)
-        logger.debug("guided request %s (slot %d): %s on backend %s", state.request_id, slot, state.spec.describe(),
-                     compiled.backend_name)
+        logger.debug(
+            "guided request %s (slot %d): %s on backend %s",
+            state.request_id,
+            slot,
+            state.spec.describe(),
+            compiled.backend_name,
+        )
         pending, state.pending_tokens = state.pending_tokens, []
         self.advance(slot, state, pending)
 
@@ -126,8 +132,12 @@ class SlotTable:
             elif accepted < len(rest):
                 self.metrics.inc("rejected_tokens_total")
                 state.rejected_token = rest[accepted]
-                self.fail(slot, state, f"token {rest[accepted]} was rejected by the {state.spec.kind} grammar after "
-                          f"{state.accepted} accepted tokens")
+                self.fail(
+                    slot,
+                    state,
+                    f"token {rest[accepted]} was rejected by the {state.spec.kind} grammar after "
+                    f"{state.accepted} accepted tokens",
+                )
             return
 
     def fail(self, slot: int, state: SlotState, message: str) -> None:

@@ -7,19 +7,19 @@ emitted tokens into each slot's matcher. `BatchStep` owns the step's state (the 
 rows of the step and what each became, the background fill) and reaches requests only through the
 `SlotTable`'s methods; the manager delegates its step hooks to it.
 """
+
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Literal, Mapping, Sequence
+from typing import Any, Literal
 
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
-
-from ..config import GuidedConfig
 from ..budget import BudgetSteering
+from ..config import GuidedConfig
 from ..errors import SlotStateError
 from ..interface import GuidedBackend
 from ..kernels import apply_token_bitmask_inplace
@@ -50,9 +50,19 @@ class BatchStep:
     `apply`, ``applied`` until `accept`; `drafting` is the open `DraftingSession`, if any.
     """
 
-    def __init__(self, slots: SlotTable, backend: GuidedBackend, config: GuidedConfig, metrics: GuidedMetrics, *,
-                 max_rows: int, max_num_seqs: int, max_draft_tokens: int, kernel_impl: str = "auto",
-                 overlap_fill: bool = True):
+    def __init__(
+        self,
+        slots: SlotTable,
+        backend: GuidedBackend,
+        config: GuidedConfig,
+        metrics: GuidedMetrics,
+        *,
+        max_rows: int,
+        max_num_seqs: int,
+        max_draft_tokens: int,
+        kernel_impl: str = "auto",
+        overlap_fill: bool = True,
+    ):
         self.slots = slots
         self.backend = backend
         self.config = config
@@ -110,7 +120,9 @@ class BatchStep:
             raise ValueError(f"{len(rows)} logits rows exceed max_num_seqs={self.max_num_seqs}")
         self._begin([StepEntry(slot, row, EMPTY) for row, slot in enumerate(rows)], speculative=False)
 
-    def begin_speculative_step(self, slots: Sequence[int | None], drafts: Sequence[DraftTree | Sequence[int] | None]) -> None:
+    def begin_speculative_step(
+        self, slots: Sequence[int | None], drafts: Sequence[DraftTree | Sequence[int] | None]
+    ) -> None:
         """Before a verification forward: request i has ``len(drafts[i]) + 1`` consecutive logits
         rows (a chain) or one row per node of its `DraftTree`, requests in order. Row j of a chain
         is masked with the grammar after drafts 0..j-1 (see `fd_guided.manager.plan`); all of a
@@ -124,7 +136,9 @@ class BatchStep:
         for slot, draft in zip(slots, drafts):
             tree = DraftTree.of(draft)
             if tree.num_nodes - 1 > self.max_draft_tokens:
-                raise ValueError(f"slot {slot}: {tree.num_nodes - 1} drafts exceed max_draft_tokens={self.max_draft_tokens}")
+                raise ValueError(
+                    f"slot {slot}: {tree.num_nodes - 1} drafts exceed max_draft_tokens={self.max_draft_tokens}"
+                )
             entries.append(StepEntry(slot, row, tree))
             row += tree.num_nodes
         self._begin(entries, speculative=True)
@@ -188,7 +202,9 @@ class BatchStep:
         """Mask `logits` in place (rows as announced by the begin hook). Never waits for a
         compile (see `GuidedConfig.first_token_wait_s`); joins the background fill."""
         if len(self._rows) != int(logits.shape[0]):
-            raise SlotStateError(f"the begin hook announced {len(self._rows)} rows but the logits have {int(logits.shape[0])}")
+            raise SlotStateError(
+                f"the begin hook announced {len(self._rows)} rows but the logits have {int(logits.shape[0])}"
+            )
         late_jobs = self._resolve_deferred()
         started = time.perf_counter()
         self._join_fill()
@@ -200,7 +216,9 @@ class BatchStep:
         for entry in self._entries:
             self._settle(entry, masked)
         # Rows near max_tokens keep a complete output within it (fd_guided.budget).
-        self.budget.steer(self._entries, self.slots.get, self.slots.fail, self.bitmask_words, masked, self._stop_rows, self.stop_ids)
+        self.budget.steer(
+            self._entries, self.slots.get, self.slots.fail, self.bitmask_words, masked, self._stop_rows, self.stop_ids
+        )
         words = self.bitmask_words
         for row in self._stop_rows:
             words[row] = self.stop_row
@@ -212,7 +230,9 @@ class BatchStep:
             # Every row guided: no row list (on CUDA that saves staging it and a scatter).
             indices = None if len(rows) == len(self._rows) else rows
             if self._upload is not None:  # rows written since the upload are copied again (prefetch.py)
-                apply_token_bitmask_inplace(logits, self.bitmask, indices=indices, impl=self.kernel_impl, prefetched=self._upload)
+                apply_token_bitmask_inplace(
+                    logits, self.bitmask, indices=indices, impl=self.kernel_impl, prefetched=self._upload
+                )
             else:
                 apply_token_bitmask_inplace(logits, self.bitmask, indices=indices, impl=self.kernel_impl)
             if self._prefetch and self._uploader is None and self.kernel_impl in ("auto", "cuda"):
@@ -234,8 +254,12 @@ class BatchStep:
             assert slot is not None  # only a guided slot's rows are filled
             state = self.slots[slot]
             self.metrics.inc("dead_end_rows_total")
-            self.slots.fail(slot, state, f"the {state.spec.kind} grammar allows no token here (after {state.accepted} accepted "
-                       "tokens): no valid continuation exists")
+            self.slots.fail(
+                slot,
+                state,
+                f"the {state.spec.kind} grammar allows no token here (after {state.accepted} accepted "
+                "tokens): no valid continuation exists",
+            )
             entry.stopped, entry.plans = True, None
             self._stop_rows.extend(range(entry.first_row, entry.first_row + entry.tree.num_nodes))
             return
@@ -286,8 +310,13 @@ class BatchStep:
             raise SlotStateError("is_reasoning_row() is known only after apply()")
         return row in self._reasoning_rows
 
-    def accept(self, token_ids: Sequence[int], *, masked_out: Literal["reject", "host"] = "reject",
-               host_forced: Mapping[int, str] | None = None) -> list[GuidedFinish]:
+    def accept(
+        self,
+        token_ids: Sequence[int],
+        *,
+        masked_out: Literal["reject", "host"] = "reject",
+        host_forced: Mapping[int, str] | None = None,
+    ) -> list[GuidedFinish]:
         """Advance each decoding slot by its row's sampled token; return slots finished this step.
 
         A token the grammar rejects finishes that slot with reason ``error`` (the rejection
@@ -313,8 +342,13 @@ class BatchStep:
             raise SlotStateError(f"got {len(token_ids)} sampled tokens for {len(self._rows)} rows")
         return self._accept([[int(t)] for t in token_ids], masked_out, host_forced)
 
-    def accept_speculative(self, accepted: Sequence[Sequence[int]], *, masked_out: Literal["reject", "host"] = "reject",
-                           host_forced: Mapping[int, str] | None = None) -> list[GuidedFinish]:
+    def accept_speculative(
+        self,
+        accepted: Sequence[Sequence[int]],
+        *,
+        masked_out: Literal["reject", "host"] = "reject",
+        host_forced: Mapping[int, str] | None = None,
+    ) -> list[GuidedFinish]:
         """After verification: per request of the step, the tokens it emits: its accepted drafts
         (a path from the root of its tree) and then the one token sampled at the last of them;
         [] for a request that emits nothing (a prefill chunk). All are pushed into its matcher at
@@ -332,20 +366,35 @@ class BatchStep:
             raise SlotStateError(f"got accepted tokens for {len(accepted)} requests, the step has {len(self._entries)}")
         return self._accept([[int(t) for t in tokens] for tokens in accepted], masked_out, host_forced)
 
-    def _accept(self, accepted: list[list[int]], masked_out: str, host_forced: Mapping[int, str] | None = None) -> list[GuidedFinish]:
+    def _accept(
+        self, accepted: list[list[int]], masked_out: str, host_forced: Mapping[int, str] | None = None
+    ) -> list[GuidedFinish]:
         started = time.perf_counter()
         paths = [self._path(entry, tokens) for entry, tokens in zip(self._entries, accepted)]
         words = self.bitmask_words
         for entry, tokens, path in zip(self._entries, accepted, paths):
             slot = entry.slot
             state = self.slots.get(slot)
-            if not tokens or state is None or not state.prefill_done or state.finish is not None or state.grammar is None:
+            if (
+                not tokens
+                or state is None
+                or not state.prefill_done
+                or state.finish is not None
+                or state.grammar is None
+            ):
                 continue
             assert slot is not None  # a state was found for it
             forced_at = None
             if masked_out == "host":
                 rows = [entry.first_row + node for node in path]
-                forced_at = next((j for j, row in enumerate(rows) if row in self._applied_rows and not allows(words[row], tokens[j])), None)
+                forced_at = next(
+                    (
+                        j
+                        for j, row in enumerate(rows)
+                        if row in self._applied_rows and not allows(words[row], tokens[j])
+                    ),
+                    None,
+                )
             self.slots.advance(slot, state, tokens if forced_at is None else tokens[:forced_at])
             if forced_at is not None and state.finish is None:
                 self._host_forced(slot, state, tokens[forced_at], host_forced or {})
@@ -365,8 +414,10 @@ class BatchStep:
             if j + 1 < len(tokens):
                 child = entry.tree.child(node, token)
                 if child is None:
-                    raise ValueError(f"slot {entry.slot}: accepted token {j} ({token}) is not a draft of the path "
-                                     "(only the last accepted token may be sampled off the drafts)")
+                    raise ValueError(
+                        f"slot {entry.slot}: accepted token {j} ({token}) is not a draft of the path "
+                        "(only the last accepted token may be sampled off the drafts)"
+                    )
                 node = child
         return path
 
@@ -375,7 +426,9 @@ class BatchStep:
         kind = "stop" if token in self.stop_ids else named.get(token)
         if kind is None:  # not a token the host is known to force: never taken silently
             self.metrics.inc("out_of_mask_tokens_total")
-            self.slots.fail(slot, state, f"guided decoding: token {token} outside the grammar at position {state.accepted}")
+            self.slots.fail(
+                slot, state, f"guided decoding: token {token} outside the grammar at position {state.accepted}"
+            )
             return
         self.metrics.inc_labelled("host_forced_tokens_total", "kind", kind)
         if kind == "stop":
@@ -387,7 +440,9 @@ class BatchStep:
         pending after `first_token_wait_s` -> the request fails alone (its rows allow only stop tokens)."""
         if self._deferred and self.config.first_token_wait_s > 0:
             started = time.perf_counter()
-            wait_futures([self.slots[self._slot_of(e)].ticket for e in self._deferred], timeout=self.config.first_token_wait_s)
+            wait_futures(
+                [self.slots[self._slot_of(e)].ticket for e in self._deferred], timeout=self.config.first_token_wait_s
+            )
             self.timings.compile_wait += time.perf_counter() - started
         jobs = []
         for entry in self._deferred:
@@ -395,8 +450,12 @@ class BatchStep:
             state = self.slots[slot]
             if not state.ticket.done():
                 self.metrics.inc("unready_samples_total")
-                self.slots.fail(slot, state, "its grammar was still compiling when its first token was sampled "
-                           "(the host must wait until is_ready(slot))")
+                self.slots.fail(
+                    slot,
+                    state,
+                    "its grammar was still compiling when its first token was sampled "
+                    "(the host must wait until is_ready(slot))",
+                )
             else:
                 self.slots.materialise(slot, state)
             job = self._prepare(entry, state)
@@ -424,7 +483,6 @@ class BatchStep:
         future, self._fill_future = self._fill_future, None
         if future is not None:
             future.result()
-
 
     def close(self) -> None:
         self._join_fill()

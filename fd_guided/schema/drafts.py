@@ -27,6 +27,7 @@ References resolve with `referencing` (the library `jsonschema` uses) over this 
 (no network). ``$dynamicRef``/``$recursiveRef`` resolve statically only where the document leaves
 one possible target.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -40,33 +41,90 @@ from .refusal import Refusal
 from .walk import subschemas
 
 DRAFT_OF_VALIDATOR = {
-    "Draft4Validator": 4, "Draft6Validator": 6, "Draft7Validator": 7,
-    "Draft201909Validator": 2019, "Draft202012Validator": 2020,
+    "Draft4Validator": 4,
+    "Draft6Validator": 6,
+    "Draft7Validator": 7,
+    "Draft201909Validator": 2019,
+    "Draft202012Validator": 2020,
 }
 _COMMON = {
-    "type", "enum", "allOf", "anyOf", "oneOf", "not", "$ref", "format",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-    "minLength", "maxLength", "pattern",
-    "items", "minItems", "maxItems", "uniqueItems",
-    "properties", "patternProperties", "additionalProperties", "required", "minProperties", "maxProperties",
+    "type",
+    "enum",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "not",
+    "$ref",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "items",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "properties",
+    "patternProperties",
+    "additionalProperties",
+    "required",
+    "minProperties",
+    "maxProperties",
 }
 KNOWN_KEYWORDS = {
     4: _COMMON | {"additionalItems", "dependencies"},
     6: _COMMON | {"additionalItems", "dependencies", "const", "contains", "propertyNames"},
     7: _COMMON | {"additionalItems", "dependencies", "const", "contains", "propertyNames", "if", "then", "else"},
-    2019: _COMMON | {"additionalItems", "const", "contains", "minContains", "maxContains", "propertyNames", "if", "then",
-                     "else", "dependentRequired", "dependentSchemas", "unevaluatedItems", "unevaluatedProperties",
-                     "$recursiveRef"},
-    2020: _COMMON | {"prefixItems", "const", "contains", "minContains", "maxContains", "propertyNames", "if", "then",
-                     "else", "dependentRequired", "dependentSchemas", "unevaluatedItems", "unevaluatedProperties",
-                     "$dynamicRef"},
+    2019: _COMMON
+    | {
+        "additionalItems",
+        "const",
+        "contains",
+        "minContains",
+        "maxContains",
+        "propertyNames",
+        "if",
+        "then",
+        "else",
+        "dependentRequired",
+        "dependentSchemas",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "$recursiveRef",
+    },
+    2020: _COMMON
+    | {
+        "prefixItems",
+        "const",
+        "contains",
+        "minContains",
+        "maxContains",
+        "propertyNames",
+        "if",
+        "then",
+        "else",
+        "dependentRequired",
+        "dependentSchemas",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "$dynamicRef",
+    },
 }
 # The `draft` of a document without $schema: each keyword read by the draft that defines it. Past every
 # draft's number, so a reader asking `draft >= 2019` (annotations, unevaluated*) reads it as the newest.
 INFERRED = 9999
 KNOWN_KEYWORDS[INFERRED] = set().union(*KNOWN_KEYWORDS.values())
-VALIDATORS = (jsonschema.Draft4Validator, jsonschema.Draft6Validator, jsonschema.Draft7Validator,
-              jsonschema.Draft201909Validator, jsonschema.Draft202012Validator)
+VALIDATORS = (
+    jsonschema.Draft4Validator,
+    jsonschema.Draft6Validator,
+    jsonschema.Draft7Validator,
+    jsonschema.Draft201909Validator,
+    jsonschema.Draft202012Validator,
+)
 _NO_CONFLICT = "set $schema to say which draft is meant"
 
 
@@ -131,7 +189,9 @@ class Document:
         try:
             resolved = resolver.lookup(ref)
         except referencing.exceptions.Unresolvable:
-            raise Refusal(f"$ref {ref[:80]!r} outside this document (remote references are not fetched)", location) from None
+            raise Refusal(
+                f"$ref {ref[:80]!r} outside this document (remote references are not fetched)", location
+            ) from None
         except Exception as error:  # noqa: BLE001 - a malformed pointer or URI in user input
             raise Refusal(f"$ref {ref[:80]!r} that cannot be resolved ({type(error).__name__})", location) from None
         return resolved.contents, resolved.resolver
@@ -208,8 +268,11 @@ class Document:
 def _inferred_keywords(node: dict, out: dict, location: str) -> dict:
     """A node of a document without $schema: every draft's assertions (module docstring)."""
     if "$ref" in node and isinstance(node.get("$id"), str):
-        raise Refusal(f"$ref beside $id without $schema (drafts 4-7 resolve it against the enclosing base URI, 2019-09 and "
-                      f"later against this $id; {_NO_CONFLICT})", f"{location}.$ref")
+        raise Refusal(
+            f"$ref beside $id without $schema (drafts 4-7 resolve it against the enclosing base URI, 2019-09 and "
+            f"later against this $id; {_NO_CONFLICT})",
+            f"{location}.$ref",
+        )
     for bound, excl in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
         if isinstance(out.get(excl), bool):  # draft 4's boolean form (6 and later take a number)
             if out.pop(excl) and bound in out:
@@ -218,8 +281,10 @@ def _inferred_keywords(node: dict, out: dict, location: str) -> dict:
     additional = out.pop("additionalItems", None)
     if isinstance(items, list):
         if "prefixItems" in out:
-            raise Refusal(f"items as an array (drafts 4 to 2019-09) beside prefixItems (2020-12) without $schema; {_NO_CONFLICT}",
-                          f"{location}.items")
+            raise Refusal(
+                f"items as an array (drafts 4 to 2019-09) beside prefixItems (2020-12) without $schema; {_NO_CONFLICT}",
+                f"{location}.items",
+            )
         out["prefixItems"] = out.pop("items")
         if additional is not None:
             out["items"] = additional
@@ -229,8 +294,11 @@ def _inferred_keywords(node: dict, out: dict, location: str) -> dict:
             target = "dependentRequired" if isinstance(value, list) else "dependentSchemas"
             merged = dict(out.get(target) or {})
             if name in (out.get("dependentRequired") or {}) or name in (out.get("dependentSchemas") or {}):
-                raise Refusal(f"dependencies (drafts 4-7) and dependentRequired/dependentSchemas (2019-09 and later) both "
-                              f"name {name[:60]!r} without $schema; {_NO_CONFLICT}", f"{location}.dependencies")
+                raise Refusal(
+                    f"dependencies (drafts 4-7) and dependentRequired/dependentSchemas (2019-09 and later) both "
+                    f"name {name[:60]!r} without $schema; {_NO_CONFLICT}",
+                    f"{location}.dependencies",
+                )
             merged[name] = value
             out[target] = merged
     return out
@@ -257,13 +325,19 @@ def _legacy_id_specification(schema: Any, modern):
     (which ignore ``id``); a Refusal naming the reference otherwise, or when ``$id`` is used too."""
     legacy = referencing.jsonschema.DRAFT4
     if _identifiers(schema)[1]:
-        raise Refusal(f"both id (draft 4) and $id/$anchor (draft 6 and later) identify subschemas without $schema; "
-                      f"{_NO_CONFLICT}", "$")
+        raise Refusal(
+            f"both id (draft 4) and $id/$anchor (draft 6 and later) identify subschemas without $schema; "
+            f"{_NO_CONFLICT}",
+            "$",
+        )
     targets = [_reference_targets(schema, specification) for specification in (legacy, modern)]
     for where, target in targets[0].items():
         if targets[1].get(where, target) is not target:
-            raise Refusal(f"a $ref that draft 4's id and later drafts resolve to different subschemas without $schema; "
-                          f"{_NO_CONFLICT}", where)
+            raise Refusal(
+                f"a $ref that draft 4's id and later drafts resolve to different subschemas without $schema; "
+                f"{_NO_CONFLICT}",
+                where,
+            )
     return legacy
 
 

@@ -7,7 +7,16 @@
 Where the guard applies (`schema/unique_paths.py`) and which arrays are left to it
 (`schema/unique_items.py`) are the normaliser's business and stay in `fd_guided.schema`.
 """
+
 from .guard import UniqueItemsGrammar, needs_guard, restrict_rows, unguarded, with_unique_guard
 from .tracker import JsonTracker, item_keys
 
-__all__ = ["JsonTracker", "UniqueItemsGrammar", "item_keys", "needs_guard", "restrict_rows", "unguarded", "with_unique_guard"]
+__all__ = [
+    "JsonTracker",
+    "UniqueItemsGrammar",
+    "item_keys",
+    "needs_guard",
+    "restrict_rows",
+    "unguarded",
+    "with_unique_guard",
+]

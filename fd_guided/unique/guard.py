@@ -55,13 +55,15 @@ mask never becomes empty through this guard where the normaliser accepted the sc
 without need (`UniquePaths` over-approximates) could dead-end on a closed item domain; the
 manager then fails that request with "allows no token", never emits an invalid output.
 """
+
 from __future__ import annotations
 
 import functools
 import json
 import re
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -99,14 +101,16 @@ class TokenClasses:
                 flags[token] &= 0xFF & ~LITERAL_START
         for token in np.nonzero(flags & QUOTE)[0].tolist():
             text = texts[token]
-            if any(b in text[text.index(b'"'):] for b in b",]}"):
+            if any(b in text[text.index(b'"') :] for b in b",]}"):
                 flags[token] |= AFTER_QUOTE
         self.flags = flags
         self._texts = texts
         self._by_text: dict[bytes, list[int]] | None = None
-        self.comma_ids = np.array([i for i, text in enumerate(texts) if text.lstrip(b" \t\n\r").startswith(b",")], dtype=np.int64)
+        self.comma_ids = np.array(
+            [i for i, text in enumerate(texts) if text.lstrip(b" \t\n\r").startswith(b",")], dtype=np.int64
+        )
         self._ids: dict[int, np.ndarray] = {}
-        self._table: "native.TokenTable | None" = None
+        self._table: native.TokenTable | None = None
         self._pointers: dict[int, tuple[int, int, int]] = {}
 
     def ids_of(self, texts: Sequence[bytes]) -> np.ndarray:
@@ -119,7 +123,7 @@ class TokenClasses:
                 self._by_text.setdefault(text, []).append(token)
         return np.array(sorted({token for text in texts for token in self._by_text.get(text, ())}), dtype=np.int64)
 
-    def native_table(self) -> "native.TokenTable":
+    def native_table(self) -> native.TokenTable:
         """The token bytes as the C loop reads them (built once, ~30 ms)."""
         if self._table is None:
             self._table = native.TokenTable(self._texts, self.flags)
@@ -168,7 +172,9 @@ class UniqueItemsGrammar(Grammar):
 
     __slots__ = ("inner", "tracker", "token_bytes", "classes", "vocab_size", "_scratch")
 
-    def __init__(self, inner: Grammar, paths: UniquePaths, token_bytes: Sequence[bytes | None], vocab_size: int | None = None):
+    def __init__(
+        self, inner: Grammar, paths: UniquePaths, token_bytes: Sequence[bytes | None], vocab_size: int | None = None
+    ):
         self.inner = inner
         self.tracker = JsonTracker(paths)
         self.token_bytes = token_bytes
@@ -259,7 +265,9 @@ class UniqueItemsGrammar(Grammar):
         tracker, flags = self.tracker, self.classes.flags
         for token in tokens:
             goes_on = finite or bool(flags[token] & AFTER_QUOTE)
-            if tracker.finishes_duplicate(self.token_bytes[token] or b"", goes_on) or (tracker.closing and self._closes_as_duplicate(token)):
+            if tracker.finishes_duplicate(self.token_bytes[token] or b"", goes_on) or (
+                tracker.closing and self._closes_as_duplicate(token)
+            ):
                 words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)
 
     def is_terminated(self) -> bool:
@@ -288,7 +296,9 @@ def _allowed(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return ((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)
 
 
-def with_unique_guard(matcher: Grammar, spec, token_bytes: Sequence[bytes | None], vocab_size: int | None = None) -> Grammar:
+def with_unique_guard(
+    matcher: Grammar, spec, token_bytes: Sequence[bytes | None], vocab_size: int | None = None
+) -> Grammar:
     """`matcher` guarded for ``uniqueItems`` when `spec` needs it (`needs_guard`), else itself.
     `vocab_size`: the width of the engine's bitmask rows (the logits width)."""
     if not needs_guard(spec):
@@ -319,7 +329,11 @@ def restrict_rows(grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> 
         if words is None:
             words = host_words(bitmask).view(np.uint32)
         entry = grammar._native_plan(row)
-        if entry is not None and table in (None, grammar.classes.native_table()) and words.shape[1] * 32 >= grammar.classes.size:
+        if (
+            entry is not None
+            and table in (None, grammar.classes.native_table())
+            and words.shape[1] * 32 >= grammar.classes.size
+        ):
             table = grammar.classes.native_table()
             batch.append(grammar)
             entries.append(entry)

@@ -4,6 +4,7 @@
 is one guarded array's immutable record (finished items, where the current one began, and for finite
 or counted string domains what is left); `strings_left` counts a language's strings past the used ones.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -42,30 +43,41 @@ class Unique:
 
     __slots__ = ("judged", "exact", "strings", "start", "unused", "domain", "language", "literals", "integers")
 
-    def __init__(self, judged: frozenset = frozenset(), exact: frozenset = frozenset(), strings: frozenset = frozenset(),
-                 start: int = -1, unused: tuple[bytes, ...] | None = None, domain: tuple[bytes, ...] | None = None,
-                 language=None, literals: tuple = (), integers: bool = False):
+    def __init__(
+        self,
+        judged: frozenset = frozenset(),
+        exact: frozenset = frozenset(),
+        strings: frozenset = frozenset(),
+        start: int = -1,
+        unused: tuple[bytes, ...] | None = None,
+        domain: tuple[bytes, ...] | None = None,
+        language=None,
+        literals: tuple = (),
+        integers: bool = False,
+    ):
         self.judged, self.exact, self.strings, self.start, self.unused = judged, exact, strings, start, unused
         self.domain = domain if domain is not None else unused  # the whole finite domain, sorted
         self.language = language  # string items that can run out (`UniquePaths.item_strings`), or None
         self.literals = literals  # and the literals beside them ("null")
         self.integers = integers  # numbers are integers only: a 0 item cannot go on (`UniquePaths.item_integers`)
 
-    def _with(self, **changes) -> "Unique":
+    def _with(self, **changes) -> Unique:
         fields = {name: getattr(self, name) for name in self.__slots__}
         fields.update(changes)
         return Unique(**fields)
 
-    def starting(self, at: int) -> "Unique":
+    def starting(self, at: int) -> Unique:
         return self._with(start=at)
 
-    def adding(self, judged, exact) -> "Unique":
+    def adding(self, judged, exact) -> Unique:
         strings = self.strings | {exact[1].encode("utf-8", "surrogatepass")} if exact[0] == "s" else self.strings
         unused = self.unused
         if unused is not None:
             spelled = _domain_keys(self.domain).get(judged)
             unused = tuple(text for text in unused if text != spelled)  # stays sorted
-        return self._with(judged=self.judged | {judged}, exact=self.exact | {exact}, strings=strings, start=-1, unused=unused)
+        return self._with(
+            judged=self.judged | {judged}, exact=self.exact | {exact}, strings=strings, start=-1, unused=unused
+        )
 
     def live(self, written: bytes) -> bool:
         """Can the item whose bytes so far are `written` still become a value not used yet? For a

@@ -10,6 +10,7 @@ candidates it left undecided; the guard asks the Python tracker (the reference) 
 
 Built optional (setup.py); without it, or with `ENABLED` False, every row takes the Python path.
 """
+
 from __future__ import annotations
 
 import functools
@@ -102,5 +103,14 @@ def sorted_strings(strings: frozenset) -> tuple:
 def restrict(table: TokenTable, words: np.ndarray, rows: list[tuple]) -> list[list[int]]:
     """`words`: the bitmask as a 2-D uint32/int32 array (rows contiguous); `rows`: (row index,
     plan..., candidates...) per row; returns the undecided ids per row."""
-    return _native.restrict(table.flat, table.offsets.ctypes.data, table.num_tokens, table.flags.ctypes.data,
-                            AFTER_QUOTE, words.ctypes.data, words.strides[0] // 4, words.shape[1], rows)
+    return _native.restrict(
+        table.flat,
+        table.offsets.ctypes.data,
+        table.num_tokens,
+        table.flags.ctypes.data,
+        AFTER_QUOTE,
+        words.ctypes.data,
+        words.strides[0] // 4,
+        words.shape[1],
+        rows,
+    )

@@ -9,6 +9,7 @@ spellings not used yet, so that a token after which the item can only repeat one
 accepted token makes rollback exact; a token that would finish a duplicate is refused (`push`) or
 reported without moving (`finishes_duplicate`).
 """
+
 from __future__ import annotations
 
 import json
@@ -122,12 +123,12 @@ class JsonTracker:
             # a 0 (or -0) item repeats once begun: the tokens that begin one are tried
             if self.mode == _NONE and self.stack[-1][3] == "value":
                 return [space + zero for space in (b"", b" ", b"\n", b"  ") for zero in (b"0", b"-0")]
-            if self.mode == _NUMBER and bytes(self.buffer[self.start:]) == b"-":
+            if self.mode == _NUMBER and bytes(self.buffer[self.start :]) == b"-":
                 return [b"0"]
         if unique is None or unique.language is None or not unique.strings:
             return []
         if unique.start >= 0 and self.mode == _STRING and not self.is_key and unique.start == self.start:
-            written = bytes(self.buffer[unique.start:])
+            written = bytes(self.buffer[unique.start :])
         elif self.mode == _NONE and self.stack[-1][3] == "value":
             written = b""
         else:
@@ -136,13 +137,15 @@ class JsonTracker:
         for text in unique.strings:
             target = b'"' + text
             if target.startswith(written) and len(target) > len(written):
-                rest = target[len(written):]
+                rest = target[len(written) :]
                 out.extend(rest[:end] for end in range(1, len(rest) + 1))
                 if not written:
-                    out.extend(space + rest[:end] for space in (b" ", b"\n", b"\t", b"  ") for end in range(1, len(rest) + 1))
+                    out.extend(
+                        space + rest[:end] for space in (b" ", b"\n", b"\t", b"  ") for end in range(1, len(rest) + 1)
+                    )
         return out
 
-    def _top_unique(self) -> "_Unique | None":
+    def _top_unique(self) -> _Unique | None:
         """The items of the innermost container when it is a guarded array."""
         return _unique_of(self.stack[-1]) if self.stack else None
 
@@ -158,7 +161,7 @@ class JsonTracker:
         unique = self._top_unique()
         if unique is None or unique.start != self.start:
             return None
-        written = bytes(self.buffer[self.start + 1:])
+        written = bytes(self.buffer[self.start + 1 :])
         return None if b"\\" in written else written
 
     def finishes_duplicate(self, data: bytes, goes_on: bool) -> bool:
@@ -224,7 +227,7 @@ class JsonTracker:
             return True
         if unique.unused is None and unique.language is None and not (unique.integers and self.mode == _NUMBER):
             return True
-        return unique.live(bytes(self.buffer[unique.start:]))
+        return unique.live(bytes(self.buffer[unique.start :]))
 
     def _byte(self, byte: int) -> None:
         mode = self.mode
@@ -294,13 +297,17 @@ class JsonTracker:
         elif byte == ord(":") and self.stack and self.stack[-1][0] == "o":
             self.stack = self.stack[:-1] + (self.stack[-1][:3] + ("value",),)
 
-    def _unique_for(self, nodes: NodeSet) -> "_Unique":
+    def _unique_for(self, nodes: NodeSet) -> _Unique:
         domain = self.paths.item_domain(nodes)
         if domain is not None:
             return _Unique(unused=_sorted(domain))
         strings = self.paths.item_strings(nodes)
         integers = self.paths.item_integers(nodes)
-        return _Unique(language=strings[0], literals=strings[1], integers=integers) if strings else _Unique(integers=integers)
+        return (
+            _Unique(language=strings[0], literals=strings[1], integers=integers)
+            if strings
+            else _Unique(integers=integers)
+        )
 
     def _value_start(self, at: int) -> None:
         """A value begins at `at` in the top frame: a guarded array notes where its item began."""
@@ -326,7 +333,7 @@ class JsonTracker:
             return
         unique = frame[4]
         if unique is not None and unique.start >= 0:
-            judged, exact = item_keys(bytes(self.buffer[unique.start:end]))
+            judged, exact = item_keys(bytes(self.buffer[unique.start : end]))
             if judged in unique.judged or exact in unique.exact:
                 self.duplicate = True
                 return
@@ -341,13 +348,13 @@ class JsonTracker:
         unique = _unique_of(self.stack[-2])
         if unique is None or unique.start < 0 or self.buffer[unique.start] != ord("{"):
             return False
-        judged, exact = item_keys(bytes(self.buffer[unique.start:end]) + b"}")
+        judged, exact = item_keys(bytes(self.buffer[unique.start : end]) + b"}")
         return judged in unique.judged or exact in unique.exact
 
     def _key_end(self, end: int) -> None:
         frame = self.stack[-1]
         try:
-            key = json.loads(bytes(self.buffer[self.start:end]))
+            key = json.loads(bytes(self.buffer[self.start : end]))
         except ValueError:
             key = ""
         self.stack = self.stack[:-1] + (("o", frame[1], key, "colon"),)
@@ -365,7 +372,7 @@ class JsonTracker:
             self.stack = self.stack[:-1] + (("a", frame[1], frame[2] + 1, "value", unique),)
 
 
-def _unique_of(frame: tuple) -> "_Unique | None":
+def _unique_of(frame: tuple) -> _Unique | None:
     return frame[4] if frame[0] == "a" else None
 
 

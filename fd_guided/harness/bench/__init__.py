@@ -10,22 +10,24 @@ Three parts, each reported as ratios of things measured in the same run:
   - ``jump_forward`` (only when asked for): forward passes per token and tokens/s, on vs off.
 Speed targets live here, never in timed tests.
 """
+
 from __future__ import annotations
 
 import os
 import platform
 import time
-from typing import Callable
+from collections.abc import Callable
 
 PARTS = ("steps", "kernels", "ttft")
 EXTRA_PARTS = ("spec", "jump_forward")  # run with --only: each takes minutes at the default sizes
 
 
 def machine_info() -> dict:
+    from importlib.metadata import version
+
     import paddle
     import torch
     import xgrammar  # noqa: F401
-    from importlib.metadata import version
 
     return {
         "cpu_count": os.cpu_count(),
@@ -39,8 +41,16 @@ def machine_info() -> dict:
     }
 
 
-def run_bench(parts=PARTS, *, preset: str = "small", batches=(1, 8, 32, 128), rounds: int = 3,
-              decode_steps: int = 24, spec_ks=(1, 3, 5, 7), progress: Callable[[str], None] = print) -> dict:
+def run_bench(
+    parts=PARTS,
+    *,
+    preset: str = "small",
+    batches=(1, 8, 32, 128),
+    rounds: int = 3,
+    decode_steps: int = 24,
+    spec_ks=(1, 3, 5, 7),
+    progress: Callable[[str], None] = print,
+) -> dict:
     """Run the chosen parts on the embedded default model; returns a JSON-ready dict."""
     from fd_guided.harness.engine.engine import ReferenceEngine
 
@@ -79,41 +89,69 @@ def run_bench(parts=PARTS, *, preset: str = "small", batches=(1, 8, 32, 128), ro
 
 def format_report(report: dict) -> str:
     """A plain-text summary of `run_bench`'s dict."""
-    lines = [f"machine: {report['machine']}", f"model: preset {report['preset']}, hidden {report['model']['hidden_size']}, "
-             f"layers {report['model']['num_layers']}, vocab {report['model']['vocab_size']} ({report['model']['tokenizer']})"]
+    lines = [
+        f"machine: {report['machine']}",
+        f"model: preset {report['preset']}, hidden {report['model']['hidden_size']}, "
+        f"layers {report['model']['num_layers']}, vocab {report['model']['vocab_size']} ({report['model']['tokenizer']})",
+    ]
     if "steps" in report:
-        lines.append("\ndecode step (median ms)  batch  unguided  guided  fastdeploy  guided/unguided  fd/unguided  our overhead / fd overhead")
+        lines.append(
+            "\ndecode step (median ms)  batch  unguided  guided  fastdeploy  guided/unguided  fd/unguided  our overhead / fd overhead"
+        )
         for row in report["steps"]:
-            lines.append(f"{'':25}{row['batch']:>5}  {row['unguided_ms']:8.2f}  {row['guided_ms']:6.2f}  {row['fastdeploy_ms']:10.2f}  "
-                         f"{row['guided_over_unguided']:15.3f}  {row['fastdeploy_over_unguided']:11.3f}  {row['our_overhead_over_fastdeploy_overhead']:10.3f}")
+            lines.append(
+                f"{'':25}{row['batch']:>5}  {row['unguided_ms']:8.2f}  {row['guided_ms']:6.2f}  {row['fastdeploy_ms']:10.2f}  "
+                f"{row['guided_over_unguided']:15.3f}  {row['fastdeploy_over_unguided']:11.3f}  {row['our_overhead_over_fastdeploy_overhead']:10.3f}"
+            )
         for row in report["steps"]:
             if "guided_llguidance_ms" in row:
-                lines.append(f"{'':25}{row['batch']:>5}  llguidance backend: {row['guided_llguidance_ms']:.2f} ms, "
-                             f"x{row['guided_llguidance_over_unguided']:.3f} of unguided, overhead {row['llguidance_overhead_over_fastdeploy_overhead']:.3f} of fd's")
-        lines.append("guided phases per step (ms): " + "; ".join(
-            f"b{row['batch']}: " + ", ".join(f"{k} {v:.3f}" for k, v in row["guided_phases_ms"].items()) for row in report["steps"]))
+                lines.append(
+                    f"{'':25}{row['batch']:>5}  llguidance backend: {row['guided_llguidance_ms']:.2f} ms, "
+                    f"x{row['guided_llguidance_over_unguided']:.3f} of unguided, overhead {row['llguidance_overhead_over_fastdeploy_overhead']:.3f} of fd's"
+                )
+        lines.append(
+            "guided phases per step (ms): "
+            + "; ".join(
+                f"b{row['batch']}: " + ", ".join(f"{k} {v:.3f}" for k, v in row["guided_phases_ms"].items())
+                for row in report["steps"]
+            )
+        )
     if "kernels" in report:
         lines.append("\nkernels (median ms)  batch  density  ours  xgrammar_cpu  copy  xgrammar/ours  ours/copy")
         for row in report["kernels"]:
             m = row["median_ms"]
-            lines.append(f"{'':21}{row['batch']:>5}  {row['density']:<12} {m['ours_cpu']:.3f}  {m['xgrammar_cpu']:.3f}  {m['copy_torch']:.3f}  "
-                         f"{row['speedup_vs_xgrammar_cpu']:.1f}x  {row['ours_over_copy_torch']:.2f}")
+            lines.append(
+                f"{'':21}{row['batch']:>5}  {row['density']:<12} {m['ours_cpu']:.3f}  {m['xgrammar_cpu']:.3f}  {m['copy_torch']:.3f}  "
+                f"{row['speedup_vs_xgrammar_cpu']:.1f}x  {row['ours_over_copy_torch']:.2f}"
+            )
     if "ttft" in report:
-        lines.append("\nttft from admission (ms)  prompt tokens  unguided  async  inline  compile (in run)  async-unguided  "
-                     "async beyond max(prefill, compile)  admission")
+        lines.append(
+            "\nttft from admission (ms)  prompt tokens  unguided  async  inline  compile (in run)  async-unguided  "
+            "async beyond max(prefill, compile)  admission"
+        )
         for row in report["ttft"]:
-            lines.append(f"{'':25}{row['prompt_tokens']:>13}  {row['ttft_unguided_ms']:8.1f}  {row['ttft_async_ms']:5.1f}  {row['ttft_inline_ms']:6.1f}  "
-                         f"{row['compile_in_run_ms']:16.1f}  {row['async_excess_ms']:14.1f}  {row['async_excess_over_bound_ms']:+34.1f}  {row['admission_ms']:9.1f}")
+            lines.append(
+                f"{'':25}{row['prompt_tokens']:>13}  {row['ttft_unguided_ms']:8.1f}  {row['ttft_async_ms']:5.1f}  {row['ttft_inline_ms']:6.1f}  "
+                f"{row['compile_in_run_ms']:16.1f}  {row['async_excess_ms']:14.1f}  {row['async_excess_over_bound_ms']:+34.1f}  {row['admission_ms']:9.1f}"
+            )
     if "spec" in report:
-        lines.append("\nspeculative  drafter      k  acceptance unmasked  masked  guided/unguided step  guided ms  unguided ms  invalid")
+        lines.append(
+            "\nspeculative  drafter      k  acceptance unmasked  masked  guided/unguided step  guided ms  unguided ms  invalid"
+        )
         for row in report["spec"]:
-            lines.append(f"{'':13}{row['drafter']:<11} {row['k']:>2}  {row['acceptance_len_unmasked_drafts']:19.2f}  "
-                         f"{row['acceptance_len_masked_drafts']:6.2f}  {row['guided_over_unguided_step']:20.3f}  "
-                         f"{row['guided_step_ms']:9.1f}  {row['unguided_step_ms']:11.1f}  {row['invalid_outputs']:7}")
+            lines.append(
+                f"{'':13}{row['drafter']:<11} {row['k']:>2}  {row['acceptance_len_unmasked_drafts']:19.2f}  "
+                f"{row['acceptance_len_masked_drafts']:6.2f}  {row['guided_over_unguided_step']:20.3f}  "
+                f"{row['guided_step_ms']:9.1f}  {row['unguided_step_ms']:11.1f}  {row['invalid_outputs']:7}"
+            )
     if "jump_forward" in report:
-        lines.append("\njump-forward  schema                          passes/token off  on      fewer  tokens/s on/off  invalid")
+        lines.append(
+            "\njump-forward  schema                          passes/token off  on      fewer  tokens/s on/off  invalid"
+        )
         for row in report["jump_forward"]:
             off, on = row["forward_passes_per_token_off"], row["forward_passes_per_token_on"]
-            lines.append(f"{'':14}{row['schema']:<32}{off:16.3f}  {on:6.3f}  {100 * (1 - on / off):4.0f}%  "
-                         f"{row['tokens_per_s_ratio']:15.2f}  {row['invalid_outputs']:7}")
+            lines.append(
+                f"{'':14}{row['schema']:<32}{off:16.3f}  {on:6.3f}  {100 * (1 - on / off):4.0f}%  "
+                f"{row['tokens_per_s_ratio']:15.2f}  {row['invalid_outputs']:7}"
+            )
     return "\n".join(lines)

@@ -14,13 +14,14 @@ Mask densities: `json_trace` rows are real masks, recorded while xgrammar constr
 document token by token (most rows allow a handful of tokens, those inside strings allow ~99%);
 the others are synthetic extremes (see `make_bitmask`).
 """
+
 from __future__ import annotations
 
 import functools
 import statistics
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Callable
 
 import numpy as np
 import paddle
@@ -38,12 +39,29 @@ TRACE_SCHEMA = {
     "type": "object",
     "properties": {
         "order_id": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{6}$"},
-        "customer": {"type": "object", "properties": {"name": {"type": "string"}, "email": {"type": "string", "format": "email"},
-                                                      "vip": {"type": "boolean"}}, "required": ["name", "email", "vip"]},
+        "customer": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "email": {"type": "string", "format": "email"},
+                "vip": {"type": "boolean"},
+            },
+            "required": ["name", "email", "vip"],
+        },
         "status": {"enum": ["pending", "paid", "shipped", "cancelled"]},
-        "items": {"type": "array", "items": {"type": "object", "properties": {
-            "sku": {"type": "string"}, "quantity": {"type": "integer", "minimum": 1}, "unit_price": {"type": "number"}},
-            "required": ["sku", "quantity", "unit_price"]}, "minItems": 1},
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "sku": {"type": "string"},
+                    "quantity": {"type": "integer", "minimum": 1},
+                    "unit_price": {"type": "number"},
+                },
+                "required": ["sku", "quantity", "unit_price"],
+            },
+            "minItems": 1,
+        },
         "notes": {"type": "string"},
     },
     "required": ["order_id", "customer", "status", "items", "notes"],
@@ -52,9 +70,11 @@ TRACE_DOCUMENT = {
     "order_id": "ORD-204817",
     "customer": {"name": "Margarethe Okonkwo-Lindqvist", "email": "m.okonkwo@example.org", "vip": True},
     "status": "shipped",
-    "items": [{"sku": "KB-ERGO-2041", "quantity": 2, "unit_price": 89.5},
-              {"sku": "USB-C-HUB-7P", "quantity": 1, "unit_price": 42.0},
-              {"sku": "MON-27-4K", "quantity": 3, "unit_price": 329.99}],
+    "items": [
+        {"sku": "KB-ERGO-2041", "quantity": 2, "unit_price": 89.5},
+        {"sku": "USB-C-HUB-7P", "quantity": 1, "unit_price": 42.0},
+        {"sku": "MON-27-4K", "quantity": 3, "unit_price": 329.99},
+    ],
     "notes": "Leave the parcel with the concierge; the office is closed on Fridays after 3 pm.",
 }
 
@@ -141,8 +161,15 @@ def candidates(logits: torch.Tensor, bitmask: torch.Tensor, copy_target: torch.T
     if cpu_kernel.FAST_PATH_AVAILABLE and len(cpu_kernel._cpu_mask.paths()) > 1:
         # What `ours_cpu` would cost on a CPU without AVX-512 (the C kernel's portable row loop).
         functions["ours_cpu_portable"] = lambda: cpu_kernel._cpu_mask.apply(
-            logits.data_ptr(), logits.stride(0), "float32", bitmask.data_ptr(), bitmask.stride(0),
-            logits.shape[1], logits.shape[0], path="portable")
+            logits.data_ptr(),
+            logits.stride(0),
+            "float32",
+            bitmask.data_ptr(),
+            bitmask.stride(0),
+            logits.shape[1],
+            logits.shape[0],
+            path="portable",
+        )
     return functions
 
 
@@ -170,7 +197,9 @@ def measure(batch: int, vocab: int, density: str, args, matrix, rng) -> dict:
         "vocab": vocab,
         "density": density,
         # How much of the vocab the rows allow (10th, 50th, 90th percentile): what the mask looks like.
-        "allowed_fraction_p10_p50_p90": [round(float(q), 4) for q in np.quantile(allowed_fractions(bitmask, vocab), [0.1, 0.5, 0.9])],
+        "allowed_fraction_p10_p50_p90": [
+            round(float(q), 4) for q in np.quantile(allowed_fractions(bitmask, vocab), [0.1, 0.5, 0.9])
+        ],
         "median_ms": medians,
         "p90_ms": p90,
         "skipped": skipped,
@@ -203,8 +232,15 @@ def print_table(results: list[dict]) -> None:
             print(f"skipped {name} (batch {result['batch']}, {result['density']}): {reason}")
 
 
-def bench_kernels(batches=(8, 32, 128), vocab: int = 129_280, densities=DENSITIES, repeats: int = 15, warmup: int = 3,
-                  skip_torch_compile: bool = False, progress=print) -> list[dict]:
+def bench_kernels(
+    batches=(8, 32, 128),
+    vocab: int = 129_280,
+    densities=DENSITIES,
+    repeats: int = 15,
+    warmup: int = 3,
+    skip_torch_compile: bool = False,
+    progress=print,
+) -> list[dict]:
     """Every (batch, density) pair, all implementations side by side; returns one dict per pair."""
     if not cpu_kernel.FAST_PATH_AVAILABLE:
         progress("WARNING: fd_guided.kernels._cpu_mask is not built; ours_cpu is the torch fallback")
@@ -216,7 +252,9 @@ def bench_kernels(batches=(8, 32, 128), vocab: int = 129_280, densities=DENSITIE
     for batch in batches:
         for density in densities:
             result = measure(batch, vocab, density, args, matrix, rng)
-            progress(f"  kernels batch={batch} {density}: ours {result['median_ms']['ours_cpu']:.3f}ms, "
-                     f"xgrammar cpu {result['median_ms']['xgrammar_cpu']:.3f}ms, copy {result['median_ms']['copy_torch']:.3f}ms")
+            progress(
+                f"  kernels batch={batch} {density}: ours {result['median_ms']['ours_cpu']:.3f}ms, "
+                f"xgrammar cpu {result['median_ms']['xgrammar_cpu']:.3f}ms, copy {result['median_ms']['copy_torch']:.3f}ms"
+            )
             results.append(result)
     return results

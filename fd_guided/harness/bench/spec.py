@@ -13,13 +13,14 @@ Per drafter and K:
     than JSON does, and steps that verify different numbers of rows would not compare.
   - ``invalid_outputs``: finished guided outputs that fail validation, over every run of the row.
 """
+
 from __future__ import annotations
 
 import statistics
 
 from fd_guided.config import GuidedConfig
-from fd_guided.harness.validate import validate_output
 from fd_guided.harness.bench.steps import ITEM_SCHEMAS, long_running_requests
+from fd_guided.harness.validate import validate_output
 
 KS = (1, 3, 5, 7)
 DRAFTERS = ("ngram", "draft_model")
@@ -27,25 +28,55 @@ DRAFTERS = ("ngram", "draft_model")
 
 def acceptance_requests(count: int) -> list[dict]:
     """Small arrays of records: keys repeat, so n-gram lookups find them; all finish by themselves."""
-    return [{"prompt": f"Records, batch {i % 7}:", "temperature": 0,
-             "guided_json": {"type": "array", "items": ITEM_SCHEMAS[i % len(ITEM_SCHEMAS)], "minItems": 2, "maxItems": 3}}
-            for i in range(count)]
+    return [
+        {
+            "prompt": f"Records, batch {i % 7}:",
+            "temperature": 0,
+            "guided_json": {
+                "type": "array",
+                "items": ITEM_SCHEMAS[i % len(ITEM_SCHEMAS)],
+                "minItems": 2,
+                "maxItems": 3,
+            },
+        }
+        for i in range(count)
+    ]
 
 
 def _engine(model, tokenizer, drafter: str, k: int, masked: bool, guided: bool, batch: int, fixed: bool = False):
     from fd_guided.harness.engine.engine import ReferenceEngine, SpeculativeConfig
 
-    return ReferenceEngine(model, tokenizer, guided=guided, max_num_seqs=batch, max_num_batched_tokens=max(512, batch * (k + 16)),
-                           guided_config=GuidedConfig(backend="xgrammar"),
-                           speculative=SpeculativeConfig(drafter, k, masked_drafts=masked, fixed_draft_length=fixed))
+    return ReferenceEngine(
+        model,
+        tokenizer,
+        guided=guided,
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(512, batch * (k + 16)),
+        guided_config=GuidedConfig(backend="xgrammar"),
+        speculative=SpeculativeConfig(drafter, k, masked_drafts=masked, fixed_draft_length=fixed),
+    )
 
 
 def _invalid(results) -> int:
-    return sum(1 for r in results if r.spec is not None and r.finish_reason == "stop" and not validate_output(r.spec, r.text).valid)
+    return sum(
+        1
+        for r in results
+        if r.spec is not None and r.finish_reason == "stop" and not validate_output(r.spec, r.text).valid
+    )
 
 
-def bench_spec(model, tokenizer, ks=KS, drafters=DRAFTERS, batch: int = 32, acceptance_batch: int = 16, decode_steps: int = 16,
-               rounds: int = 3, max_tokens: int = 160, progress=print) -> list[dict]:
+def bench_spec(
+    model,
+    tokenizer,
+    ks=KS,
+    drafters=DRAFTERS,
+    batch: int = 32,
+    acceptance_batch: int = 16,
+    decode_steps: int = 16,
+    rounds: int = 3,
+    max_tokens: int = 160,
+    progress=print,
+) -> list[dict]:
     rows = []
     for drafter in drafters:
         for k in ks:
@@ -59,7 +90,9 @@ def bench_spec(model, tokenizer, ks=KS, drafters=DRAFTERS, batch: int = 32, acce
             steps = {"guided": [], "unguided": []}
             # Exactly K drafts per request and step in both modes: the same rows to verify, so the
             # ratio is what guidance costs (masked drafting, K+1 masks per request, accept).
-            engines = {mode: _engine(model, tokenizer, drafter, k, True, mode == "guided", batch, fixed=True) for mode in steps}
+            engines = {
+                mode: _engine(model, tokenizer, drafter, k, True, mode == "guided", batch, fixed=True) for mode in steps
+            }
             for round_index in range(rounds + 1):  # round 0 warms caches and allocators up
                 for mode, engine in engines.items():
                     requests = long_running_requests(batch, mode == "guided")
@@ -71,9 +104,21 @@ def bench_spec(model, tokenizer, ks=KS, drafters=DRAFTERS, batch: int = 32, acce
             for engine in engines.values():
                 engine.close()
             guided, unguided = statistics.median(steps["guided"]), statistics.median(steps["unguided"])
-            rows.append({"drafter": drafter, "k": k, "acceptance_len_unmasked_drafts": lengths[False],
-                         "acceptance_len_masked_drafts": lengths[True], "guided_over_unguided_step": guided / unguided,
-                         "invalid_outputs": invalid, "batch": batch, "guided_step_ms": 1e3 * guided, "unguided_step_ms": 1e3 * unguided})
-            progress(f"  spec {drafter} k={k}: acceptance {lengths[False]:.2f} -> {lengths[True]:.2f} (masked drafts), "
-                     f"step guided/unguided {guided / unguided:.3f} ({1e3 * guided:.1f} / {1e3 * unguided:.1f} ms), invalid {invalid}")
+            rows.append(
+                {
+                    "drafter": drafter,
+                    "k": k,
+                    "acceptance_len_unmasked_drafts": lengths[False],
+                    "acceptance_len_masked_drafts": lengths[True],
+                    "guided_over_unguided_step": guided / unguided,
+                    "invalid_outputs": invalid,
+                    "batch": batch,
+                    "guided_step_ms": 1e3 * guided,
+                    "unguided_step_ms": 1e3 * unguided,
+                }
+            )
+            progress(
+                f"  spec {drafter} k={k}: acceptance {lengths[False]:.2f} -> {lengths[True]:.2f} (masked drafts), "
+                f"step guided/unguided {guided / unguided:.3f} ({1e3 * guided:.1f} / {1e3 * unguided:.1f} ms), invalid {invalid}"
+            )
     return rows

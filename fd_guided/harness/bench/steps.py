@@ -10,21 +10,47 @@ so machine noise hits all of them alike:
 The constraints force long structured outputs (arrays of objects with a minimum length), so every
 request decodes for the whole measured window and the batch stays full.
 """
+
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
 
-from fd_guided.harness.baseline import FASTDEPLOY_CACHE_BYTES, FastDeployStyleManager
 from fd_guided.config import GuidedConfig
+from fd_guided.harness.baseline import FASTDEPLOY_CACHE_BYTES, FastDeployStyleManager
 from fd_guided.manager import GuidedDecodingManager
 
 ITEM_SCHEMAS = [
-    {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string", "maxLength": 12}}, "required": ["id", "name"]},
-    {"type": "object", "properties": {"ok": {"type": "boolean"}, "score": {"type": "number"}, "tag": {"enum": ["a", "b", "c"]}}, "required": ["ok", "score", "tag"]},
-    {"type": "object", "properties": {"point": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"]},
-                                      "label": {"type": "string", "pattern": "^[a-z]{2,6}$"}}, "required": ["point", "label"]},
-    {"type": "object", "properties": {"date": {"type": "string", "format": "date"}, "count": {"type": "integer", "minimum": 0, "maximum": 999}}, "required": ["date", "count"]},
+    {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "name": {"type": "string", "maxLength": 12}},
+        "required": ["id", "name"],
+    },
+    {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "score": {"type": "number"}, "tag": {"enum": ["a", "b", "c"]}},
+        "required": ["ok", "score", "tag"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "point": {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                "required": ["x", "y"],
+            },
+            "label": {"type": "string", "pattern": "^[a-z]{2,6}$"},
+        },
+        "required": ["point", "label"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "date": {"type": "string", "format": "date"},
+            "count": {"type": "integer", "minimum": 0, "maximum": 999},
+        },
+        "required": ["date", "count"],
+    },
 ]
 MODES = ("unguided", "guided", "guided_llguidance", "fastdeploy")
 
@@ -57,10 +83,12 @@ class StepResult:
 
 
 def _engine_for(mode: str, model, tokenizer, batch: int):
-    from fd_guided.registry import create_backend
     from fd_guided.harness.engine.engine import ReferenceEngine
+    from fd_guided.registry import create_backend
 
-    engine = ReferenceEngine(model, tokenizer, guided=False, max_num_seqs=batch, max_num_batched_tokens=max(512, batch * 16))
+    engine = ReferenceEngine(
+        model, tokenizer, guided=False, max_num_seqs=batch, max_num_batched_tokens=max(512, batch * 16)
+    )
     if mode == "unguided":
         return engine
     config = {
@@ -88,7 +116,9 @@ def _one_run(engine, batch: int, guided: bool, decode_steps: int) -> tuple[float
     return statistics.median(steps) * 1e3, phases
 
 
-def bench_steps(model, tokenizer, batches=(1, 8, 32, 128), decode_steps: int = 24, rounds: int = 3, progress=print) -> list[StepResult]:
+def bench_steps(
+    model, tokenizer, batches=(1, 8, 32, 128), decode_steps: int = 24, rounds: int = 3, progress=print
+) -> list[StepResult]:
     results = []
     modes = available_modes()
     for batch in batches:
@@ -101,9 +131,14 @@ def bench_steps(model, tokenizer, batches=(1, 8, 32, 128), decode_steps: int = 2
                 if round_index:
                     samples[mode].append(step_ms)
                     phases[mode].append(step_phases)
-            progress(f"  steps batch={batch} round {round_index}/{rounds}: " + ", ".join(f"{m} {samples[m][-1]:.2f}ms" for m in modes if samples[m]))
+            progress(
+                f"  steps batch={batch} round {round_index}/{rounds}: "
+                + ", ".join(f"{m} {samples[m][-1]:.2f}ms" for m in modes if samples[m])
+            )
         for mode in modes:
-            merged = {k: statistics.median(p[k] for p in phases[mode]) for k in (phases[mode][0] if phases[mode] else {})}
+            merged = {
+                k: statistics.median(p[k] for p in phases[mode]) for k in (phases[mode][0] if phases[mode] else {})
+            }
             results.append(StepResult(batch, mode, statistics.median(samples[mode]), merged))
         for engine in engines.values():
             engine.close()
@@ -119,23 +154,29 @@ def step_ratios(results: list[StepResult]) -> list[dict]:
         guided = by_key[(batch, "guided")]
         baseline = by_key[(batch, "fastdeploy")]
         ours, theirs = guided.step_ms - unguided, baseline.step_ms - unguided
-        rows.append({
-            "batch": batch,
-            "unguided_ms": unguided,
-            "guided_ms": guided.step_ms,
-            "fastdeploy_ms": baseline.step_ms,
-            "guided_over_unguided": guided.step_ms / unguided,
-            "fastdeploy_over_unguided": baseline.step_ms / unguided,
-            "our_overhead_over_fastdeploy_overhead": ours / theirs if theirs > 0 else float("nan"),
-            "guided_phases_ms": guided.phases_ms,
-            "fastdeploy_phases_ms": baseline.phases_ms,
-        })
+        rows.append(
+            {
+                "batch": batch,
+                "unguided_ms": unguided,
+                "guided_ms": guided.step_ms,
+                "fastdeploy_ms": baseline.step_ms,
+                "guided_over_unguided": guided.step_ms / unguided,
+                "fastdeploy_over_unguided": baseline.step_ms / unguided,
+                "our_overhead_over_fastdeploy_overhead": ours / theirs if theirs > 0 else float("nan"),
+                "guided_phases_ms": guided.phases_ms,
+                "fastdeploy_phases_ms": baseline.phases_ms,
+            }
+        )
         llguidance = by_key.get((batch, "guided_llguidance"))
         if llguidance is not None:
-            rows[-1].update({
-                "guided_llguidance_ms": llguidance.step_ms,
-                "guided_llguidance_over_unguided": llguidance.step_ms / unguided,
-                "llguidance_overhead_over_fastdeploy_overhead": (llguidance.step_ms - unguided) / theirs if theirs > 0 else float("nan"),
-                "guided_llguidance_phases_ms": llguidance.phases_ms,
-            })
+            rows[-1].update(
+                {
+                    "guided_llguidance_ms": llguidance.step_ms,
+                    "guided_llguidance_over_unguided": llguidance.step_ms / unguided,
+                    "llguidance_overhead_over_fastdeploy_overhead": (llguidance.step_ms - unguided) / theirs
+                    if theirs > 0
+                    else float("nan"),
+                    "guided_llguidance_phases_ms": llguidance.phases_ms,
+                }
+            )
     return rows

@@ -14,6 +14,7 @@ would wait on a GPU: the tests count them (`count_host_tensors=True`, the defaul
 ``count_host_tensors=False`` only reads of tensors on a device are counted (a GPU run). torch CPU
 tensors are never counted: in fd_guided they are host buffers by design (the pinned bitmask).
 """
+
 from __future__ import annotations
 
 import sys
@@ -63,7 +64,7 @@ class HostReads:
     def reset(self) -> None:
         self.by_caller.clear()
 
-    def __enter__(self) -> "HostReads":
+    def __enter__(self) -> HostReads:
         for library in self.libraries:
             module = sys.modules.get(library)
             cls = getattr(module, "Tensor", None) if module is not None else None

@@ -6,6 +6,7 @@ does). Each run uses a schema never seen before (a fresh property name), so no c
 TTFT is counted from admission (the request validated), so it isolates the compile; admission
 itself (JSON-Schema meta-validation and the backend's check) is reported on its own.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -32,15 +33,30 @@ def complex_schema(salt: str) -> dict:
     for i in range(24):
         fields[f"{salt}_s{i}"] = {"type": "string", "pattern": f"^[a-z]{{1,{4 + i % 5}}}-[0-9]{{{1 + i % 3}}}$"}
         fields[f"n{i}"] = {"type": "integer", "minimum": -i * 7, "maximum": 1000 + i}
-        fields[f"o{i}"] = {"type": "object", "properties": {"a": {"enum": [f"v{j}" for j in range(6)]}, "b": {"type": "array", "items": {"type": "number"}, "maxItems": 4}},
-                           "required": ["a"]}
-    fields["choice"] = {"anyOf": [{"type": "object", "properties": {"k": {"const": f"c{j}"}, "v": {"type": "integer"}}, "required": ["k", "v"]} for j in range(8)]}
+        fields[f"o{i}"] = {
+            "type": "object",
+            "properties": {
+                "a": {"enum": [f"v{j}" for j in range(6)]},
+                "b": {"type": "array", "items": {"type": "number"}, "maxItems": 4},
+            },
+            "required": ["a"],
+        }
+    fields["choice"] = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"k": {"const": f"c{j}"}, "v": {"type": "integer"}},
+                "required": ["k", "v"],
+            }
+            for j in range(8)
+        ]
+    }
     return {"type": "object", "properties": fields, "required": list(fields)[:20]}
 
 
 def _engine(model, tokenizer, manager_cls):
-    from fd_guided.registry import create_backend
     from fd_guided.harness.engine.engine import ReferenceEngine
+    from fd_guided.registry import create_backend
 
     engine = ReferenceEngine(model, tokenizer, guided=False, max_num_seqs=1, max_num_batched_tokens=512)
     if manager_cls is not None:
@@ -66,8 +82,11 @@ def bench_ttft(model, tokenizer, prompt_tokens=(32, 512, 1024, 2048), rounds: in
     compile as it ran during that prefill (read from the manager's compile histogram), and
     `async_excess_over_bound_ms` the median of (async TTFT - that bound) over the rounds.
     """
-    engines = {"unguided": _engine(model, tokenizer, None), "async": _engine(model, tokenizer, GuidedDecodingManager),
-               "inline": _engine(model, tokenizer, InlineCompileManager)}
+    engines = {
+        "unguided": _engine(model, tokenizer, None),
+        "async": _engine(model, tokenizer, GuidedDecodingManager),
+        "inline": _engine(model, tokenizer, InlineCompileManager),
+    }
     word_ids = tokenizer.encode(" token")
     rows = []
     for length in prompt_tokens:
@@ -90,9 +109,11 @@ def bench_ttft(model, tokenizer, prompt_tokens=(32, 512, 1024, 2048), rounds: in
                 compile_s.append(_cold_compile_seconds(engines["async"]))
         rows.append(_ttft_row(tokenizer, prompt, samples, compile_s, compile_in_run_s, admission_s))
         row = rows[-1]
-        progress(f"  ttft prompt={row['prompt_tokens']} tokens: unguided {row['ttft_unguided_ms']:.1f}ms, async {row['ttft_async_ms']:.1f}ms, "
-                 f"inline {row['ttft_inline_ms']:.1f}ms, cold compile {row['compile_ms']:.1f}ms (in run {row['compile_in_run_ms']:.1f}ms), "
-                 f"async beyond max(prefill, compile) {row['async_excess_over_bound_ms']:+.1f}ms, admission {row['admission_ms']:.1f}ms")
+        progress(
+            f"  ttft prompt={row['prompt_tokens']} tokens: unguided {row['ttft_unguided_ms']:.1f}ms, async {row['ttft_async_ms']:.1f}ms, "
+            f"inline {row['ttft_inline_ms']:.1f}ms, cold compile {row['compile_ms']:.1f}ms (in run {row['compile_in_run_ms']:.1f}ms), "
+            f"async beyond max(prefill, compile) {row['async_excess_over_bound_ms']:+.1f}ms, admission {row['admission_ms']:.1f}ms"
+        )
     for engine in engines.values():
         engine.close()
     return rows
@@ -104,8 +125,13 @@ def _compile_seconds_so_far(engine) -> float:
 
 def _ttft_row(tokenizer, prompt, samples, compile_s, compile_in_run_s, admission_s) -> dict:
     median_ms = lambda values: 1e3 * statistics.median(values)  # noqa: E731
-    row = {"prompt_tokens": len(tokenizer.encode(prompt)), "rounds": len(compile_s), "compile_ms": median_ms(compile_s),
-           "compile_in_run_ms": median_ms(compile_in_run_s), "admission_ms": median_ms(admission_s)}
+    row = {
+        "prompt_tokens": len(tokenizer.encode(prompt)),
+        "rounds": len(compile_s),
+        "compile_ms": median_ms(compile_s),
+        "compile_in_run_ms": median_ms(compile_in_run_s),
+        "admission_ms": median_ms(admission_s),
+    }
     row.update({f"ttft_{mode}_ms": median_ms(values) for mode, values in samples.items()})
     row["async_over_unguided"] = row["ttft_async_ms"] / row["ttft_unguided_ms"]
     row["inline_over_unguided"] = row["ttft_inline_ms"] / row["ttft_unguided_ms"]
@@ -115,5 +141,6 @@ def _ttft_row(tokenizer, prompt, samples, compile_s, compile_in_run_s, admission
     prefill_s = statistics.median(samples["unguided"])
     row["rounds_compile_beyond_prefill"] = sum(c > prefill_s for c in compile_in_run_s)
     row["async_excess_over_bound_ms"] = median_ms(
-        [ttft - max(prefill_s, compiled) for ttft, compiled in zip(samples["async"], compile_in_run_s)])
+        [ttft - max(prefill_s, compiled) for ttft, compiled in zip(samples["async"], compile_in_run_s)]
+    )
     return row

@@ -2,6 +2,7 @@
 
 Exports resolve lazily so importing a light submodule (e.g. `token_prior`) does not load Paddle.
 """
+
 import importlib
 
 _EXPORTS = {

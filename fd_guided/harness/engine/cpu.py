@@ -1,4 +1,5 @@
 """CPU runner: logits stay on the host; the C mask kernel writes -inf in place."""
+
 from fd_guided.harness.engine.runner import ModelRunner
 
 

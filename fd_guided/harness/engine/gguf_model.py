@@ -15,6 +15,7 @@ Two things differ from a Hugging Face checkpoint, both undone here:
     ``smollm2``, so a server's API process loads it without this module) as a `tokenizers`
     byte-level BPE, special tokens included, with the file's chat template.
 """
+
 from __future__ import annotations
 
 import functools
@@ -91,25 +92,30 @@ def _read(path: str, num_layers: int | None) -> GGUFLlama:
             raise ValueError(f"num_layers must be in [1, {hp['num_layers']}], got {num_layers}")
         hp["num_layers"] = num_layers
     tensors = {t.name: t for t in reader.tensors}
-    weights = {"embed": _dequantize(tensors["token_embd.weight"]),
-               "final_norm": _dequantize(tensors["output_norm.weight"])}
+    weights = {
+        "embed": _dequantize(tensors["token_embd.weight"]),
+        "final_norm": _dequantize(tensors["output_norm.weight"]),
+    }
     weights["lm_head"] = _dequantize(tensors["output.weight"]) if "output.weight" in tensors else weights["embed"]
     head_dim = hp["hidden_size"] // hp["num_heads"]
     for layer in range(hp["num_layers"]):
+
         def tensor(name: str, layer: int = layer) -> np.ndarray:
             return _dequantize(tensors[f"blk.{layer}.{name}.weight"])
 
-        weights.update({
-            f"{layer}.attn_norm": tensor("attn_norm"),
-            f"{layer}.q": _unpermute(tensor("attn_q"), hp["num_heads"], head_dim),
-            f"{layer}.k": _unpermute(tensor("attn_k"), hp["num_kv_heads"], head_dim),
-            f"{layer}.v": tensor("attn_v"),
-            f"{layer}.o": tensor("attn_output"),
-            f"{layer}.mlp_norm": tensor("ffn_norm"),
-            f"{layer}.gate": tensor("ffn_gate"),
-            f"{layer}.up": tensor("ffn_up"),
-            f"{layer}.down": tensor("ffn_down"),
-        })
+        weights.update(
+            {
+                f"{layer}.attn_norm": tensor("attn_norm"),
+                f"{layer}.q": _unpermute(tensor("attn_q"), hp["num_heads"], head_dim),
+                f"{layer}.k": _unpermute(tensor("attn_k"), hp["num_kv_heads"], head_dim),
+                f"{layer}.v": tensor("attn_v"),
+                f"{layer}.o": tensor("attn_output"),
+                f"{layer}.mlp_norm": tensor("ffn_norm"),
+                f"{layer}.gate": tensor("ffn_gate"),
+                f"{layer}.up": tensor("ffn_up"),
+                f"{layer}.down": tensor("ffn_down"),
+            }
+        )
     return GGUFLlama(path, str(meta.get("general.name", os.path.basename(path))), hp, weights, load_tokenizer(path))
 
 

@@ -1,4 +1,5 @@
 """GPU runner: Paddle logits cross to torch by DLPack, zero-copy, for xgrammar's CUDA kernel."""
+
 from fd_guided.harness.engine.runner import ModelRunner
 
 

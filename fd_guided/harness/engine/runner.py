@@ -1,5 +1,6 @@
 """The reference engine's device runner: `TinyDecoderLM` (or another reference model) on one Paddle device,
 with the library's `GuidedRunnerMixin` calling the manager around its forward."""
+
 from __future__ import annotations
 
 from fd_guided.runner import GuidedRunnerMixin

@@ -13,6 +13,7 @@ batch.
 Masked tokens carry -inf logits (the guided-decoding bitmask writes them) and are never sampled, even
 when fewer than `top_k` tokens are finite; a row with no finite logit is an error, not a silent pick.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -165,7 +166,9 @@ def _pick(values: np.ndarray, indices: np.ndarray, params: SamplingParams, rng) 
     return draw(ids, probs, rng)
 
 
-def candidate_distribution(values: np.ndarray, indices: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+def candidate_distribution(
+    values: np.ndarray, indices: np.ndarray, params: SamplingParams
+) -> tuple[np.ndarray, np.ndarray]:
     """The distribution `params` samples one row from: (token ids, probabilities summing to 1),
     over the row's candidates (`values` sorted descending, as `top_candidates` returns them).
     Greedy rows are a point mass on the best token. Speculative verification compares these."""

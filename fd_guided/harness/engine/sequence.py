@@ -1,4 +1,5 @@
 """What the reference engine keeps per request, what it reports, and how it reads a request dict."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,8 +9,8 @@ import numpy as np
 
 from fd_guided.budget import fit_budget_requested
 from fd_guided.errors import InvalidGrammarError
-from fd_guided.spec import GrammarSpec
 from fd_guided.harness.engine.sampling import SamplingParams
+from fd_guided.spec import GrammarSpec
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
 
@@ -119,25 +120,44 @@ class SequenceState:
 
     def pending_ids(self) -> list[int]:
         """Tokens of the request not yet in its KV cache (at least the last sampled one)."""
-        return (self.prompt_ids + self.output_ids)[self.cache.length:]
+        return (self.prompt_ids + self.output_ids)[self.cache.length :]
 
 
-def read_request(index: int, request: dict, *, spec: GrammarSpec | None, prompt_ids: list[int], max_tokens: int,
-                 seed: int, position: int, admitted_at: float) -> SequenceState:
+def read_request(
+    index: int,
+    request: dict,
+    *,
+    spec: GrammarSpec | None,
+    prompt_ids: list[int],
+    max_tokens: int,
+    seed: int,
+    position: int,
+    admitted_at: float,
+) -> SequenceState:
     """A `SequenceState` from a request dict's engine fields (see `ReferenceEngine.generate`)."""
     params = SamplingParams(**{k: request[k] for k in SAMPLING_FIELDS if k in request})
     thinking = request.get("enable_thinking", (request.get("chat_template_kwargs") or {}).get("enable_thinking"))
     min_tokens = int(request.get("min_tokens", 0))
     budget = request.get("reasoning_budget")
     if min_tokens < 0 or (budget is not None and int(budget) < 0):
-        raise InvalidGrammarError("min_tokens and reasoning_budget must be >= 0", part="min_tokens" if min_tokens < 0 else "reasoning_budget")
+        raise InvalidGrammarError(
+            "min_tokens and reasoning_budget must be >= 0", part="min_tokens" if min_tokens < 0 else "reasoning_budget"
+        )
     jump = request.get("jump_forward")
     seed = int(request.get("seed", seed))
     return SequenceState(
-        admitted_at=admitted_at, index=index, prompt_ids=prompt_ids, max_tokens=int(request.get("max_tokens", max_tokens)),
-        params=params, rng=np.random.default_rng([seed, position]), spec=spec, enable_thinking=thinking,
-        ignore_eos=bool(request.get("ignore_eos", False)), min_tokens=min_tokens,
-        reasoning_budget=None if budget is None else int(budget), jump_forward=None if jump is None else bool(jump),
+        admitted_at=admitted_at,
+        index=index,
+        prompt_ids=prompt_ids,
+        max_tokens=int(request.get("max_tokens", max_tokens)),
+        params=params,
+        rng=np.random.default_rng([seed, position]),
+        spec=spec,
+        enable_thinking=thinking,
+        ignore_eos=bool(request.get("ignore_eos", False)),
+        min_tokens=min_tokens,
+        reasoning_budget=None if budget is None else int(budget),
+        jump_forward=None if jump is None else bool(jump),
         fit_budget=fit_budget_requested(request),
         # Drafts draw from their own stream, so the target's draws stay those of its seed.
         draft_rng=np.random.default_rng([seed, position, 1]),

@@ -20,10 +20,11 @@ prior, and its first layer's weights up to scale (an early-exit draft, correlate
 as a trained draft model would be). Its caches are kept to the tokens the request really has:
 after every verification they are truncated to the longest prefix they share with it.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 
@@ -80,10 +81,10 @@ class NgramDrafter:
         cfg, found = self.config, []
         length = len(tokens)
         for n in range(min(cfg.ngram_max, length - 1), cfg.ngram_min - 1, -1):
-            suffix = list(tokens[length - n:])
+            suffix = list(tokens[length - n :])
             for start in range(length - n - 1, -1, -1):
-                if tokens[start] == suffix[0] and list(tokens[start:start + n]) == suffix:
-                    continuation = list(tokens[start + n:start + n + k])
+                if tokens[start] == suffix[0] and list(tokens[start : start + n]) == suffix:
+                    continuation = list(tokens[start + n : start + n + k])
                     if continuation and continuation not in found:
                         found.append(continuation)
                         if len(found) >= cfg.ngram_candidates:
@@ -134,7 +135,7 @@ class DraftModelDrafter:
                 for i in drafting:
                     seq = seqs[i]
                     fed = seq.draft_fed
-                    tokens = (seq.prompt_ids + seq.output_ids)[len(fed):] if step == 0 else [proposals[i].tokens[-1]]
+                    tokens = (seq.prompt_ids + seq.output_ids)[len(fed) :] if step == 0 else [proposals[i].tokens[-1]]
                     chunks.append(SeqChunk(seq.draft_cache, tokens))
                     fed.extend(tokens)
                 logits = self.model.forward_batch(chunks)
@@ -145,7 +146,7 @@ class DraftModelDrafter:
                 tokens = []
                 for row, i in enumerate(drafting):
                     seq, vocab = seqs[i], logits.shape[1]
-                    candidates = (values[row, :candidate_count(seq.params, vocab)], indices[row])
+                    candidates = (values[row, : candidate_count(seq.params, vocab)], indices[row])
                     if seq.params.greedy:
                         token = int(indices[row, 0])
                     else:
@@ -159,8 +160,11 @@ class DraftModelDrafter:
         finally:
             valid = session.close() if session is not None else None
         for row, i in enumerate(drafting):
-            keep = ks[i] if valid is None or self.config.fixed_draft_length or not manager.is_guided(seqs[i].slot) \
+            keep = (
+                ks[i]
+                if valid is None or self.config.fixed_draft_length or not manager.is_guided(seqs[i].slot)
                 else min(ks[i], valid[row])
+            )
             proposals[i].tokens = proposals[i].tokens[:keep]
             if proposals[i].dists is not None:
                 proposals[i].dists = proposals[i].dists[:keep]

@@ -14,6 +14,7 @@ string (126k tokens allowed) a closing-quote token wins ~20% of steps, a number 
 step, so an object finishes in tens of tokens; unconstrained output stays varied gibberish (~70%
 punctuation, the rest words and digits, EOS ~4%). `strength` scales every term (0 = no prior).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,9 +37,7 @@ _EOS_BONUS = 4.0
 _SPECIAL_PENALTY = -10.0  # tokens without text (special, unused); finite, masking is the bitmask's job
 
 
-def structural_token_prior(
-    token_texts: list[bytes | None], eos_token_ids: list[int], strength: float
-) -> np.ndarray:
+def structural_token_prior(token_texts: list[bytes | None], eos_token_ids: list[int], strength: float) -> np.ndarray:
     """Additive logit bias (float32, one entry per token id, len(token_texts) entries).
 
     token_texts: each id's raw bytes, None for special/unused ids (see `token_texts_from_hf`).

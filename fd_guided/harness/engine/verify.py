@@ -20,17 +20,31 @@ masked logits: `candidate_distribution`), so a draft the grammar rejects has p =
 rejected. `limit` (the manager's `draft_limits`) caps acceptance for drafts past the end of the
 grammar chain, as defence in depth. A request without drafts draws exactly as `_pick` does.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from fd_guided.harness.engine.sampling import SamplingParams, candidate_count, candidate_distribution, draw, top_candidates
+from fd_guided.harness.engine.sampling import (
+    SamplingParams,
+    candidate_count,
+    candidate_distribution,
+    draw,
+    top_candidates,
+)
 
 
-def verify(logits, offsets: Sequence[int], drafts: Sequence[Sequence[int]], params: Sequence[SamplingParams], rngs,
-           draft_dists: Sequence[Sequence[tuple[np.ndarray, np.ndarray]] | None], limits: Sequence[int]) -> list[list[int]]:
+def verify(
+    logits,
+    offsets: Sequence[int],
+    drafts: Sequence[Sequence[int]],
+    params: Sequence[SamplingParams],
+    rngs,
+    draft_dists: Sequence[Sequence[tuple[np.ndarray, np.ndarray]] | None],
+    limits: Sequence[int],
+) -> list[list[int]]:
     """Tokens each request emits. Request i owns logits rows ``offsets[i] .. offsets[i] + len(drafts[i])``;
     `draft_dists[i][j]` is the draft's (ids, probs) for draft j (None: point masses, n-gram)."""
     rows, vocab = logits.shape

@@ -3,6 +3,7 @@
 `device` defaults to ``xpu``; pass another Paddle device string (``npu:0``, or ``cpu`` to exercise
 the Paddle-native kernel on a machine without such a device).
 """
+
 from fd_guided.harness.engine.runner import ModelRunner
 
 

@@ -11,6 +11,7 @@ as structural tags, and parsed back), `errors` (OpenAI error bodies), `metrics` 
 `health` (event-loop lag and step-time windows), `loop_priority` (the event-loop thread's CPU
 class).
 """
+
 from fd_guided.harness.server.app import create_app, serve
 from fd_guided.harness.server.settings import ServerSettings
 from fd_guided.harness.server.state import ServerState

@@ -8,6 +8,7 @@ This process runs HTTP, cheap bounded checks (body size, chat templates), and st
 model. The engine (model, guided manager, compile service) runs in its own process (`engine_process`, driven by `engine_client`), so nothing it does can
 hold this event loop or its GIL.
 """
+
 from __future__ import annotations
 
 import gc
@@ -29,8 +30,9 @@ from fd_guided.harness.server.settings import ServerSettings
 from fd_guided.harness.server.state import ServerState
 
 logger = logging.getLogger("fd_guided.harness.server")
-KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/health", "/stats",
-                         "/stats/reset"})
+KNOWN_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/health", "/stats", "/stats/reset"}
+)
 
 __all__ = ["ServerSettings", "ServerState", "create_app", "serve"]
 
@@ -53,8 +55,15 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def lifespan(app: FastAPI):
         hello = await engine.start()
         metrics.engine_up.set(1)
-        logger.info("engine process %d: %d layers, hidden %d, vocab %d, context %d tokens, tokenizer %s", hello.pid,
-                    hello.num_layers, hello.hidden_size, hello.vocab_size, hello.max_seq_len, hello.tokenizer)
+        logger.info(
+            "engine process %d: %d layers, hidden %d, vocab %d, context %d tokens, tokenizer %s",
+            hello.pid,
+            hello.num_layers,
+            hello.hidden_size,
+            hello.vocab_size,
+            hello.max_seq_len,
+            hello.tokenizer,
+        )
         lag.start()
         state.loop_scheduling = set_loop_priority(settings.loop_priority)  # on the loop's own thread
         logger.info("event loop thread: %s", state.loop_scheduling.describe())
@@ -64,13 +73,17 @@ def create_app(settings: ServerSettings) -> FastAPI:
             await lag.stop()
             await engine.stop()
 
-    app = FastAPI(title="fd_guided", summary="OpenAI-compatible guided decoding on the fd_guided reference engine",
-                  lifespan=lifespan)
+    app = FastAPI(
+        title="fd_guided",
+        summary="OpenAI-compatible guided decoding on the fd_guided reference engine",
+        lifespan=lifespan,
+    )
     app.state.fd = state
     install_handlers(app)
     app.include_router(router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
-                       on_refuse=lambda: metrics.refused.labels("body_too_large").inc())
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, on_refuse=lambda: metrics.refused.labels("body_too_large").inc()
+    )
     app.add_middleware(RequestCounter, metrics=metrics)
     return app
 
@@ -116,13 +129,23 @@ def serve(settings: ServerSettings, *, host: str = "127.0.0.1", port: int = 8000
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.setswitchinterval(settings.switch_interval_s)
-    logger.info("guided backend %s; chat template %s (tool calls: %s); max_num_seqs %d; GIL switch interval %.1f ms; "
-                "bodies up to %d bytes", settings.backend, settings.chat_template,
-                get_template(settings.chat_template).tool_format.name, settings.max_num_seqs, settings.switch_interval_s * 1000,
-                settings.max_body_bytes)
+    logger.info(
+        "guided backend %s; chat template %s (tool calls: %s); max_num_seqs %d; GIL switch interval %.1f ms; "
+        "bodies up to %d bytes",
+        settings.backend,
+        settings.chat_template,
+        get_template(settings.chat_template).tool_format.name,
+        settings.max_num_seqs,
+        settings.switch_interval_s * 1000,
+        settings.max_body_bytes,
+    )
     app = create_app(settings)
     frozen = _freeze_startup_heap()
     logger.info("garbage collector: %d startup objects frozen out of full collections", frozen)
-    logger.info("serving %s on http://%s:%d/v1 (OpenAI API), /metrics, /health, /stats once the engine process is up",
-                settings.model_name, host, port)
+    logger.info(
+        "serving %s on http://%s:%d/v1 (OpenAI API), /metrics, /health, /stats once the engine process is up",
+        settings.model_name,
+        host,
+        port,
+    )
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

@@ -13,6 +13,7 @@ token). A prompt that is not refused that way is tokenised once more, whole, for
 Before, a 21 MB chat body was parsed and tokenised in full (7 million tokens, ~60 s, the server's
 RSS from 0.85 to 3.5 GB) only to be refused for exceeding 4,096 tokens.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -84,7 +85,10 @@ class PromptBound:
         the prompt plus `max_tokens` cannot fit."""
         budget = self.context - max_tokens
         # Each character is at least one UTF-8 byte: the length is a bound before any encoding.
-        if len(prompt) > self.context * self.longest or len(prompt.encode("utf-8", "surrogatepass")) > self.context * self.longest:
+        if (
+            len(prompt) > self.context * self.longest
+            or len(prompt.encode("utf-8", "surrogatepass")) > self.context * self.longest
+        ):
             self._refuse(f"more than {self.context} tokens", max_tokens)
         if len(prompt) > _PIECE_CHARS:
             seen, cuts = 0, 0
@@ -99,8 +103,11 @@ class PromptBound:
         return count
 
     def _refuse(self, size: str, max_tokens: int) -> None:
-        raise RequestError(f"the prompt ({size}) plus max_tokens ({max_tokens}) exceeds the model's context of "
-                           f"{self.context} tokens", param="max_tokens", code="context_length_exceeded")
+        raise RequestError(
+            f"the prompt ({size}) plus max_tokens ({max_tokens}) exceeds the model's context of {self.context} tokens",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
 
 
 def _pieces(text: str):
@@ -109,7 +116,9 @@ def _pieces(text: str):
     while start < len(text):
         end = min(len(text), start + _PIECE_CHARS)
         if end < len(text):
-            space = max(text.rfind(" ", start + _PIECE_CHARS // 2, end), text.rfind("\n", start + _PIECE_CHARS // 2, end))
+            space = max(
+                text.rfind(" ", start + _PIECE_CHARS // 2, end), text.rfind("\n", start + _PIECE_CHARS // 2, end)
+            )
             end = space if space > start else end
         yield text[start:end]
         start = end

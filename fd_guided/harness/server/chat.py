@@ -12,11 +12,12 @@ structural tag enforces and `ToolPlan.parse` reads back). Families:
             in ``ipython`` turns; the tools are listed in the first user turn (Llama 3.1's
             JSON-based tool calling).
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from fd_guided.harness.server.protocol import ChatMessage, Tool
 from fd_guided.harness.server.tools import HERMES, LLAMA3_JSON, ToolCallFormat
@@ -26,7 +27,7 @@ from fd_guided.harness.server.tools import HERMES, LLAMA3_JSON, ToolCallFormat
 class ChatTemplate:
     name: str
     tool_format: ToolCallFormat
-    render_fn: Callable[["ChatTemplate", Sequence[ChatMessage], Sequence[Tool]], str]
+    render_fn: Callable[[ChatTemplate, Sequence[ChatMessage], Sequence[Tool]], str]
 
     def render(self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()) -> str:
         """The prompt for `messages`, ending with the opening of the assistant's turn."""
@@ -38,7 +39,9 @@ def _tool_json(tool: Tool) -> str:
 
 
 def _assistant_text(template: ChatTemplate, message: ChatMessage) -> str:
-    calls = [template.tool_format.render(call.function.name, call.function.arguments) for call in message.tool_calls or []]
+    calls = [
+        template.tool_format.render(call.function.name, call.function.arguments) for call in message.tool_calls or []
+    ]
     return template.tool_format.separator.join(([message.text()] if message.text() else []) + calls)
 
 
@@ -54,8 +57,9 @@ def _render_hermes(template: ChatTemplate, messages: Sequence[ChatMessage], tool
             "You are provided with function signatures within <tools></tools> XML tags:\n"
             f"<tools>\n{signatures}\n</tools>\n\n"
             "For each function call, return a json object with function name and arguments within "
-            "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-            "<args-json-object>}\n</tool_call>")
+            '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+            "<args-json-object>}\n</tool_call>"
+        )
     if system:
         parts.append(f"<|im_start|>system\n{system}<|im_end|>\n")
     for message in rest:
@@ -88,10 +92,13 @@ def _render_llama3(template: ChatTemplate, messages: Sequence[ChatMessage], tool
         if message.role == "user" and tools_pending:
             tools_pending = False
             signatures = "\n\n".join(_tool_json(tool) for tool in tools)
-            turn("user", "Given the following functions, please respond with a JSON for a function call with its "
-                 "proper arguments that best answers the given prompt.\n\nRespond in the format {\"name\": "
-                 "function name, \"parameters\": dictionary of argument name and its value}. Do not use "
-                 f"variables.\n\n{signatures}\n\n{message.text()}")
+            turn(
+                "user",
+                "Given the following functions, please respond with a JSON for a function call with its "
+                'proper arguments that best answers the given prompt.\n\nRespond in the format {"name": '
+                'function name, "parameters": dictionary of argument name and its value}. Do not use '
+                f"variables.\n\n{signatures}\n\n{message.text()}",
+            )
         elif message.role == "tool":
             turn("ipython", message.text())
         elif message.role == "assistant":

@@ -16,6 +16,7 @@ writes an SSE chunk), so they are handed out `dispatch_chunk` at a time, one chu
 iteration, with timers, new connections and other callbacks between chunks (as vLLM splits its
 output processing). Updates keep their order: one FIFO holds them across steps.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -66,14 +67,20 @@ class Submission:
 
 class EngineClient:
     """Args:
-        settings: the server's settings (sent to the engine process as they are).
-        on_outputs: called with each `Outputs`' transit time in seconds (metrics).
-        on_restart: called when an engine process is started again after one died.
-        dispatch_chunk: updates handed out per event-loop iteration.
+    settings: the server's settings (sent to the engine process as they are).
+    on_outputs: called with each `Outputs`' transit time in seconds (metrics).
+    on_restart: called when an engine process is started again after one died.
+    dispatch_chunk: updates handed out per event-loop iteration.
     """
 
-    def __init__(self, settings: ServerSettings, *, on_transit: Callable[[float], None] | None = None,
-                 on_restart: Callable[[], None] | None = None, dispatch_chunk: int = DISPATCH_CHUNK):
+    def __init__(
+        self,
+        settings: ServerSettings,
+        *,
+        on_transit: Callable[[float], None] | None = None,
+        on_restart: Callable[[], None] | None = None,
+        dispatch_chunk: int = DISPATCH_CHUNK,
+    ):
         self.settings = settings
         self.on_transit = on_transit
         self.on_restart = on_restart
@@ -115,7 +122,7 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         self.generation += 1
         to_engine, from_engine = ipc.socket_paths(self.generation, self._ipc_dir)
-        self._ipc_dir = to_engine[len("ipc://"):].rsplit("/", 1)[0]
+        self._ipc_dir = to_engine[len("ipc://") :].rsplit("/", 1)[0]
         self._close_sockets()
         self._inbox = self._context.socket(zmq.PULL)
         self._inbox.bind(from_engine)
@@ -125,8 +132,18 @@ class EngineClient:
         self._hello_waiter = loop.create_future()
         env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "fd_guided.harness.server.engine_process", self.settings.to_json(), to_engine, from_engine],
-            start_new_session=True, stdin=subprocess.DEVNULL, env=env)
+            [
+                sys.executable,
+                "-m",
+                "fd_guided.harness.server.engine_process",
+                self.settings.to_json(),
+                to_engine,
+                from_engine,
+            ],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
         _become_subreaper()
         self._pidfd = os.pidfd_open(self.process.pid)
         loop.add_reader(self._pidfd, self._on_exit, self.process, self._pidfd)
@@ -184,17 +201,28 @@ class EngineClient:
         was_up, self.hello = self.hello is not None, None
         if self._stopping:
             return
-        logger.error("engine process %d exited with %s; failing %d requests in flight", process.pid, process.returncode,
-                     self.in_flight)
+        logger.error(
+            "engine process %d exited with %s; failing %d requests in flight",
+            process.pid,
+            process.returncode,
+            self.in_flight,
+        )
         if self._hello_waiter is not None and not self._hello_waiter.done():
-            self._hello_waiter.set_exception(RuntimeError(f"the engine process exited with {process.returncode} while starting"))
-        self._fail_all(EngineUnavailable(f"the engine process died (exit status {process.returncode}); "
-                                         "the request was lost, retry shortly"))
+            self._hello_waiter.set_exception(
+                RuntimeError(f"the engine process exited with {process.returncode} while starting")
+            )
+        self._fail_all(
+            EngineUnavailable(
+                f"the engine process died (exit status {process.returncode}); the request was lost, retry shortly"
+            )
+        )
         now = time.monotonic()
         self._deaths.append(now)
         recent = sum(1 for t in self._deaths if now - t < 60)
         delay = min(_MAX_RESTART_DELAY_S, self.settings.restart_delay_s * 2 ** (recent - 1))
-        logger.warning("starting a new engine process in %.1f s%s", delay, "" if was_up else " (it died while starting)")
+        logger.warning(
+            "starting a new engine process in %.1f s%s", delay, "" if was_up else " (it died while starting)"
+        )
         self._restart = asyncio.get_running_loop().call_later(delay, self._start_again)
 
     def _start_again(self) -> None:

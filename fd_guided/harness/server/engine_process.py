@@ -17,6 +17,7 @@ three go through one lock (a ZeroMQ socket is not thread-safe; a lock is the ful
 documentation asks for). The process exits when the API process goes away (a parent-death
 signal, and a check of the parent's pid on every heartbeat).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -54,9 +55,14 @@ def build_engine(settings: ServerSettings):
     from fd_guided.config import GuidedConfig
     from fd_guided.harness.engine.engine import ReferenceEngine
 
-    return ReferenceEngine.default(preset=settings.preset, tokenizer=settings.tokenizer, seed=settings.seed,
-                                   guided_config=GuidedConfig(backend=settings.backend), max_num_seqs=settings.max_num_seqs,
-                                   max_num_batched_tokens=settings.max_num_batched_tokens)
+    return ReferenceEngine.default(
+        preset=settings.preset,
+        tokenizer=settings.tokenizer,
+        seed=settings.seed,
+        guided_config=GuidedConfig(backend=settings.backend),
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+    )
 
 
 class EngineServer:
@@ -66,8 +72,9 @@ class EngineServer:
         self.engine = engine
         self.settings = settings
         self.metrics = EngineMetrics(engine.manager.metrics if engine.manager is not None else None)
-        self.prompts = PromptBound(engine.tokenizer.encode, longest_token_bytes(engine.tokenizer.token_bytes),
-                                   engine.model.cfg.max_seq_len)
+        self.prompts = PromptBound(
+            engine.tokenizer.encode, longest_token_bytes(engine.tokenizer.token_bytes), engine.model.cfg.max_seq_len
+        )
         self.steps, self.token_gaps = WindowStats(), WindowStats()
         self._out = out
         self._send_lock = threading.Lock()
@@ -90,8 +97,17 @@ class EngineServer:
         cfg = self.engine.model.cfg
         self._thread.start()
         tokenizer = self.engine.tokenizer
-        self.send(ipc.Hello(os.getpid(), cfg.max_seq_len, cfg.vocab_size, cfg.num_layers, cfg.hidden_size, tokenizer.name,
-                            list(tokenizer.token_bytes)))
+        self.send(
+            ipc.Hello(
+                os.getpid(),
+                cfg.max_seq_len,
+                cfg.vocab_size,
+                cfg.num_layers,
+                cfg.hidden_size,
+                tokenizer.name,
+                list(tokenizer.token_bytes),
+            )
+        )
         next_beat = 0.0
         while not self._stopping.is_set():
             if inbox.poll(int(_HEARTBEAT_S * 1000)):
@@ -124,8 +140,10 @@ class EngineServer:
         if query.what == "metrics":
             return self.metrics.exposition().decode()
         if query.what == "stats":
-            return {"engine_step": self.steps.snapshot(query.reset, query.series),
-                    "token_gap": self.token_gaps.snapshot(query.reset, query.series)}
+            return {
+                "engine_step": self.steps.snapshot(query.reset, query.series),
+                "token_gap": self.token_gaps.snapshot(query.reset, query.series),
+            }
         return {"error": f"unknown query {query.what!r}"}
 
     def _compiles_in_flight(self) -> int:
@@ -140,7 +158,9 @@ class EngineServer:
         try:
             checked = set()
             for request in message.requests:  # n choices share a prompt: check it once
-                if (request.get("prompt"), request.get("max_tokens")) not in checked and isinstance(request.get("prompt"), str):
+                if (request.get("prompt"), request.get("max_tokens")) not in checked and isinstance(
+                    request.get("prompt"), str
+                ):
                     self.prompts.check(request["prompt"], int(request.get("max_tokens") or 0))
                     checked.add((request["prompt"], request.get("max_tokens")))
             if message.tools:
@@ -221,8 +241,11 @@ class EngineServer:
         with self._lock:
             self._live.discard(update.index)
             self._cancelled.discard(update.index)
-        return ipc.Update(update.index, list(update.new_token_ids),
-                          ipc.Finished(finished.finish_reason, finished.error, finished.prompt_tokens))
+        return ipc.Update(
+            update.index,
+            list(update.new_token_ids),
+            ipc.Finished(finished.finish_reason, finished.error, finished.prompt_tokens),
+        )
 
     def _fail_in_flight(self, error: BaseException) -> None:
         with self._lock:
@@ -230,7 +253,9 @@ class EngineServer:
         for index in indices:
             self.engine.abort(index)
         message = f"the engine step failed: {type(error).__name__}: {error}"
-        self.send(ipc.Outputs(time.monotonic(), [ipc.Update(index, [], ipc.Finished("error", message)) for index in indices]))
+        self.send(
+            ipc.Outputs(time.monotonic(), [ipc.Update(index, [], ipc.Finished("error", message)) for index in indices])
+        )
 
     def close(self) -> None:
         self._stopping.set()
@@ -277,8 +302,10 @@ def main(argv: list[str]) -> int:
     parent_pid = os.getppid()
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when the engine stops
-    logging.basicConfig(level=os.environ.get("FD_GUIDED_ENGINE_LOG", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("FD_GUIDED_ENGINE_LOG", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+    )
     settings = ServerSettings.from_json(settings_json)
     sys.setswitchinterval(settings.switch_interval_s)
     context = zmq.Context()
@@ -290,8 +317,16 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     engine = build_engine(settings)
     cfg = engine.model.cfg
-    logger.info("engine ready in %.1f s: preset %s (%d layers, hidden %d, vocab %d, context %d), backend %s", time.perf_counter() - started,
-                settings.preset, cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.max_seq_len, settings.backend)
+    logger.info(
+        "engine ready in %.1f s: preset %s (%d layers, hidden %d, vocab %d, context %d), backend %s",
+        time.perf_counter() - started,
+        settings.preset,
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.vocab_size,
+        cfg.max_seq_len,
+        settings.backend,
+    )
     server = EngineServer(engine, settings, outbox)
     gc.collect()
     gc.freeze()  # the model and tables live as long as the process: no full collection walks them

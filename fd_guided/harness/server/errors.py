@@ -1,15 +1,16 @@
 """Errors as OpenAI error bodies: ``{"error": {"message", "type", "param", "code"}}``.
 
-  `InvalidGrammarError` (admission, or a compile that failed before the first token)
-        -> 400 ``invalid_request_error``; ``param`` is the error's `part` (the field or schema
-        location), ``code`` its class in snake case (``invalid_grammar``,
-        ``unsatisfiable_grammar``, ``grammar_compile_timeout``, ...); the message names the
-        unsupported `feature` when there is one.
-  request validation (pydantic) -> 400 ``invalid_request_error`` with the field's location as ``param``.
-  `RequestError` -> its own status (400 for out-of-range values, 404 for an unknown model, 413 for
-        a body or prompt past its bound, 503 while the engine process is down: `EngineUnavailable`).
-  anything else -> 500 ``server_error`` (logged with its traceback).
+`InvalidGrammarError` (admission, or a compile that failed before the first token)
+      -> 400 ``invalid_request_error``; ``param`` is the error's `part` (the field or schema
+      location), ``code`` its class in snake case (``invalid_grammar``,
+      ``unsatisfiable_grammar``, ``grammar_compile_timeout``, ...); the message names the
+      unsupported `feature` when there is one.
+request validation (pydantic) -> 400 ``invalid_request_error`` with the field's location as ``param``.
+`RequestError` -> its own status (400 for out-of-range values, 404 for an unknown model, 413 for
+      a body or prompt past its bound, 503 while the engine process is down: `EngineUnavailable`).
+anything else -> 500 ``server_error`` (logged with its traceback).
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,14 +29,22 @@ logger = logging.getLogger(__name__)
 class RequestError(Exception):
     """A request the server refuses for a reason other than its constraint."""
 
-    def __init__(self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None,
-                 type: str = "invalid_request_error"):
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.message, self.param, self.status, self.code, self.type = message, param, status, code, type
 
 
-def error_response(status: int, message: str, *, param: str | None = None, code: str | None = None,
-                   type: str = "invalid_request_error") -> JSONResponse:
+def error_response(
+    status: int, message: str, *, param: str | None = None, code: str | None = None, type: str = "invalid_request_error"
+) -> JSONResponse:
     body = ErrorResponse(error=ErrorBody(message=message, type=type, param=param, code=code))
     return JSONResponse(body.model_dump(), status_code=status)
 
@@ -48,7 +57,9 @@ class EngineUnavailable(RequestError):
         super().__init__(message, status=503, code="engine_unavailable", type="server_error")
 
     def body(self) -> dict:
-        return ErrorResponse(error=ErrorBody(message=self.message, type=self.type, param=None, code=self.code)).model_dump()
+        return ErrorResponse(
+            error=ErrorBody(message=self.message, type=self.type, param=None, code=self.code)
+        ).model_dump()
 
 
 def grammar_error_fields(error: InvalidGrammarError) -> dict:

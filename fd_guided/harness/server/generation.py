@@ -10,11 +10,13 @@ complete tool calls; ``error`` when guided decoding failed while decoding (rejec
 end), with the message in the choice's ``error``: that choice ends, the others go on. When the
 engine process dies, `admit` and `events` raise `EngineUnavailable` (HTTP 503 / an SSE error event).
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from fd_guided.harness.server.errors import RequestError
 from fd_guided.harness.server.output import ChoiceText
@@ -40,21 +42,32 @@ class Choice:
 
 class Generation:
     """Args:
-        state: the server's shared state (engine loop, tokenizer, metrics).
-        endpoint: ``chat`` or ``completions`` (metrics label).
-        prompts: one prompt per choice.
-        fields: guided and sampling fields for the engine (`ReferenceEngine.submit`), the same
-            for every choice.
-        seed: the request's seed; choice i samples with ``[seed, i]``.
-        stop: stop strings.
-        tool_plan: tool calling for this request (chat only), or None.
-        choices_per_prompt: ``n`` (usage counts each distinct prompt once).
-        tools: the request's tool definitions (their parameter schemas are validated in the engine).
+    state: the server's shared state (engine loop, tokenizer, metrics).
+    endpoint: ``chat`` or ``completions`` (metrics label).
+    prompts: one prompt per choice.
+    fields: guided and sampling fields for the engine (`ReferenceEngine.submit`), the same
+        for every choice.
+    seed: the request's seed; choice i samples with ``[seed, i]``.
+    stop: stop strings.
+    tool_plan: tool calling for this request (chat only), or None.
+    choices_per_prompt: ``n`` (usage counts each distinct prompt once).
+    tools: the request's tool definitions (their parameter schemas are validated in the engine).
     """
 
-    def __init__(self, state: "ServerState", endpoint: str, prompts: Sequence[str], fields: dict[str, Any], *,
-                 seed: int, max_tokens: int, stop: Sequence[str] = (), tool_plan: ToolPlan | None = None,
-                 choices_per_prompt: int = 1, tools: list[dict] | None = None):
+    def __init__(
+        self,
+        state: ServerState,
+        endpoint: str,
+        prompts: Sequence[str],
+        fields: dict[str, Any],
+        *,
+        seed: int,
+        max_tokens: int,
+        stop: Sequence[str] = (),
+        tool_plan: ToolPlan | None = None,
+        choices_per_prompt: int = 1,
+        tools: list[dict] | None = None,
+    ):
         self.state = state
         self.endpoint = endpoint
         self.started = time.perf_counter()
@@ -81,8 +94,12 @@ class Generation:
         self._pending = set(self.submission.indices)
         plan = self.tool_plan
         for index, engine_index in enumerate(self.submission.indices):
-            text = ChoiceText(self.state.tokenizer, self.stop, hold_from=plan.format.trigger if plan and plan.mode == "auto" else None,
-                              hold_all=bool(plan and plan.mode != "auto"))
+            text = ChoiceText(
+                self.state.tokenizer,
+                self.stop,
+                hold_from=plan.format.trigger if plan and plan.mode == "auto" else None,
+                hold_all=bool(plan and plan.mode != "auto"),
+            )
             self.choices.append(Choice(index, engine_index, text))
 
     async def events(self) -> AsyncIterator[tuple[Choice, str]]:
@@ -124,12 +141,13 @@ class Generation:
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(choice.prompt_tokens for choice in self.choices[::self.choices_per_prompt])
+        return sum(choice.prompt_tokens for choice in self.choices[:: self.choices_per_prompt])
 
     def usage(self) -> Usage:
         completion = sum(choice.tokens for choice in self.choices)
-        return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=completion,
-                     total_tokens=self.prompt_tokens + completion)
+        return Usage(
+            prompt_tokens=self.prompt_tokens, completion_tokens=completion, total_tokens=self.prompt_tokens + completion
+        )
 
     def close(self) -> None:
         """Abort whatever is still running (a client that went away); idempotent."""

@@ -6,6 +6,7 @@ another thread holds, shows up here as lag. `WindowStats` keeps recent samples o
 percentiles (``GET /stats``; ``POST /stats/reset`` starts a new window, which the load tool does
 before each phase); the Prometheus histograms in `fd_guided.harness.server.metrics` keep the totals.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +14,7 @@ import math
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 
 class WindowStats:
@@ -52,8 +53,14 @@ def summarise(sorted_samples: list[float]) -> dict[str, float | int | None]:
     def rank(q: float) -> float:
         return sorted_samples[min(count - 1, max(0, math.ceil(q * count) - 1))]
 
-    return {"count": count, "mean": sum(sorted_samples) / count, "p50": rank(0.5), "p90": rank(0.9),
-            "p99": rank(0.99), "max": sorted_samples[-1]}
+    return {
+        "count": count,
+        "mean": sum(sorted_samples) / count,
+        "p50": rank(0.5),
+        "p90": rank(0.9),
+        "p99": rank(0.99),
+        "max": sorted_samples[-1],
+    }
 
 
 class LoopLagMonitor:

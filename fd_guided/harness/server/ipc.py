@@ -13,6 +13,7 @@ msgspec); nothing here frames or parses bytes itself.
 Times (`Outputs.sent_at`) are `time.monotonic()`, the same clock in both processes on Linux, so the
 API process measures how long a step's updates spent in transit.
 """
+
 from __future__ import annotations
 
 import os
@@ -110,8 +111,8 @@ class Reply(msgspec.Struct, tag="reply"):
     payload: Any
 
 
-ToEngine = Union[Submit, Abort, Query, Shutdown]
-FromEngine = Union[Hello, Admitted, Outputs, Load, Reply]
+ToEngine = Union[Submit, Abort, Query, Shutdown]  # noqa: UP007 (msgspec reads the tagged union)
+FromEngine = Union[Hello, Admitted, Outputs, Load, Reply]  # noqa: UP007
 
 encode = msgspec.msgpack.Encoder().encode
 to_engine = msgspec.msgpack.Decoder(ToEngine)

@@ -17,6 +17,7 @@ everyone else, and round-robin at priority 1 yields to any real-time task of the
 Needs ``CAP_SYS_NICE`` or a non-zero ``RLIMIT_RTPRIO``: the ``auto`` mode falls back to the
 normal class and says so; ``realtime`` refuses to start without it; ``normal`` never asks.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,8 +68,11 @@ def current_scheduling(note: str = "") -> LoopScheduling:
     if not hasattr(os, "sched_getscheduler"):
         return LoopScheduling("unknown", 0, note)
     policy = os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
-    names = {getattr(os, name): name for name in ("SCHED_OTHER", "SCHED_RR", "SCHED_FIFO", "SCHED_BATCH", "SCHED_IDLE")
-             if hasattr(os, name)}
+    names = {
+        getattr(os, name): name
+        for name in ("SCHED_OTHER", "SCHED_RR", "SCHED_FIFO", "SCHED_BATCH", "SCHED_IDLE")
+        if hasattr(os, name)
+    }
     return LoopScheduling(names.get(policy, str(policy)), os.sched_getparam(0).sched_priority, note)
 
 

@@ -10,24 +10,31 @@ whole, once parsed). A stop string found ends the choice:
 the text is cut before it (OpenAI semantics; a guided output cut this way may be incomplete, as
 anywhere else).
 """
+
 from __future__ import annotations
 
 import codecs
-from typing import Sequence
+from collections.abc import Sequence
 
 from fd_guided.tokenizer import TokenizerBundle
 
 
 class ChoiceText:
     """Args:
-        tokenizer: decodes the generated ids.
-        stop: stop strings (the text ends before the first one found).
-        hold_from: text from this marker on is never sent by `add` (None: no marker).
-        hold_all: `add` sends nothing (the caller sends the final text itself).
+    tokenizer: decodes the generated ids.
+    stop: stop strings (the text ends before the first one found).
+    hold_from: text from this marker on is never sent by `add` (None: no marker).
+    hold_all: `add` sends nothing (the caller sends the final text itself).
     """
 
-    def __init__(self, tokenizer: TokenizerBundle, stop: Sequence[str] = (), *, hold_from: str | None = None,
-                 hold_all: bool = False):
+    def __init__(
+        self,
+        tokenizer: TokenizerBundle,
+        stop: Sequence[str] = (),
+        *,
+        hold_from: str | None = None,
+        hold_all: bool = False,
+    ):
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
         self.hold_from = hold_from or None
@@ -77,7 +84,7 @@ class ChoiceText:
         return max(limit, self.sent)
 
     def _send_up_to(self, limit: int) -> str:
-        delta = self.text[self.sent:limit]
+        delta = self.text[self.sent : limit]
         self.sent = max(self.sent, limit)
         return delta
 

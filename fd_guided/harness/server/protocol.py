@@ -8,18 +8,32 @@ a few sampling extensions (``top_k``, ``ignore_eos``). Fields we cannot honour (
 penalties, ``logit_bias``) are accepted only at their neutral value, so a client that relies on
 them gets a 400 instead of a quietly different answer.
 """
+
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Guided fields passed through to `fd_guided.spec.parse_guided_request` unchanged.
-GUIDED_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
-                 "any_whitespace", "disable_any_whitespace", "max_whitespace_cnt", "separators", "guided_strict",
-                 "guided_unknown_formats", "guided_any_order", "guided_fit_budget")
+GUIDED_FIELDS = (
+    "guided_json",
+    "guided_json_object",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structural_tag",
+    "any_whitespace",
+    "disable_any_whitespace",
+    "max_whitespace_cnt",
+    "separators",
+    "guided_strict",
+    "guided_unknown_formats",
+    "guided_any_order",
+    "guided_fit_budget",
+)
 MAX_N = 16
 MAX_STOP = 16
 # OpenAI's own rule for function names; it also keeps names safe to embed in a grammar literal.
@@ -202,7 +216,7 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[Tool] | None = None
-    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     top_logprobs: int | None = None
     store: bool | None = None

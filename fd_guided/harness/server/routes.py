@@ -8,6 +8,7 @@ every constraint error, including one only a compiler finds, is an HTTP 400 (`er
 the engine process is down, generation requests get 503 and ``/health`` says so (503); a client
 that goes away aborts its engine requests, streaming or not.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,7 +44,7 @@ router = APIRouter()
 _SEED_MODULUS = 1 << 63
 
 
-def _state(request: Request) -> "ServerState":
+def _state(request: Request) -> ServerState:
     return request.app.state.fd
 
 
@@ -51,8 +52,10 @@ def _state(request: Request) -> "ServerState":
 async def health(request: Request):
     state = _state(request)
     up = state.engine.up
-    return JSONResponse({"status": "ok" if up else "engine process down (starting again)", **state.load()},
-                        status_code=200 if up else 503)
+    return JSONResponse(
+        {"status": "ok" if up else "engine process down (starting again)", **state.load()},
+        status_code=200 if up else 503,
+    )
 
 
 @router.get("/v1/models")
@@ -90,14 +93,29 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     max_tokens = body.token_limit() or state.settings.default_max_tokens
 
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if plan is not None else None
-    gen = Generation(state, "chat", [prompt] * body.n, fields, seed=_seed(body.seed), max_tokens=max_tokens,
-                     stop=body.stop, tool_plan=plan, tools=tools)
+    gen = Generation(
+        state,
+        "chat",
+        [prompt] * body.n,
+        fields,
+        seed=_seed(body.seed),
+        max_tokens=max_tokens,
+        stop=body.stop,
+        tool_plan=plan,
+        tools=tools,
+    )
     streamed = await _admit(gen, body, chat_events, state.settings.model_name, request)
     if streamed is not None:
         return streamed
-    choices = [ChatChoice(index=c.index, finish_reason=c.finish_reason, error=_choice_error(c.error),
-                          message=ResponseMessage(content=c.content, tool_calls=c.tool_calls or None))
-               for c in gen.choices]
+    choices = [
+        ChatChoice(
+            index=c.index,
+            finish_reason=c.finish_reason,
+            error=_choice_error(c.error),
+            message=ResponseMessage(content=c.content, tool_calls=c.tool_calls or None),
+        )
+        for c in gen.choices
+    ]
     return ChatCompletion(id=new_id("chatcmpl"), model=state.settings.model_name, choices=choices, usage=gen.usage())
 
 
@@ -109,13 +127,25 @@ async def completions(body: CompletionRequest, request: Request):
     max_tokens = body.token_limit() or state.settings.default_max_tokens
 
     choice_prompts = [prompt for prompt in prompts for _ in range(body.n)]
-    gen = Generation(state, "completions", choice_prompts, {**body.guided_fields(), **body.sampling()},
-                     seed=_seed(body.seed), max_tokens=max_tokens, stop=body.stop, choices_per_prompt=body.n)
+    gen = Generation(
+        state,
+        "completions",
+        choice_prompts,
+        {**body.guided_fields(), **body.sampling()},
+        seed=_seed(body.seed),
+        max_tokens=max_tokens,
+        stop=body.stop,
+        choices_per_prompt=body.n,
+    )
     streamed = await _admit(gen, body, completion_events, state.settings.model_name, request)
     if streamed is not None:
         return streamed
-    choices = [CompletionChoice(index=c.index, text=c.content or "", finish_reason=c.finish_reason, error=_choice_error(c.error))
-               for c in gen.choices]
+    choices = [
+        CompletionChoice(
+            index=c.index, text=c.content or "", finish_reason=c.finish_reason, error=_choice_error(c.error)
+        )
+        for c in gen.choices
+    ]
     return Completion(id=new_id("cmpl"), model=state.settings.model_name, choices=choices, usage=gen.usage())
 
 
@@ -152,10 +182,14 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def _check_model(state: "ServerState", model: str | None) -> None:
+def _check_model(state: ServerState, model: str | None) -> None:
     if model is not None and model != state.settings.model_name:
-        raise RequestError(f"The model {model!r} does not exist; this server serves {state.settings.model_name!r}",
-                           param="model", status=404, code="model_not_found")
+        raise RequestError(
+            f"The model {model!r} does not exist; this server serves {state.settings.model_name!r}",
+            param="model",
+            status=404,
+            code="model_not_found",
+        )
 
 
 def _seed(seed: int | None) -> int:

@@ -1,4 +1,5 @@
 """`ServerSettings`: what `fd-guided serve` is started with; both processes read it (no heavy imports)."""
+
 from __future__ import annotations
 
 import dataclasses

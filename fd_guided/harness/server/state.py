@@ -2,6 +2,7 @@
 
 Its own module so that routes and generation can name it without importing the app (no cycle).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,15 +51,23 @@ class ServerState:
             engine = await self.engine.query("stats", reset=reset, series=series)
         except (EngineUnavailable, asyncio.TimeoutError):
             engine = {"engine_step": None, "token_gap": None}
-        return {"loop_lag": self.lag.window.snapshot(reset, series), "ipc_transit": self.transit.snapshot(reset, series),
-                **engine, **self.load()}
+        return {
+            "loop_lag": self.lag.window.snapshot(reset, series),
+            "ipc_transit": self.transit.snapshot(reset, series),
+            **engine,
+            **self.load(),
+        }
 
     def load(self) -> dict:
         """What is in flight now (cheap, no IPC: the engine's figures are its last heartbeat's)."""
         hello = self.engine.hello
-        return {"requests_in_flight": self.engine.in_flight, "compiles_in_flight": self.engine.load.compiles_in_flight,
-                "engine_pid": hello.pid if hello else None, "engine_generation": self.engine.generation,
-                "loop_scheduling": self.loop_scheduling.describe() if self.loop_scheduling else None}
+        return {
+            "requests_in_flight": self.engine.in_flight,
+            "compiles_in_flight": self.engine.load.compiles_in_flight,
+            "engine_pid": hello.pid if hello else None,
+            "engine_generation": self.engine.generation,
+            "loop_scheduling": self.loop_scheduling.describe() if self.loop_scheduling else None,
+        }
 
     async def exposition(self) -> bytes:
         """Both processes' metrics in one Prometheus text (the engine's left out while it is down)."""

@@ -9,11 +9,12 @@ aborted when the client goes away (the generator is closed). If the engine proce
 the stream ends with an error event, ``data: {"error": {...}}`` (what the OpenAI clients raise as
 an `APIError`), then ``data: [DONE]``.
 """
+
 from __future__ import annotations
 
 import json
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fd_guided.harness.server.errors import EngineUnavailable
 from fd_guided.harness.server.generation import Choice, Generation
@@ -38,8 +39,15 @@ async def chat_events(gen: Generation, model: str, include_usage: bool) -> Async
     chunk_id, created = new_id("chatcmpl"), int(time.time())
 
     def chunk(choice_index: int, delta: dict, finish_reason: str | None = None, error: str | None = None) -> bytes:
-        return _event({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [_choice(choice_index, {"delta": delta}, finish_reason, error)]})
+        return _event(
+            {
+                "id": chunk_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [_choice(choice_index, {"delta": delta}, finish_reason, error)],
+            }
+        )
 
     try:
         for choice in gen.choices:
@@ -51,8 +59,16 @@ async def chat_events(gen: Generation, model: str, include_usage: bool) -> Async
                 for event in _chat_finish(gen, choice, chunk):
                     yield event
         if include_usage:
-            yield _event({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                          "choices": [], "usage": gen.usage().model_dump()})
+            yield _event(
+                {
+                    "id": chunk_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": gen.usage().model_dump(),
+                }
+            )
         yield DONE
     except EngineUnavailable as error:
         yield _event(error.body())
@@ -65,7 +81,7 @@ def _chat_finish(gen: Generation, choice: Choice, chunk) -> list[bytes]:
     events = []
     if gen.tool_plan is not None and choice.finish_reason != "error":
         # Text before the trigger was sent as it came; the rest holds the calls (and any text after them).
-        rest, _ = gen.tool_plan.parse(choice.text.text[choice.text.sent:])
+        rest, _ = gen.tool_plan.parse(choice.text.text[choice.text.sent :])
         if rest:
             events.append(chunk(choice.index, {"content": rest}))
         if choice.tool_calls:
@@ -83,8 +99,15 @@ async def completion_events(gen: Generation, model: str, include_usage: bool) ->
     chunk_id, created = new_id("cmpl"), int(time.time())
 
     def chunk(choice_index: int, text: str, finish_reason: str | None = None, error: str | None = None) -> bytes:
-        return _event({"id": chunk_id, "object": "text_completion", "created": created, "model": model,
-                       "choices": [_choice(choice_index, {"text": text}, finish_reason, error)]})
+        return _event(
+            {
+                "id": chunk_id,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [_choice(choice_index, {"text": text}, finish_reason, error)],
+            }
+        )
 
     try:
         async for choice, delta in gen.events():
@@ -93,8 +116,16 @@ async def completion_events(gen: Generation, model: str, include_usage: bool) ->
             if choice.finish_reason is not None:
                 yield chunk(choice.index, choice.text.rest(), choice.finish_reason, choice.error)
         if include_usage:
-            yield _event({"id": chunk_id, "object": "text_completion", "created": created, "model": model,
-                          "choices": [], "usage": gen.usage().model_dump()})
+            yield _event(
+                {
+                    "id": chunk_id,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": gen.usage().model_dump(),
+                }
+            )
         yield DONE
     except EngineUnavailable as error:
         yield _event(error.body())

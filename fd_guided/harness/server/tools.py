@@ -17,12 +17,14 @@ always match (`strict` or not: a function's schema is always enforced, with the 
 call at most. `ToolPlan.parse` reads the calls back from the output text with the same begin and
 end strings.
 """
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from fd_guided.errors import InvalidGrammarError
 from fd_guided.harness.server.protocol import FunctionCall, NamedToolChoice, Tool, ToolCall, new_tool_call_id
@@ -49,10 +51,17 @@ class ToolCallFormat:
         return f"{self.begin(function_name)}{arguments}{self.end}"
 
 
-HERMES = ToolCallFormat("hermes", prefix='<tool_call>\n{"name": ', middle=', "arguments": ', end="}\n</tool_call>",
-                        separator="\n", trigger="<tool_call>")
-LLAMA3_JSON = ToolCallFormat("llama3_json", prefix='{"name": ', middle=', "parameters": ', end="}", separator="; ",
-                             trigger='{"name": ')
+HERMES = ToolCallFormat(
+    "hermes",
+    prefix='<tool_call>\n{"name": ',
+    middle=', "arguments": ',
+    end="}\n</tool_call>",
+    separator="\n",
+    trigger="<tool_call>",
+)
+LLAMA3_JSON = ToolCallFormat(
+    "llama3_json", prefix='{"name": ', middle=', "parameters": ', end="}", separator="; ", trigger='{"name": '
+)
 
 
 @dataclass(frozen=True)
@@ -86,11 +95,14 @@ class ToolPlan:
             close = _skip_space(text, stop)
             if not isinstance(arguments, dict) or not text.startswith(self.format.end, close):
                 break
-            between = text[position:match.start()]
+            between = text[position : match.start()]
             if not (calls and between.strip() in ("", self.format.separator.strip())):
                 content.append(between)
-            calls.append(ToolCall(id=new_tool_call_id(), function=FunctionCall(name=begins[match.group()],
-                                                                                arguments=text[start:stop])))
+            calls.append(
+                ToolCall(
+                    id=new_tool_call_id(), function=FunctionCall(name=begins[match.group()], arguments=text[start:stop])
+                )
+            )
             position = close + len(self.format.end)
         tail = text[position:]
         if not (calls and tail.strip() in ("", self.format.separator.strip())):
@@ -99,8 +111,13 @@ class ToolPlan:
         return (joined or None), calls
 
 
-def plan_tools(tools: Sequence[Tool] | None, tool_choice: Any, parallel_tool_calls: bool | None,
-               call_format: ToolCallFormat, guided_fields: dict) -> ToolPlan | None:
+def plan_tools(
+    tools: Sequence[Tool] | None,
+    tool_choice: Any,
+    parallel_tool_calls: bool | None,
+    call_format: ToolCallFormat,
+    guided_fields: dict,
+) -> ToolPlan | None:
     """The request's `ToolPlan`, or None when tools play no part (none given, or ``tool_choice:
     "none"``). Raises InvalidGrammarError (HTTP 400) naming the field for inconsistent requests."""
     tools = list(tools or [])
@@ -117,23 +134,43 @@ def plan_tools(tools: Sequence[Tool] | None, tool_choice: Any, parallel_tool_cal
         return None
     if guided_fields:
         given = ", ".join(sorted(guided_fields))
-        raise InvalidGrammarError(f"cannot be combined with tool calling (tool_choice {_choice_text(choice)!r}); "
-                                  f"use tool_choice 'none' or drop {given}", part=sorted(guided_fields)[0])
+        raise InvalidGrammarError(
+            f"cannot be combined with tool calling (tool_choice {_choice_text(choice)!r}); "
+            f"use tool_choice 'none' or drop {given}",
+            part=sorted(guided_fields)[0],
+        )
     parallel = parallel_tool_calls is not False
     tags = {tool.function.name: _tag(call_format, tool) for tool in tools}
     if isinstance(choice, NamedToolChoice):
         if choice.function.name not in tags:
-            raise InvalidGrammarError(f"names function {choice.function.name!r}, which is not among the tools "
-                                      f"({', '.join(names)})", part="tool_choice.function.name")
-        fmt = {"type": "tags_with_separator", "tags": [tags[choice.function.name]], "separator": call_format.separator,
-               "at_least_one": True, "stop_after_first": True}
+            raise InvalidGrammarError(
+                f"names function {choice.function.name!r}, which is not among the tools ({', '.join(names)})",
+                part="tool_choice.function.name",
+            )
+        fmt = {
+            "type": "tags_with_separator",
+            "tags": [tags[choice.function.name]],
+            "separator": call_format.separator,
+            "at_least_one": True,
+            "stop_after_first": True,
+        }
         return ToolPlan(call_format, (choice.function.name,), "named", False, _structural_tag(fmt))
     if choice == "required":
-        fmt = {"type": "tags_with_separator", "tags": list(tags.values()), "separator": call_format.separator,
-               "at_least_one": True, "stop_after_first": not parallel}
+        fmt = {
+            "type": "tags_with_separator",
+            "tags": list(tags.values()),
+            "separator": call_format.separator,
+            "at_least_one": True,
+            "stop_after_first": not parallel,
+        }
     else:
-        fmt = {"type": "triggered_tags", "triggers": [call_format.trigger], "tags": list(tags.values()),
-               "at_least_one": False, "stop_after_first": not parallel}
+        fmt = {
+            "type": "triggered_tags",
+            "triggers": [call_format.trigger],
+            "tags": list(tags.values()),
+            "at_least_one": False,
+            "stop_after_first": not parallel,
+        }
     return ToolPlan(call_format, tuple(names), choice, parallel, _structural_tag(fmt))
 
 
@@ -154,8 +191,12 @@ def check_parameters(tools: Sequence[Tool], validate) -> None:
 
 
 def _tag(call_format: ToolCallFormat, tool: Tool) -> dict:
-    return {"type": "tag", "begin": call_format.begin(tool.function.name),
-            "content": {"type": "json_schema", "json_schema": parameters_of(tool)}, "end": call_format.end}
+    return {
+        "type": "tag",
+        "begin": call_format.begin(tool.function.name),
+        "content": {"type": "json_schema", "json_schema": parameters_of(tool)},
+        "end": call_format.end,
+    }
 
 
 def _structural_tag(fmt: dict) -> dict:
@@ -177,7 +218,7 @@ def _moved(error: InvalidGrammarError, old: str, new: str) -> InvalidGrammarErro
     part = error.part or old
     message = str(error)
     if error.part and message.startswith(f"{error.part}: "):
-        message = message[len(error.part) + 2:]
-    moved = type(error)(message, part=new + part[len(old):] if part.startswith(old) else new)
+        message = message[len(error.part) + 2 :]
+    moved = type(error)(message, part=new + part[len(old) :] if part.startswith(old) else new)
     moved.feature = error.feature
     return moved

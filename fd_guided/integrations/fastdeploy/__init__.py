@@ -25,6 +25,7 @@ patching       installing marked methods on a FastDeploy class, once
 registration   the patcher `hooks` installs, called by admission and backend without a cycle
 =============  ==============================================================================
 """
+
 from .admission import (
     OPTIONS_KEY,
     AdmissionError,
@@ -36,9 +37,9 @@ from .admission import (
     write_spec_to_request,
 )
 from .backend import FDGuidedBackend, ProcessorFuture, RequestContext, get_guided_backend
-from .processor import LogitsProcessor, ReasoningEndParser
 from .config import as_bool, backend_name_for, guided_config_from_fd, serves
 from .hooks import HOST_PLUGIN_GROUP, ensure_host_patched, is_registered, register
+from .processor import LogitsProcessor, ReasoningEndParser
 from .reports import ErrorReports
 from .sampler import GuidedDecoding
 from .tokenizer import bundle_from_sentencepiece, load_fd_tokenizer

@@ -13,6 +13,7 @@ under `OPTIONS_KEY`, so the worker rebuilds exactly the admitted spec from FastD
 ``(key_type, text)`` key whatever its own defaults. Checking twice is harmless (a decode instance
 re-admits what a prefill instance admitted).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,12 +33,23 @@ from .registration import ensure_host_patched
 logger = logging.getLogger(__name__)
 
 OPTIONS_KEY = "x-fd-guided"
-KIND_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_json_object",
-               "structural_tag", "response_format")
+KIND_FIELDS = (
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_json_object",
+    "structural_tag",
+    "response_format",
+)
 OPTION_FIELDS = ("disable_any_whitespace", "any_whitespace", "max_whitespace_cnt", "separators", "guided_strict")
 # The request fields FastDeploy's runner turns into a schemata key, in its priority order.
-KEY_FIELDS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_grammar", "grammar"),
-              ("structural_tag", "structural_tag"))
+KEY_FIELDS = (
+    ("guided_json", "json"),
+    ("guided_regex", "regex"),
+    ("guided_grammar", "grammar"),
+    ("structural_tag", "structural_tag"),
+)
 
 
 # Set to 1: the engine's checker runs only the bounded checks (syntax, meta-schema, references, limits)
@@ -95,7 +107,9 @@ class SchemaChecker:
         Never raises for a bad request: every failure, whatever its type, becomes the message.
         """
         try:
-            spec = parse_guided_request(request_fields(request), self.config, check_backend=not self.defer_backend_check)
+            spec = parse_guided_request(
+                request_fields(request), self.config, check_backend=not self.defer_backend_check
+            )
             if spec is not None and self.defer_backend_check:
                 check_if_known(self.backend_class, spec)  # unknown: the worker's compile decides
             if spec is not None:
@@ -155,8 +169,12 @@ def request_field_for(spec: GrammarSpec) -> tuple[str, str]:
 
 def _with_options(document: dict, spec: GrammarSpec, kind: str | None = None) -> str:
     fmt = spec.json_format
-    options = {"any_whitespace": fmt.any_whitespace, "max_whitespace_cnt": fmt.max_whitespace_cnt,
-               "separators": list(fmt.separators) if fmt.separators else None, "strict": fmt.strict}
+    options = {
+        "any_whitespace": fmt.any_whitespace,
+        "max_whitespace_cnt": fmt.max_whitespace_cnt,
+        "separators": list(fmt.separators) if fmt.separators else None,
+        "strict": fmt.strict,
+    }
     if kind:
         options["kind"] = kind
     return json.dumps({**document, OPTIONS_KEY: options}, ensure_ascii=False, separators=(",", ":"))
@@ -187,8 +205,9 @@ def spec_from_schemata_key(schemata_key: Any, config: GuidedConfig) -> GrammarSp
     elif key_type == "grammar":
         fields = {"guided_grammar": schemata}
     else:
-        raise InvalidGrammarError(f"unknown key type {key_type!r}; expected json, regex, grammar or structural_tag",
-                                  part="schemata_key")
+        raise InvalidGrammarError(
+            f"unknown key type {key_type!r}; expected json, regex, grammar or structural_tag", part="schemata_key"
+        )
     spec = parse_guided_request(fields, config, check_backend=False)
     if spec is None:
         raise InvalidGrammarError("the key holds no constraint", part="schemata_key")

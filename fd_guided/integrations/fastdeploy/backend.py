@@ -8,15 +8,17 @@ the runner asks ``get_logits_processor(schemata_key, enable_thinking=...)`` and 
 needs before the compile ends: the parsed spec, the compile future and, once `hooks.py` has bound
 it, the `RequestContext` of the request that asked (FastDeploy's runner never passes the request).
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from ...compile import CompileService
 from ...config import GuidedConfig
@@ -27,13 +29,14 @@ from ...spec import GrammarSpec
 from ...tokenizer import TokenizerBundle, load_tokenizer
 from .admission import spec_from_schemata_key
 from .config import guided_config_from_fd, max_num_seqs_of, read
-from .tokenizer import load_fd_tokenizer
+from .processor import LogitsProcessor, ReasoningEndParser
 from .registration import ensure_host_patched
+from .tokenizer import load_fd_tokenizer
 
 logger = logging.getLogger(__name__)
 
 
-def get_guided_backend(fd_config: Any, **kwargs) -> "FDGuidedBackend":
+def get_guided_backend(fd_config: Any, **kwargs) -> FDGuidedBackend:
     """FastDeploy's ``get_guided_backend``. kwargs: see `FDGuidedBackend`."""
     ensure_host_patched()  # the runner module calling us is loaded by now, whatever the import order
     return FDGuidedBackend(fd_config, **kwargs)
@@ -60,7 +63,7 @@ class RequestContext:
     fit_budget: bool = True
 
     @classmethod
-    def of(cls, request: Any) -> "RequestContext":
+    def of(cls, request: Any) -> RequestContext:
         prompt = _ints(read(request, "prompt_token_ids"))
         output = _ints(read(request, "output_token_ids"))
         end = read(request, "prefill_end_index")
@@ -98,13 +101,23 @@ class FDGuidedBackend:
     ``config`` (a GuidedConfig; default read from `fd_config`).
     """
 
-    def __init__(self, fd_config: Any, *, tokenizer: TokenizerBundle | str | None = None,
-                 metrics: GuidedMetrics | None = None, shared_cache=None,
-                 stop_token_ids: Sequence[int] | None = None, config: GuidedConfig | None = None):
+    def __init__(
+        self,
+        fd_config: Any,
+        *,
+        tokenizer: TokenizerBundle | str | None = None,
+        metrics: GuidedMetrics | None = None,
+        shared_cache=None,
+        stop_token_ids: Sequence[int] | None = None,
+        config: GuidedConfig | None = None,
+    ):
         self.fd_config = fd_config
         self.config = config or guided_config_from_fd(fd_config)
-        self.tokenizer = tokenizer if isinstance(tokenizer, TokenizerBundle) else (
-            load_tokenizer(tokenizer) if tokenizer else load_fd_tokenizer(fd_config))
+        self.tokenizer = (
+            tokenizer
+            if isinstance(tokenizer, TokenizerBundle)
+            else (load_tokenizer(tokenizer) if tokenizer else load_fd_tokenizer(fd_config))
+        )
         self.hf_tokenizer = self.tokenizer.hf_tokenizer  # FastDeploy's attribute name
         size = read(getattr(fd_config, "model_config", None), "vocab_size")
         self.vocab_size = int(size) if size else (self.tokenizer.padded_vocab_size or self.tokenizer.vocab_size)
@@ -119,21 +132,22 @@ class FDGuidedBackend:
         # Reasoning gating needs a think-end token; FastDeploy configures it server-wide by parser.
         self.think_end_id = self.tokenizer.think_end_id if parser and str(parser) != "None" else None
         if parser and str(parser) != "None" and self.think_end_id is None:
-            logger.warning("reasoning_parser %r is set but the tokenizer has no %r token: no reasoning gating",
-                           parser, "</think>")
+            logger.warning(
+                "reasoning_parser %r is set but the tokenizer has no %r token: no reasoning gating", parser, "</think>"
+            )
         self._specs = _SpecCache()
 
     @property
     def stop_token_ids(self) -> list[int]:
         return list(self.guided_backend.stop_token_ids)
 
-    def get_reasoning_parser(self) -> "ReasoningEndParser | None":
+    def get_reasoning_parser(self) -> ReasoningEndParser | None:
         """A parser with ``is_reasoning_end(ids)`` when a reasoning parser is configured, else None."""
-        from .processor import ReasoningEndParser
-
         return ReasoningEndParser(self.think_end_id) if self.think_end_id is not None else None
 
-    def get_logits_processor(self, schemata_key: tuple[str, str], enable_thinking: bool | None = False) -> "ProcessorFuture":
+    def get_logits_processor(
+        self, schemata_key: tuple[str, str], enable_thinking: bool | None = False
+    ) -> ProcessorFuture:
         """Start compiling (never blocks); the future resolves to a `LogitsProcessor`.
 
         A bad key or a compile failure is raised by ``future.result()`` (InvalidGrammarError),
@@ -145,8 +159,9 @@ class FDGuidedBackend:
         except GuidedDecodingError as error:
             return ProcessorFuture.failed(self, error, enable_thinking)
         except Exception as error:  # never raise into the runner's insert loop
-            return ProcessorFuture.failed(self, InvalidGrammarError(f"{type(error).__name__}: {error}", part="schemata_key"),
-                                          enable_thinking)
+            return ProcessorFuture.failed(
+                self, InvalidGrammarError(f"{type(error).__name__}: {error}", part="schemata_key"), enable_thinking
+            )
         return ProcessorFuture(self, spec, self.compile_service.submit(spec), enable_thinking)
 
     def _init_logits_processor(self, schemata_key: tuple[str, str], enable_thinking: bool | None = False):
@@ -175,8 +190,11 @@ class _SpecCache:
         self._lock = threading.Lock()
 
     def get_or_parse(self, schemata_key, parse) -> GrammarSpec:
-        cache_key = json.dumps(schemata_key, sort_keys=True, default=str) if not isinstance(schemata_key, tuple) \
+        cache_key = (
+            json.dumps(schemata_key, sort_keys=True, default=str)
+            if not isinstance(schemata_key, tuple)
             else tuple(json.dumps(part, sort_keys=True) if isinstance(part, dict) else part for part in schemata_key)
+        )
         with self._lock:
             spec = self._entries.get(cache_key)
             if spec is not None:
@@ -197,8 +215,13 @@ class ProcessorFuture(Future):
     ``enable_thinking`` (what the runner passed) and ``request`` (a `RequestContext` or None).
     """
 
-    def __init__(self, backend: FDGuidedBackend, spec: GrammarSpec | None, compile_future: Future | None,
-                 enable_thinking: bool | None):
+    def __init__(
+        self,
+        backend: FDGuidedBackend,
+        spec: GrammarSpec | None,
+        compile_future: Future | None,
+        enable_thinking: bool | None,
+    ):
         super().__init__()
         self.backend = backend
         self.spec = spec
@@ -209,12 +232,12 @@ class ProcessorFuture(Future):
             compile_future.add_done_callback(self._on_compiled)
 
     @classmethod
-    def failed(cls, backend: FDGuidedBackend, error: BaseException, enable_thinking) -> "ProcessorFuture":
+    def failed(cls, backend: FDGuidedBackend, error: BaseException, enable_thinking) -> ProcessorFuture:
         future = cls(backend, None, None, enable_thinking)
         future.set_exception(error)
         return future
 
-    def bind_request(self, request: Any) -> "ProcessorFuture":
+    def bind_request(self, request: Any) -> ProcessorFuture:
         """Attach the FastDeploy ``Request`` this future was made for (see `RequestContext`)."""
         self.request = RequestContext.of(request)
         return self
@@ -225,8 +248,6 @@ class ProcessorFuture(Future):
         elif compile_future.exception() is not None:
             self.set_exception(compile_future.exception())
         else:
-            from .processor import LogitsProcessor
-
             self.set_result(LogitsProcessor(self.backend, compile_future.result(), self.enable_thinking))
 
 

@@ -7,11 +7,12 @@ FastDeploy carries guided decoding in ``fd_config.structured_outputs_config``:
 `hooks.py` copies over) and ``reasoning_parser``. The batch size is
 ``scheduler_config.max_num_seqs`` and the logits width ``model_config.vocab_size``.
 """
+
 from __future__ import annotations
 
 import os
-
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ...config import GuidedConfig
 from ...registry import available_backends
@@ -42,8 +43,10 @@ def backend_name_for(host_name: Any) -> str:
     if name.startswith("fd_guided:"):
         return name.split(":", 1)[1]
     if name not in BACKEND_ALIASES:
-        raise ValueError(f"unknown guided decoding backend {host_name!r}; use one of "
-                         f"{', '.join(sorted(BACKEND_ALIASES))}, off, or fd_guided:<{'|'.join(available_backends())}>")
+        raise ValueError(
+            f"unknown guided decoding backend {host_name!r}; use one of "
+            f"{', '.join(sorted(BACKEND_ALIASES))}, off, or fd_guided:<{'|'.join(available_backends())}>"
+        )
     return BACKEND_ALIASES[name]
 
 
@@ -76,7 +79,9 @@ def guided_config_from_fd(fd_config: Any, **overrides) -> GuidedConfig:
     # grammar is ready (docs/fastdeploy-upstream.md proposes that hook), so a request's first
     # sample may wait for its compile, up to the compile budget. Under ``auto`` llguidance
     # compiles in milliseconds, so this wait is rarely more than that.
-    changes["first_token_wait_s"] = float(os.environ.get("FD_GUIDED_FIRST_TOKEN_WAIT_S", GuidedConfig().compile_timeout_s))
+    changes["first_token_wait_s"] = float(
+        os.environ.get("FD_GUIDED_FIRST_TOKEN_WAIT_S", GuidedConfig().compile_timeout_s)
+    )
     changes.update(overrides)
     return GuidedConfig().replace(**changes)
 

@@ -31,29 +31,33 @@ FastDeploy name                             change
 ``TokenProcessor._recycle_resources``       a worker's guided failure becomes the result's error
 ==========================================  ===============================================================
 """
+
 from __future__ import annotations
 
 import functools
 import logging
 import sys
 import threading
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .admission import AdmissionError, schema_checker
 from .backend import ProcessorFuture, get_guided_backend
 from .config import as_bool, backend_name_for, read, serves
+from .mtp import install as install_mtp
 from .post_import import PostImportHook
 from .registration import install_patcher
 from .reports import ErrorReports
 from .sampler import GuidedDecoding
-from .mtp import install as install_mtp
 from .speculative import install as install_speculative
 
 logger = logging.getLogger(__name__)
 
 HOST_PLUGIN_GROUP = "fastdeploy.model_register_plugins"
 MARK = "__fd_guided_hook__"
-RUNNER_MODULES = tuple(f"fastdeploy.worker.{name}_model_runner" for name in ("gpu", "dcu", "iluvatar", "metax", "gcu", "hpu"))
+RUNNER_MODULES = tuple(
+    f"fastdeploy.worker.{name}_model_runner" for name in ("gpu", "dcu", "iluvatar", "metax", "gcu", "hpu")
+)
 
 _lock = threading.RLock()
 _registered = False
@@ -94,6 +98,7 @@ install_patcher(ensure_host_patched)
 
 # ----- the patches ------------------------------------------------------------------------------
 
+
 def _patches() -> dict[str, Callable[[Any], None]]:
     patches = {
         "fastdeploy.model_executor.guided_decoding": _patch_guided_package,
@@ -107,8 +112,10 @@ def _patches() -> dict[str, Callable[[Any], None]]:
 
 
 def _patch_guided_package(module) -> None:
-    for name, ours, serves_call in (("get_guided_backend", get_guided_backend, _serves_config),
-                                    ("schema_checker", schema_checker, _serves_name)):
+    for name, ours, serves_call in (
+        ("get_guided_backend", get_guided_backend, _serves_config),
+        ("schema_checker", schema_checker, _serves_name),
+    ):
         original = getattr(module, name)
         if getattr(original, MARK, False):
             continue
@@ -120,6 +127,7 @@ def _patch_guided_package(module) -> None:
 def _dispatch(original, ours, serves_call):
     def hook(*args, **kwargs):
         return ours(*args, **kwargs) if serves_call(*args, **kwargs) else original(*args, **kwargs)
+
     return hook
 
 
@@ -182,6 +190,7 @@ def _keeping_our_backend_name(original):
         finally:
             if lifted or structured.guided_decoding_backend != "off":
                 structured.guided_decoding_backend = name
+
     return method
 
 
@@ -202,6 +211,7 @@ def _reading_the_whitespace_flag(original):
         value = args.get("guided_decoding_disable_any_whitespace") if isinstance(args, Mapping) else None
         if value is not None and value != "None":
             self.disable_any_whitespace = as_bool(value, "guided_decoding_disable_any_whitespace")
+
     return method
 
 
@@ -219,6 +229,7 @@ def _binding_the_request(original):
         if isinstance(future, ProcessorFuture):
             future.bind_request(request)  # the runner passes enable_thinking=False and no request
         return result
+
     return method
 
 
@@ -235,6 +246,7 @@ def _admission_errors_are_400(original):
         if isinstance(error_msg, AdmissionError):
             error_code, error_msg = error_msg.http_status, str(error_msg)
         return original(self, request_id, error_msg, error_code, *args, **kwargs)
+
     return method
 
 
@@ -249,6 +261,7 @@ def _attaching_worker_errors(original):
             if report is not None:
                 result.error_code, result.error_msg = report
         return original(self, task_id, index, task, result, *args, **kwargs)
+
     return method
 
 

@@ -29,12 +29,14 @@ slot, or after substep 0 when no session opened; otherwise one batched transfer 
 (``seq_lens_this_time`` and ``seq_lens_encoder`` together) and one after FastDeploy's argmax (the
 drafts taken).
 """
+
 from __future__ import annotations
 
 import functools
 import logging
 import weakref
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +76,7 @@ class DraftMasking:
         self.guided = guided
         self.num_model_steps = max(1, int(num_model_steps))
         self.session = None
-        self._rows: list[int] = []     # per session row: its logits row this substep (-1: none)
+        self._rows: list[int] = []  # per session row: its logits row this substep (-1: none)
         self._substep = 0
         self._warned = False
 
@@ -134,7 +136,9 @@ class DraftMasking:
             self.session, self._rows = None, []
         if not self._warned:
             self._warned = True
-            logger.warning("fd_guided: MTP drafts are not masked (%s); the verification step still masks every row", why)
+            logger.warning(
+                "fd_guided: MTP drafts are not masked (%s); the verification step still masks every row", why
+            )
 
 
 def draft_rows(lens: np.ndarray, encoder: np.ndarray, num_rows: int) -> dict[int, int] | None:
@@ -213,4 +217,3 @@ def _get(inputs, key: str, default=None):
         return inputs[key]
     except (KeyError, TypeError, IndexError):
         return default
-

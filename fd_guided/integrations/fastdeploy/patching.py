@@ -1,7 +1,8 @@
 """Installing methods on a FastDeploy class, once: the helper `speculative` and `mtp` share."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 def install_methods(cls, mark: str, methods: dict[str, Callable]) -> None:

@@ -3,11 +3,13 @@
 Used by `hooks.py` for FastDeploy modules not yet imported when the plugin registers. It touches
 only the spec of the modules it names (its loader is wrapped); ``sys.modules`` is left alone.
 """
+
 from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class PostImportHook(importlib.abc.MetaPathFinder):

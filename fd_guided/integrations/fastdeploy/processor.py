@@ -3,12 +3,17 @@
 `sampler.GuidedDecoding` drives the manager, not these; they exist for FastDeploy code (and tests)
 that use a processor future's result directly, with FastDeploy's names and call shapes.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ...interface import CompiledGrammar
 from ...kernels import apply_token_bitmask_inplace
+
+if TYPE_CHECKING:  # the backend builds processors; this module needs its type only
+    from .backend import FDGuidedBackend
 
 
 class LogitsProcessor:
@@ -58,7 +63,7 @@ class LogitsProcessor:
         self.is_terminated = False
         self.reasoning_ended = False
 
-    def copy(self) -> "LogitsProcessor":
+    def copy(self) -> LogitsProcessor:
         """A fresh processor (start state) for the same compiled grammar and reasoning flag."""
         return LogitsProcessor(self.backend, self.compiled, self.enable_reasoning)
 

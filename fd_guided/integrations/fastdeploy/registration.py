@@ -5,9 +5,10 @@ Nothing is patched unless the plugin was registered (`hooks.register`), so calli
 `ensure_host_patched` before `hooks` is imported, or in a process that never registered the
 plugin, does nothing.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 _patcher: Callable[[], None] | None = None
 

@@ -12,6 +12,7 @@ Transport: one small file per failed request in a directory both processes deriv
 ``FD_GUIDED_ERROR_DIR``. Files are written atomically (write, then rename) before the stop token is
 even sampled, so the engine never sees a finished request before its report.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,7 +33,7 @@ class ErrorReports:
         self.directory = directory
 
     @classmethod
-    def for_this_deployment(cls) -> "ErrorReports":
+    def for_this_deployment(cls) -> ErrorReports:
         directory = os.environ.get(ERROR_DIR_ENV)
         if not directory:
             queue = os.environ.get("INFERENCE_MSG_QUEUE_ID", "default")

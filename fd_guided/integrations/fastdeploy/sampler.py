@@ -23,13 +23,15 @@ sampled tokens, read once as one array. Tokens FastDeploy writes over a sample a
 host-forced only when FastDeploy is known to write them (`host_forced_tokens`); any other token
 outside its row's mask fails its request with an error (see `GuidedDecodingManager.accept`).
 """
+
 from __future__ import annotations
 
 import importlib.util
 import logging
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -53,9 +55,9 @@ class GuidedDecoding:
         self._reporter = tensor_parallel_rank_of(fd_config) == 0  # every rank fails alike; one reports
         self._think_end_id: int | None = None
         self._parser_set = False
-        self._pending: dict[int, ProcessorFuture] = {}   # prefilling: joins the manager at its final chunk
-        self._active: dict[int, ProcessorFuture] = {}    # in the manager
-        self._stopped: dict[int, GuidedFinish] = {}      # finished by guided decoding, until FastDeploy resets them
+        self._pending: dict[int, ProcessorFuture] = {}  # prefilling: joins the manager at its final chunk
+        self._active: dict[int, ProcessorFuture] = {}  # in the manager
+        self._stopped: dict[int, GuidedFinish] = {}  # finished by guided decoding, until FastDeploy resets them
         self._planned_rows: int | None = None
         self._last_rows = 0
         self.host_forced_tokens: dict[int, str] = {}  # token -> name; set when a backend is bound
@@ -75,7 +77,9 @@ class GuidedDecoding:
 
     set_reasoning_parser = apply_reasoning_parser
 
-    def add_logits_processor(self, idx: int, future: ProcessorFuture | None = None, prefill_tokens: Sequence[int] = ()) -> None:
+    def add_logits_processor(
+        self, idx: int, future: ProcessorFuture | None = None, prefill_tokens: Sequence[int] = ()
+    ) -> None:
         """Guide slot `idx` with the request behind `future` (None: the slot is unguided).
 
         FastDeploy sends one call per prefill chunk: a later chunk of the request already pending
@@ -116,16 +120,26 @@ class GuidedDecoding:
         future = self._pending.pop(idx)
         context = future.request
         replay = list(context.output_token_ids) if context is not None else [int(t) for t in prefill_tokens]
-        thinking = context.enable_thinking if context is not None and context.enable_thinking is not None \
+        thinking = (
+            context.enable_thinking
+            if context is not None and context.enable_thinking is not None
             else future.enable_thinking
+        )
         prompt = list(context.prompt_token_ids) if context is not None else []
         self._handoff.hand_over(future.spec, future.compile_future)
-        self.manager.add_request(idx, future.spec, request_id=_request_id(future), prompt_token_ids=prompt,
-                                 output_token_ids=replay, enable_thinking=thinking, prefill_done=True,
-                                 # FastDeploy reports "length" for an EOS at its max_dec_len-th token (it
-                                 # forces one there), so the output and its EOS must end one token sooner.
-                                 max_tokens=context.max_tokens - 1 if context is not None and context.max_tokens else None,
-                                 fit_budget=context.fit_budget if context is not None else True)
+        self.manager.add_request(
+            idx,
+            future.spec,
+            request_id=_request_id(future),
+            prompt_token_ids=prompt,
+            output_token_ids=replay,
+            enable_thinking=thinking,
+            prefill_done=True,
+            # FastDeploy reports "length" for an EOS at its max_dec_len-th token (it
+            # forces one there), so the output and its EOS must end one token sooner.
+            max_tokens=context.max_tokens - 1 if context is not None and context.max_tokens else None,
+            fit_budget=context.fit_budget if context is not None else True,
+        )
         self._active[idx] = future
 
     # ----- the step ---------------------------------------------------------------------------
@@ -216,8 +230,14 @@ class GuidedDecoding:
         self._handoff = HandoffCompileService(backend.compile_service)
         think_end = self._think_end_id if self._parser_set else backend.think_end_id
         size = max_num_seqs_of(self.fd_config) if read(self.fd_config, "scheduler_config") else backend.max_num_seqs
-        self.manager = GuidedDecodingManager(backend.guided_backend, size, metrics=backend.metrics,
-                                             think_end_id=think_end, compile_service=self._handoff, **self._manager_options())
+        self.manager = GuidedDecodingManager(
+            backend.guided_backend,
+            size,
+            metrics=backend.metrics,
+            think_end_id=think_end,
+            compile_service=self._handoff,
+            **self._manager_options(),
+        )
         self.host_forced_tokens = host_forced_tokens(self.fd_config, think_end)
 
     def _manager_options(self) -> dict:
@@ -248,6 +268,7 @@ class GuidedDecoding:
             error = finish.error or ""
             message = error if error.startswith("guided decoding") else f"guided decoding failed: {error}"
             self.reports.post(request_id, message, error_code)
+
 
 def _request_id(future: ProcessorFuture | None) -> str | None:
     return future.request.request_id if future is not None and future.request is not None else None
@@ -294,8 +315,11 @@ def warm_up_cuda_kernels(fd_config: Any) -> None:
 
         warm_up_cuda(vocab_size)
     except Exception as error:  # noqa: BLE001 - a warm-up must never take the worker down
-        logger.warning("fd_guided: CUDA mask kernel warm-up failed (%s: %s); kernels compile on first use",
-                       type(error).__name__, error)
+        logger.warning(
+            "fd_guided: CUDA mask kernel warm-up failed (%s: %s); kernels compile on first use",
+            type(error).__name__,
+            error,
+        )
 
 
 def guides_any(manager: GuidedDecodingManager, rows: int | None = None) -> bool:
@@ -329,7 +353,7 @@ def host_arrays(*tensors) -> list[np.ndarray]:
             continue
         shape = [int(d) for d in tensor.shape]
         size = int(np.prod(shape, dtype=np.int64))
-        out.append(host[offset:offset + size].reshape(shape))
+        out.append(host[offset : offset + size].reshape(shape))
         offset += size
     return out
 

@@ -34,10 +34,12 @@ read, planned or masked); otherwise one batched transfer before the mask (``seq_
 (``accept_tokens`` and ``accept_num`` together). Cut drafts are written back from that host copy
 (one host-to-device copy, only when a draft is cut).
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +88,9 @@ class SpeculativeGuidedDecoding(GuidedDecoding):
         if not guides_any(self.manager):
             return  # nothing guided: no read, no mask (no sync)
         draft_tokens = share_inputs["draft_tokens"]
-        lens, encoder, drafts_host = host_arrays(share_inputs["seq_lens_this_time"], share_inputs["seq_lens_encoder"], draft_tokens)
+        lens, encoder, drafts_host = host_arrays(
+            share_inputs["seq_lens_this_time"], share_inputs["seq_lens_encoder"], draft_tokens
+        )
         lens, encoder = lens.reshape(-1), encoder.reshape(-1)
         slots, drafts = [], []
         for idx, count in enumerate(lens.tolist()):
@@ -96,13 +100,15 @@ class SpeculativeGuidedDecoding(GuidedDecoding):
             drafts.append([] if encoder[idx] > 0 else [int(t) for t in drafts_host[idx, 1:count]])
         rows = sum(len(d) + 1 for d in drafts)
         if rows != int(logits.shape[0]):
-            raise SlotStateError(f"FastDeploy's verification logits have {int(logits.shape[0])} rows; its inputs say {rows}")
+            raise SlotStateError(
+                f"FastDeploy's verification logits have {int(logits.shape[0])} rows; its inputs say {rows}"
+            )
         self.manager.begin_speculative_step(slots, drafts)
         self.manager.apply(logits)
         cut = False
         for idx, chain, limit in zip(slots, drafts, self.manager.draft_limits()):
             if limit < len(chain):
-                drafts_host[idx, 1 + limit:1 + len(chain)] = -1
+                drafts_host[idx, 1 + limit : 1 + len(chain)] = -1
                 cut = True
         if cut:
             _write_back(draft_tokens, drafts_host)
@@ -113,12 +119,14 @@ class SpeculativeGuidedDecoding(GuidedDecoding):
         """After FastDeploy's verification and post-processing: push each request's accepted tokens."""
         if self.manager is None or self._planned_rows is None or self._share_inputs is None:
             return []
-        tokens, counts = host_arrays(accept_tokens if accept_tokens is not None else self._share_inputs["accept_tokens"],
-                                     self._share_inputs["accept_num"])
+        tokens, counts = host_arrays(
+            accept_tokens if accept_tokens is not None else self._share_inputs["accept_tokens"],
+            self._share_inputs["accept_num"],
+        )
         counts = counts.reshape(-1)
         accepted = []
         for idx in self._spec_slots:
-            row = [int(t) for t in tokens[idx, :max(0, int(counts[idx]))]]
+            row = [int(t) for t in tokens[idx, : max(0, int(counts[idx]))]]
             if any(t < 0 for t in row) and (idx in self._pending or idx in self._active or idx in self._stopped):
                 self.reset_processor(idx)  # FastDeploy stopped the slot
                 row = []
@@ -160,9 +168,18 @@ def install(sampler_cls, mark: str) -> None:
     def post_process(self, next_tokens=None, skip_idx_list=()):
         self.guided_decoding.accept_verified(next_tokens)
 
-    install_methods(sampler_cls, mark, {
-        "__init__": __init__, "forward_cuda": forward_cuda, "apply_logits_processor": apply_logits_processor,
-        "pre_process": pre_process, "set_reasoning_parser": set_reasoning_parser, "post_process": post_process})
+    install_methods(
+        sampler_cls,
+        mark,
+        {
+            "__init__": __init__,
+            "forward_cuda": forward_cuda,
+            "apply_logits_processor": apply_logits_processor,
+            "pre_process": pre_process,
+            "set_reasoning_parser": set_reasoning_parser,
+            "post_process": post_process,
+        },
+    )
 
 
 def _write_back(tensor, array: np.ndarray) -> None:

@@ -6,6 +6,7 @@ vocabulary in ``tokenizer.model``, ``spm.model`` or ``ernie_token_100k.model``),
 through HF ``AutoTokenizer(use_fast=True)``. We do the same, and read the engine's stop tokens from
 ``generation_config.json`` too (FastDeploy's backends used only the tokenizer's own EOS).
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,8 +43,9 @@ def ernie_bundle(path: str) -> TokenizerBundle:
     vocab_file = _sentencepiece_file(path)
     # FastDeploy picks the file by mutating the class-wide vocab_files_names; a subclass says the
     # same without changing the class for everybody else in the process.
-    tokenizer_class = type("ErnieTokenizerForGuidedDecoding", (Ernie4_5Tokenizer,),
-                           {"vocab_files_names": {"vocab_file": vocab_file}})
+    tokenizer_class = type(
+        "ErnieTokenizerForGuidedDecoding", (Ernie4_5Tokenizer,), {"vocab_files_names": {"vocab_file": vocab_file}}
+    )
     tokenizer = tokenizer_class.from_pretrained(path)
     return _with_generation_eos(bundle_from_sentencepiece(tokenizer, name=os.path.basename(path.rstrip("/"))), path)
 
@@ -63,7 +65,12 @@ def bundle_from_sentencepiece(tokenizer: Any, name: str = "sentencepiece") -> To
     size = max(len(tokenizer), sp.get_piece_size())
     token_bytes: list[bytes | None] = []
     for token_id in range(size):
-        if token_id in specials or token_id >= sp.get_piece_size() or sp.is_control(token_id) or sp.is_unknown(token_id):
+        if (
+            token_id in specials
+            or token_id >= sp.get_piece_size()
+            or sp.is_control(token_id)
+            or sp.is_unknown(token_id)
+        ):
             token_bytes.append(None)
         elif sp.is_byte(token_id):
             token_bytes.append(bytes([int(sp.id_to_piece(token_id)[3:5], 16)]))
