@@ -36,8 +36,10 @@ says (``length``). See docs/budget.md.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,6 +54,11 @@ logger = logging.getLogger(__name__)
 HEADROOM = 8  # slack at which the closing zone starts (a token taken before it may grow the completion by this much)
 WINDOW = 16  # tokens before the closing zone from which the plan is followed step by step
 START_PLANS = 256  # start-state plans remembered per grammar spec
+# A request with more tokens left than this at its first look does not wait for the first
+# search of its grammar's start plan (10-160 ms on a cold schema, on the host's thread): the
+# search runs in the background on a matcher of its own and the request is steered from the
+# step it is done. Tighter budgets search at once (they may be in the closing zone already).
+DEFER_START_ABOVE = 128
 _INVALID = "invalid"  # fd_guided.manager.plan.INVALID (not imported: the manager imports this package)
 
 
@@ -125,6 +132,7 @@ class _Slot:
     steered: bool = False
     overrun: bool = False
     gave_up: bool = False
+    deferred: bool = False  # its first look waits for a background start-plan search
 
 
 @dataclass
@@ -136,6 +144,7 @@ class BudgetSteering:
     headroom: int = HEADROOM
     window: int = WINDOW
     max_expansions: int = 3000
+    defer_start_above: int = DEFER_START_ABOVE  # see DEFER_START_ABOVE
     # Closing rows also allow the tokens that keep the plan while slack is left (a string may go
     # on growing): more freedom for the model, at a matcher walk per new state (docs/budget.md).
     slack_tokens: bool = False
@@ -146,6 +155,9 @@ class BudgetSteering:
         self._table: TokenTable | None = None
         self._slack: SlackTokens | None = None
         self._scratch: tuple[Any, np.ndarray] | None = None
+        self._searches: dict[Any, Future] = {}  # start plans being searched in the background
+        self._search_pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()  # the start-plan cache, shared with the background search
 
     # ----- lifecycle -----------------------------------------------------------------------------
 
@@ -159,6 +171,11 @@ class BudgetSteering:
 
     def forget(self, slot: int) -> None:
         self._slots.pop(slot, None)
+
+    def close(self) -> None:
+        """Wait for a background start-plan search in flight (it holds a matcher of its own)."""
+        if self._search_pool is not None:
+            self._search_pool.shutdown(wait=True)
 
     def need(self, slot: int) -> int | None:
         """Tokens the slot's plan still needs (its stop token included), or None (no plan yet)."""
@@ -203,6 +220,8 @@ class BudgetSteering:
 
     def _row(self, step: _Step, entry, state, budget: _Slot, left: int) -> None:
         if not budget.started:
+            if self._start_deferred(state, left, budget):
+                return  # far from the budget: steered once the background search is done
             budget.started = True
             if not self._start(step, entry, state, budget, left):
                 return
@@ -229,8 +248,64 @@ class BudgetSteering:
                     budget.plan = _Plan(completion.text, _chain(completion, self.table))
                     self._close(step, entry.first_row, budget.plan, left, budget, state.grammar)
 
+    def _start_deferred(self, state, left: int, budget: _Slot) -> bool:
+        """Whether the first look waits for a background start-plan search (see DEFER_START_ABOVE)."""
+        if not budget.deferred and (state.history or left <= self.defer_start_above):
+            return False
+        key = (state.spec, _engine_of(state))
+        with self._lock:
+            if key in self._start_plans:
+                return False
+            running = self._searches.get(key)
+            if running is not None:
+                budget.deferred = True
+                return True
+            if budget.deferred:
+                return False  # its search failed: the slot searches on its own matcher now
+            try:
+                compiled = state.ticket.result(timeout=0)
+            except Exception:  # noqa: BLE001 - no compiled grammar to copy: search on the slot's matcher
+                return False
+            if self._search_pool is None:
+                self._search_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-guided-budget")
+            _ = self.table  # built here, not raced for by the background thread
+            self._searches[key] = self._search_pool.submit(self._background_start_plan, key, compiled)
+            budget.deferred = True
+            return True
+
+    def _background_start_plan(self, key: Any, compiled: Any) -> None:
+        """Search the start plan of `compiled` on a matcher and scratch row of its own; cache it."""
+        try:
+            scratch = self.backend.allocate_bitmask(1)
+            words = scratch.numpy() if hasattr(scratch, "numpy") else np.asarray(scratch)
+            completion = shortest_completion(
+                self.backend.new_grammar(compiled),
+                self.table,
+                self.backend.stop_token_ids,
+                words[0],
+                scratch,
+                0,
+                max_expansions=self.max_expansions,
+            )
+            plan = _Plan.of(completion, self.table) if completion is not None else None
+        except Exception:  # noqa: BLE001 - the slot searches on its own matcher instead
+            logger.exception("background start-plan search failed")
+            with self._lock:
+                self._searches.pop(key, None)
+            return
+        with self._lock:
+            self._remember(key, plan)
+            self._searches.pop(key, None)
+
+    def _remember(self, key: Any, plan: _Plan | None) -> None:
+        self._start_plans[key] = plan
+        if len(self._start_plans) > START_PLANS:
+            self._start_plans.popitem(last=False)
+
     def _start(self, step: _Step, entry, state, budget: _Slot, left: int) -> bool:
         """The first look: a plan from the current state; fail the request if it cannot fit."""
+        if budget.deferred and state.history:
+            return self._start_late(step, entry, state, budget, left)
         plan = self._start_plan(state) if not state.history else None
         if plan is None:
             completion = self._search(state.grammar)  # replayed tokens (or the start search failed)
@@ -253,19 +328,42 @@ class BudgetSteering:
             return False
         return True
 
+    def _start_late(self, step: _Step, entry, state, budget: _Slot, left: int) -> bool:
+        """The first look of a request that generated tokens while its start plan was searched in
+        the background: the start plan, brought up to its tokens when it nears its budget
+        (`_follow`); refused only if even the start needed more than its whole budget."""
+        with self._lock:
+            cached = self._start_plans.get((state.spec, _engine_of(state)))
+        if cached is None:  # the background search found nothing: a plan from here, as usual
+            budget.deferred = False
+            return self._start(step, entry, state, budget, left)
+        plan = cached.fresh()
+        budget.plan, budget.seen = plan, 0
+        if plan.need > budget.max_tokens:
+            self.metrics.inc("budget_refused_requests_total")
+            step.fail(
+                entry.slot,
+                state,
+                f"max_tokens={budget.max_tokens} cannot hold a complete output: the shortest "
+                f"valid {state.spec.kind} output needs {plan.need} tokens (its stop token included)",
+            )
+            _stop_entry(step, entry)
+            return False
+        return True
+
     def _start_plan(self, state) -> _Plan | None:
         """The plan from the grammar's start state, searched once per spec and engine (its matcher's
         type: a plan is in that engine's tokens) and copied for every request after."""
         key = (state.spec, _engine_of(state))
-        if key in self._start_plans:
-            self._start_plans.move_to_end(key)
-            cached = self._start_plans[key]
-            return cached.fresh() if cached is not None else None
+        with self._lock:
+            if key in self._start_plans:
+                self._start_plans.move_to_end(key)
+                cached = self._start_plans[key]
+                return cached.fresh() if cached is not None else None
         completion = self._search(state.grammar)
         plan = _Plan.of(completion, self.table) if completion is not None else None
-        self._start_plans[key] = plan
-        if len(self._start_plans) > START_PLANS:
-            self._start_plans.popitem(last=False)
+        with self._lock:
+            self._remember(key, plan)
         return plan.fresh() if plan is not None else None
 
     def _follow(self, grammar: Grammar, history: Sequence[int], budget: _Slot) -> None:

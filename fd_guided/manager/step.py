@@ -487,6 +487,7 @@ class BatchStep:
     def close(self) -> None:
         self._join_fill()
         self._fill_pool.shutdown(wait=True)
+        self.budget.close()
 
 
 def _uploader_for(logits, bitmask) -> Any:

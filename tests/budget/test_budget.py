@@ -110,6 +110,7 @@ def minimum(backend_name: str, fields: dict) -> int:
     """The shortest output's tokens (stop included), as the manager's plan has it at the start."""
     backend = in_process_backend(backend_name)
     manager = GuidedDecodingManager(backend, max_num_seqs=1)
+    manager.budget.defer_start_above = 10**9  # the first look searches at once: need() is known after it
     try:
         add_ready(
             manager,
@@ -241,3 +242,28 @@ def test_grammars_and_structural_tags_end_valid(backend_name):
     for (fields, budget), (finish, text, used) in zip(cases, results):
         assert finish == "stop" and used < budget, (fields, budget, finish, text)
         assert validate_output(parse_guided_request(fields, config), text).valid, (fields, text)
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_a_far_budget_searches_in_the_background_and_still_ends_valid(backend_name):
+    """A budget far above its shortest output (> DEFER_START_ABOVE tokens left) does not search on
+    the host's thread at its first step (no plan yet after it); the search runs on a matcher of its
+    own, and the adversary still ends complete and valid within the budget."""
+    fields = REQUESTS[0]
+    need = minimum(backend_name, fields)
+    budget = need + 200
+    backend = in_process_backend(backend_name)
+    manager = GuidedDecodingManager(backend, max_num_seqs=1)
+    try:
+        spec = parse_guided_request(dict(fields, guided_json={**fields["guided_json"], "title": "far"}),
+                                    GuidedConfig(backend=backend_name))  # a spec no plan is cached for
+        add_ready(manager, 0, spec, prefill_done=True, max_tokens=budget)
+        manager.begin_step([0])
+        manager.apply(torch.zeros((1, VOCAB)))
+        assert manager.budget.need(0) is None  # deferred: nothing searched on this thread
+        manager.accept([int(np.flatnonzero(np.unpackbits(manager.bitmask.numpy()[0].view(np.uint8),
+                                                          bitorder="little"))[0])])
+    finally:
+        manager.close()
+    [(finish, text, used)] = run(backend_name, [fields], [budget])
+    assert finish == "stop" and used <= budget and valid(fields, text), (finish, used, budget, text)
