@@ -23,10 +23,12 @@ Bitmask layout (the de-facto standard): int32 CPU tensor of shape (rows, ceil(vo
 bit j of word w set means token ``32 * w + j`` is allowed. `vocab_size` is the model's logits
 width (padded vocab), not the tokenizer's length; ids past the tokenizer are never allowed.
 """
+
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from .config import GuidedConfig
 from .spec import FIELD_OF_KIND, GrammarSpec
@@ -211,8 +213,9 @@ def check_satisfiable(backend: GuidedBackend, compiled: CompiledGrammar) -> None
         if 0 <= token < backend.vocab_size:
             words[token >> 5] &= ~(1 << (token & 31)) & 0xFFFFFFFF
     if not words.any() and not _empty_output_allowed(spec):
-        raise UnsatisfiableGrammarError("the constraint is unsatisfiable: it admits only an empty output, which it does not match",
-                                        part=part)
+        raise UnsatisfiableGrammarError(
+            "the constraint is unsatisfiable: it admits only an empty output, which it does not match", part=part
+        )
 
 
 def _empty_output_allowed(spec: GrammarSpec) -> bool:

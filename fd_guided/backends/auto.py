@@ -8,12 +8,14 @@ fails, crashes or runs out of budget is served by llguidance (compile-time fallb
 while xgrammar compiles for the cache. xgrammar is preferred once compiled: its masks are fastest
 per step on long generations.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError, combine_engine_errors
@@ -103,8 +105,9 @@ def _xgrammar_narrows(spec: GrammarSpec) -> bool:
         return False
     from ..schema import narrows
 
-    return (narrows(PREFERRED, spec.schema, spec.json_format, unique_guard=True)
-            and not narrows(FALLBACK, spec.schema, spec.json_format, unique_guard=True))
+    return narrows(PREFERRED, spec.schema, spec.json_format, unique_guard=True) and not narrows(
+        FALLBACK, spec.schema, spec.json_format, unique_guard=True
+    )
 
 
 def _reason(error: InvalidGrammarError) -> str:
@@ -179,14 +182,20 @@ class AutoBackend(CompositeBackend):
         if engines is not None:
             if PREFERRED not in engines or not set(engines) <= {PREFERRED, FALLBACK}:
                 raise ValueError(f"auto's engines are {PREFERRED!r} and optionally {FALLBACK!r}, got {sorted(engines)}")
-            self.backends: dict[str, GuidedBackend] = {name: engines[name] for name in (PREFERRED, FALLBACK) if name in engines}
+            self.backends: dict[str, GuidedBackend] = {
+                name: engines[name] for name in (PREFERRED, FALLBACK) if name in engines
+            }
             return
         self.backends = {
-            PREFERRED: XGrammarBackend(tokenizer, vocab_size=vocab_size, config=self.config, stop_token_ids=self.stop_token_ids)
+            PREFERRED: XGrammarBackend(
+                tokenizer, vocab_size=vocab_size, config=self.config, stop_token_ids=self.stop_token_ids
+            )
         }
         fallback = _fallback_class()
         if fallback is not None:
-            self.backends[FALLBACK] = fallback(tokenizer, vocab_size=vocab_size, config=self.config, stop_token_ids=self.stop_token_ids)
+            self.backends[FALLBACK] = fallback(
+                tokenizer, vocab_size=vocab_size, config=self.config, stop_token_ids=self.stop_token_ids
+            )
         else:
             logger.warning("llguidance is not installed: the auto backend uses xgrammar only")
 
@@ -232,8 +241,12 @@ class AutoBackend(CompositeBackend):
     def worker_recipe(self) -> tuple[str, dict]:
         """`ProcessCompilable`: the shared constructor arguments once, and per engine its own
         recipe's factory with the arguments only that engine takes (xgrammar's TokenizerInfo)."""
-        common = {"tokenizer": self.tokenizer.portable(), "vocab_size": self.vocab_size, "config": self.config,
-                  "stop_token_ids": self.stop_token_ids}
+        common = {
+            "tokenizer": self.tokenizer.portable(),
+            "vocab_size": self.vocab_size,
+            "config": self.config,
+            "stop_token_ids": self.stop_token_ids,
+        }
         engines = {}
         for name, backend in self.backends.items():
             recipe = composite.worker_recipe(backend)
@@ -246,8 +259,13 @@ class AutoBackend(CompositeBackend):
     def with_config(self, config: GuidedConfig) -> AutoBackend:
         if config == self.config:
             return self
-        return AutoBackend(self.tokenizer, vocab_size=self.vocab_size, config=config, stop_token_ids=self.stop_token_ids,
-                           engines={name: composite.with_config(backend, config) for name, backend in self.backends.items()})
+        return AutoBackend(
+            self.tokenizer,
+            vocab_size=self.vocab_size,
+            config=config,
+            stop_token_ids=self.stop_token_ids,
+            engines={name: composite.with_config(backend, config) for name, backend in self.backends.items()},
+        )
 
     def new_grammar(self, compiled: CompiledGrammar) -> Grammar:
         grammar = self._owner(compiled).new_grammar(compiled)
@@ -288,7 +306,11 @@ class AutoBackend(CompositeBackend):
         return backend.deserialize(spec, payload)
 
     def cache_stats(self) -> dict[str, Any]:
-        return {f"{name}_{key}": value for name, backend in self.backends.items() for key, value in backend.cache_stats().items()}
+        return {
+            f"{name}_{key}": value
+            for name, backend in self.backends.items()
+            for key, value in backend.cache_stats().items()
+        }
 
     def close(self) -> None:
         for backend in self.backends.values():
@@ -304,5 +326,10 @@ class AutoBackend(CompositeBackend):
 def backend_from_recipe(*, engines: Mapping[str, tuple[str, dict]], **common) -> AutoBackend:
     """`AutoBackend.worker_recipe`'s factory: each engine from its own factory, then auto over them."""
     built = {name: composite.from_recipe((path, {**common, **own})) for name, (path, own) in engines.items()}
-    return AutoBackend(common["tokenizer"], vocab_size=common["vocab_size"], config=common["config"],
-                       stop_token_ids=common["stop_token_ids"], engines=built)
+    return AutoBackend(
+        common["tokenizer"],
+        vocab_size=common["vocab_size"],
+        config=common["config"],
+        stop_token_ids=common["stop_token_ids"],
+        engines=built,
+    )

@@ -5,23 +5,25 @@ valid and invalid instances to its matcher, see tests/schema/test_engine_keyword
 schema it receives therefore comes from `fd_guided.schema.for_engine("xgrammar", ...)`: rewritten
 into the keywords xgrammar enforces exactly, or refused at admission with the feature named.
 """
+
 from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import xgrammar as xgr
 
+from ..admission.meta import schema_objects
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..schema import for_engine, regex_for_engine
-from ..unique_guard import restrict_rows, with_unique_guard
 from ..schema.walk import subschemas
-from ..admission.meta import schema_objects
 from ..spec import FIELD_OF_KIND, GrammarSpec, JsonFormat
 from ..tokenizer import TokenizerBundle
+from ..unique_guard import restrict_rows, with_unique_guard
 
 
 class XGrammarCompiled(CompiledGrammar):
@@ -91,7 +93,9 @@ class XGrammarBackend(GuidedBackend):
         self.tokenizer_info = tokenizer_info or _tokenizer_info(tokenizer, vocab_size, list(self.stop_token_ids))
         # No compiler cache: the compile service's byte-bounded LRU is the one cache (a second
         # one here would hold every grammar twice).
-        self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=self.config.compile_threads, cache_enabled=False)
+        self.compiler = xgr.GrammarCompiler(
+            self.tokenizer_info, max_threads=self.config.compile_threads, cache_enabled=False
+        )
         self._batch_matcher = xgr.BatchGrammarMatcher(max_threads=self.config.fill_threads)
         self._batch_lock = threading.Lock()
 
@@ -119,29 +123,51 @@ class XGrammarBackend(GuidedBackend):
             # "... is not supported yet" is a limit of xgrammar, not a mistake in the request:
             # marked as a feature, so `auto` can serve the request with llguidance.
             feature = message if "not supported" in message else None
-            raise InvalidGrammarError(f"rejected by xgrammar: {message}", part=_part_of(spec), feature=feature) from None
+            raise InvalidGrammarError(
+                f"rejected by xgrammar: {message}", part=_part_of(spec), feature=feature
+            ) from None
         return XGrammarCompiled(spec, native)
 
     @classmethod
-    def from_tokenizer_info_json(cls, tokenizer_info_json: str, tokenizer: TokenizerBundle, *, vocab_size: int,
-                                 config: GuidedConfig | None = None,
-                                 stop_token_ids: Sequence[int] | None = None) -> XGrammarBackend:
+    def from_tokenizer_info_json(
+        cls,
+        tokenizer_info_json: str,
+        tokenizer: TokenizerBundle,
+        *,
+        vocab_size: int,
+        config: GuidedConfig | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> XGrammarBackend:
         """A backend over a serialized TokenizerInfo (`worker_recipe`'s factory): the parent's exact
         TokenizerInfo, so compiled grammars deserialize there (one rebuilt from raw bytes would not match)."""
-        return cls(tokenizer, vocab_size=vocab_size, config=config, stop_token_ids=stop_token_ids,
-                   tokenizer_info=xgr.TokenizerInfo.deserialize_json(tokenizer_info_json))
+        return cls(
+            tokenizer,
+            vocab_size=vocab_size,
+            config=config,
+            stop_token_ids=stop_token_ids,
+            tokenizer_info=xgr.TokenizerInfo.deserialize_json(tokenizer_info_json),
+        )
 
     def worker_recipe(self) -> tuple[str, dict]:
         """`ProcessCompilable` (`fd_guided.backends.composite`): rebuilt by `from_tokenizer_info_json`."""
         return "fd_guided.backends.xgrammar:backend_from_recipe", {
-            "tokenizer": self.tokenizer.portable(), "vocab_size": self.vocab_size, "config": self.config,
-            "stop_token_ids": self.stop_token_ids, "tokenizer_info_json": self.tokenizer_info.serialize_json()}
+            "tokenizer": self.tokenizer.portable(),
+            "vocab_size": self.vocab_size,
+            "config": self.config,
+            "stop_token_ids": self.stop_token_ids,
+            "tokenizer_info_json": self.tokenizer_info.serialize_json(),
+        }
 
-    def with_config(self, config: GuidedConfig) -> "XGrammarBackend":
+    def with_config(self, config: GuidedConfig) -> XGrammarBackend:
         if config == self.config:
             return self
-        return XGrammarBackend(self.tokenizer, vocab_size=self.vocab_size, config=config, stop_token_ids=self.stop_token_ids,
-                               tokenizer_info=self.tokenizer_info)
+        return XGrammarBackend(
+            self.tokenizer,
+            vocab_size=self.vocab_size,
+            config=config,
+            stop_token_ids=self.stop_token_ids,
+            tokenizer_info=self.tokenizer_info,
+        )
 
     def new_grammar(self, compiled: CompiledGrammar) -> Grammar:
         if not isinstance(compiled, XGrammarCompiled):
@@ -166,10 +192,16 @@ class XGrammarBackend(GuidedBackend):
     def deserialize(self, spec: GrammarSpec, data: bytes) -> XGrammarCompiled | None:
         try:
             native = xgr.CompiledGrammar.deserialize_json(data.decode("utf-8"), self.tokenizer_info)
-        except (xgr.DeserializeVersionError, xgr.DeserializeFormatError, xgr.InvalidJSONError, RuntimeError, ValueError, UnicodeDecodeError):
+        except (
+            xgr.DeserializeVersionError,
+            xgr.DeserializeFormatError,
+            xgr.InvalidJSONError,
+            RuntimeError,
+            ValueError,
+            UnicodeDecodeError,
+        ):
             return None  # other xgrammar version or tokenizer: compile instead
         return XGrammarCompiled(spec, native)
-
 
 
 def backend_from_recipe(*, tokenizer_info_json: str, tokenizer: TokenizerBundle, **kwargs) -> XGrammarBackend:
@@ -179,7 +211,9 @@ def backend_from_recipe(*, tokenizer_info_json: str, tokenizer: TokenizerBundle,
 
 def _tokenizer_info(tokenizer: TokenizerBundle, vocab_size: int, stop_token_ids: list[int]) -> xgr.TokenizerInfo:
     if tokenizer.hf_tokenizer is not None:
-        return xgr.TokenizerInfo.from_huggingface(tokenizer.hf_tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+        return xgr.TokenizerInfo.from_huggingface(
+            tokenizer.hf_tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids
+        )
     # Special tokens map to b"": xgrammar then never matches them against grammar text.
     encoded = [token or b"" for token in tokenizer.token_bytes]
     return xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
@@ -215,8 +249,11 @@ def xgrammar_schema(schema: Any, json_format: JsonFormat, part: str, *, unique_g
     normalised = for_engine("xgrammar", schema, json_format, part=part, unique_guard=unique_guard)
     if json_format.any_order and "minProperties" in json.dumps(normalised):
         # With any_order xgrammar admits a repeated key ({"a":1,"a":2}), which parses as one.
-        raise InvalidGrammarError("xgrammar cannot count properties in any order (a key may repeat)", part=part,
-                                  feature="minProperties with guided_any_order")
+        raise InvalidGrammarError(
+            "xgrammar cannot count properties in any order (a key may repeat)",
+            part=part,
+            feature="minProperties with guided_any_order",
+        )
     return normalised
 
 
@@ -268,13 +305,24 @@ def structural_tag_json(spec: GrammarSpec) -> str:
     """
     tag = spec.structural_tag
     if "format" in tag:
-        return json.dumps({**tag, "format": _normalised_format(tag["format"], spec.json_format, "structural_tag.format")})
+        return json.dumps(
+            {**tag, "format": _normalised_format(tag["format"], spec.json_format, "structural_tag.format")}
+        )
     tags = [
-        {"type": "tag", "begin": s["begin"], "content": {"type": "json_schema", "json_schema": xgrammar_schema(
-            s["schema"], spec.json_format, f"structural_tag.structures[{i}].schema")}, "end": s["end"]}
+        {
+            "type": "tag",
+            "begin": s["begin"],
+            "content": {
+                "type": "json_schema",
+                "json_schema": xgrammar_schema(s["schema"], spec.json_format, f"structural_tag.structures[{i}].schema"),
+            },
+            "end": s["end"],
+        }
         for i, s in enumerate(tag["structures"])
     ]
-    return json.dumps({"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": tag["triggers"], "tags": tags}})
+    return json.dumps(
+        {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": tag["triggers"], "tags": tags}}
+    )
 
 
 def _normalised_format(node: Any, json_format: JsonFormat, where: str) -> Any:
@@ -322,7 +370,9 @@ def check_schema_patterns(schema: Any, path: str = "$") -> None:
             xgr.Grammar.from_regex(node["pattern"])
         except (RuntimeError, ValueError) as error:
             feature = f"pattern {node['pattern']!r} ({_first_line(error)})"
-            raise InvalidGrammarError(f"xgrammar cannot enforce {feature}", part=f"json schema {where}.pattern", feature=feature) from None
+            raise InvalidGrammarError(
+                f"xgrammar cannot enforce {feature}", part=f"json schema {where}.pattern", feature=feature
+            ) from None
 
 
 def _pattern_nodes(schema: Any, path: str) -> Iterator[tuple[dict, str]]:

@@ -9,6 +9,7 @@ The map (one module per concern):
   cache.py    the byte-bounded LRU of compiled grammars and the memory of failed compiles
   threads.py  deep-stack threads for native compilers
 """
+
 from .cache import CompiledGrammarCache, RememberedErrors
 from .service import CompileService, SharedGrammarCache, join
 

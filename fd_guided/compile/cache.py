@@ -3,12 +3,14 @@
 Keys count too: a spec's source text can be a megabyte, and ten thousand cached or remembered
 specs are ten gigabytes if only the compiled values are counted.
 """
+
 from __future__ import annotations
 
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 # Per-entry bookkeeping (dict slots, the spec and key objects, a Future) beyond the key's text.
 ENTRY_OVERHEAD_BYTES = 512

@@ -1,4 +1,5 @@
 """Small helpers over `concurrent.futures.Future`: settled futures, first-outcome-wins, bounded joins."""
+
 from __future__ import annotations
 
 import time

@@ -17,6 +17,7 @@ simply gone: its job fails with a typed error and a fresh worker is forked when 
 `close()` kills everything and returns at once; so does interpreter exit, and the workers and
 zygotes exit by themselves when this process dies.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -92,8 +93,8 @@ class _Worker:
         self.pid, self.conn = pid, conn
         self.job: _Job | None = None
         self.baseline_rss = 0
-        self.demoted = False     # does not count against max_workers
-        self.lowered = False     # runs at a lowered CPU priority: it exits after its job
+        self.demoted = False  # does not count against max_workers
+        self.lowered = False  # runs at a lowered CPU priority: it exits after its job
         self.idle_class = False  # in the idle CPU class
         self.jobs_done = 0
 
@@ -107,9 +108,21 @@ class CompileProcessPool:
     "killed_memory", "crashed", "demoted" and "forked" (metrics).
     """
 
-    def __init__(self, zygote_key: str, recipe: tuple[str, dict], config: Any, *, max_workers: int, timeout_s: float,
-                 memory_limit_bytes: int, demote_after_s: float, spare_workers: int = 1, on_event=None,
-                 cost_weights: dict[str, int] | None = None, background_workers: int | None = None):
+    def __init__(
+        self,
+        zygote_key: str,
+        recipe: tuple[str, dict],
+        config: Any,
+        *,
+        max_workers: int,
+        timeout_s: float,
+        memory_limit_bytes: int,
+        demote_after_s: float,
+        spare_workers: int = 1,
+        on_event=None,
+        cost_weights: dict[str, int] | None = None,
+        background_workers: int | None = None,
+    ):
         self._zygote_key, self._recipe, self._config = zygote_key, recipe, config
         self.max_workers = max_workers
         self.timeout_s = timeout_s
@@ -171,9 +184,13 @@ class CompileProcessPool:
 
     def stats(self) -> dict[str, int]:
         workers = list(self._workers.values())
-        return {"workers": len(workers), "busy": sum(w.job is not None for w in workers),
-                "demoted": sum(w.demoted for w in workers), "background": self._background_running(),
-                "queued": len(self._pending) + len(self._incoming)}
+        return {
+            "workers": len(workers),
+            "busy": sum(w.job is not None for w in workers),
+            "demoted": sum(w.demoted for w in workers),
+            "background": self._background_running(),
+            "queued": len(self._pending) + len(self._incoming),
+        }
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Kill every worker, fail every job still pending or running; returns within `timeout_s`."""
@@ -278,8 +295,11 @@ class CompileProcessPool:
         for _ in range(wanted - len(foreground)):
             forked = zygote_for(self._zygote_key, self._recipe).fork(self._config)
             if forked is None:
-                self._fail_pending(InvalidGrammarError(
-                    f"the compile workers could not start: {zygote_for(self._zygote_key, self._recipe).error}"))
+                self._fail_pending(
+                    InvalidGrammarError(
+                        f"the compile workers could not start: {zygote_for(self._zygote_key, self._recipe).error}"
+                    )
+                )
                 return
             worker = _Worker(*forked)
             self._workers[worker.pid] = worker
@@ -316,8 +336,11 @@ class CompileProcessPool:
         except (EOFError, OSError):
             self._drop(worker)
             self._on_event("crashed")
-            job.future.set_exception(GrammarCompileCrash(
-                f"the {job.engine} compiler crashed on this constraint; its worker process was replaced"))
+            job.future.set_exception(
+                GrammarCompileCrash(
+                    f"the {job.engine} compiler crashed on this constraint; its worker process was replaced"
+                )
+            )
             return
         worker.job = None
         worker.jobs_done += 1
@@ -340,7 +363,9 @@ class CompileProcessPool:
         always for a background job (the lane bounds those), for a slow one while fewer than twice
         `max_workers` are demoted. A lowered worker cannot be raised back without privileges: it
         exits after its job."""
-        idle_class = worker.job is not None and worker.job.background and getattr(self._config, "background_idle_class", True)
+        idle_class = (
+            worker.job is not None and worker.job.background and getattr(self._config, "background_idle_class", True)
+        )
         if idle_class and not worker.idle_class:
             worker.idle_class = lower_priority(worker.pid, idle_class=True)
             worker.lowered = worker.lowered or worker.idle_class
@@ -359,12 +384,21 @@ class CompileProcessPool:
         for worker in [w for w in self._workers.values() if w.job is not None]:
             job, elapsed = worker.job, now - worker.job.started
             if elapsed > self.timeout_s:
-                self._kill_job(worker, GrammarCompileTimeout(
-                    f"the {job.engine} compile ran past its {self.timeout_s:g} s budget and was stopped"), "killed_timeout")
+                self._kill_job(
+                    worker,
+                    GrammarCompileTimeout(
+                        f"the {job.engine} compile ran past its {self.timeout_s:g} s budget and was stopped"
+                    ),
+                    "killed_timeout",
+                )
             elif _rss(worker.pid) - worker.baseline_rss > self.memory_limit_bytes:
-                self._kill_job(worker, GrammarCompileMemoryError(
-                    f"the {job.engine} compile grew past its {self.memory_limit_bytes >> 20} MiB memory budget and was stopped"),
-                    "killed_memory")
+                self._kill_job(
+                    worker,
+                    GrammarCompileMemoryError(
+                        f"the {job.engine} compile grew past its {self.memory_limit_bytes >> 20} MiB memory budget and was stopped"
+                    ),
+                    "killed_memory",
+                )
             elif not worker.lowered and elapsed > self.demote_after_s:
                 self._demote_worker(worker)
 
@@ -400,7 +434,7 @@ class CompileProcessPool:
                 pass
 
 
-_live_pools: "weakref.WeakSet[CompileProcessPool]" = weakref.WeakSet()
+_live_pools: weakref.WeakSet[CompileProcessPool] = weakref.WeakSet()
 
 
 @atexit.register

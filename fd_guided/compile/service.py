@@ -25,6 +25,7 @@ Runners: ``process`` compiles in killable workers (`fd_guided.compile.pool`; the
 as the engine's serialized grammar and is rebuilt here on a deep-stack loader thread), ``thread``
 compiles in this process (no kill: a job past its budget fails its requests but keeps running).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -112,8 +113,15 @@ class CompileService:
             without a `worker_recipe` always compiles in threads.
     """
 
-    def __init__(self, backend: GuidedBackend, *, metrics: GuidedMetrics | None = None, workers: int | None = None,
-                 shared_cache: SharedGrammarCache | None = None, isolation: str | None = None):
+    def __init__(
+        self,
+        backend: GuidedBackend,
+        *,
+        metrics: GuidedMetrics | None = None,
+        workers: int | None = None,
+        shared_cache: SharedGrammarCache | None = None,
+        isolation: str | None = None,
+    ):
         self.backend = backend
         self.config = backend.config
         self.metrics = metrics or GuidedMetrics()
@@ -133,25 +141,40 @@ class CompileService:
         self._loaders = DeepStackExecutor(_LOADER_THREADS, name="fd-guided-load")
         # Loads of cache-only results (an xgrammar grammar for a 129k vocabulary is ~50 MB and a
         # second to load) run on a thread in the idle CPU class: nobody waits for them.
-        self._cache_loaders = DeepStackExecutor(1, name="fd-guided-cache-load", idle_class=self.config.background_idle_class)
+        self._cache_loaders = DeepStackExecutor(
+            1, name="fd-guided-cache-load", idle_class=self.config.background_idle_class
+        )
         self._loaders.submit(backend.warm_up)
         self._loaded_since_trim = 0
         self._closed = False
         _live_services.add(self)
-        self.isolation, self._runner = self._make_runner(workers or self.config.compile_workers, isolation or self.config.compile_isolation)
+        self.isolation, self._runner = self._make_runner(
+            workers or self.config.compile_workers, isolation or self.config.compile_isolation
+        )
 
     def _make_runner(self, workers: int, isolation: str):
         recipe = composite.worker_recipe(self.backend) if isolation == "process" else None
         if isolation == "process" and recipe is None:
-            logger.warning("backend %s cannot compile in worker processes: compiling in threads (no kill on budget)", self.backend.name)
+            logger.warning(
+                "backend %s cannot compile in worker processes: compiling in threads (no kill on budget)",
+                self.backend.name,
+            )
         if recipe is None:
             return "thread", ThreadCompileRunner(self.backend, workers, self.config.compile_timeout_s)
         pool = CompileProcessPool(
-            zygote_key(recipe), recipe, self.config, max_workers=workers, timeout_s=self.config.compile_timeout_s,
-            memory_limit_bytes=self.config.compile_memory_limit_bytes, demote_after_s=self.config.compile_demote_after_s,
-            cost_weights={name: composite.engine(self.backend, name).compile_cost_weight
-                          for name in composite.engine_names(self.backend)},
-            on_event=lambda name: self.metrics.inc_labelled("compile_worker_events_total", "event", name))
+            zygote_key(recipe),
+            recipe,
+            self.config,
+            max_workers=workers,
+            timeout_s=self.config.compile_timeout_s,
+            memory_limit_bytes=self.config.compile_memory_limit_bytes,
+            demote_after_s=self.config.compile_demote_after_s,
+            cost_weights={
+                name: composite.engine(self.backend, name).compile_cost_weight
+                for name in composite.engine_names(self.backend)
+            },
+            on_event=lambda name: self.metrics.inc_labelled("compile_worker_events_total", "event", name),
+        )
         return "process", pool
 
     # ----- tickets ------------------------------------------------------------------------------
@@ -211,7 +234,7 @@ class CompileService:
                 # (the next request prefers them); less preferred ones never serve this constraint
                 # while the cache holds the winner, so their compiles stop.
                 winner = outcome[1].backend_name if outcome[0] == "ok" else None
-                later = ticket.engines[ticket.engines.index(winner) + 1:] if winner in ticket.engines else ()
+                later = ticket.engines[ticket.engines.index(winner) + 1 :] if winner in ticket.engines else ()
                 for engine, job in ticket.jobs.items():
                     if not job.done():
                         (useless if engine in later else leftovers).append((engine, ticket.spec))
@@ -267,7 +290,7 @@ class CompileService:
         would wait for it (its expected gain over each of them is 0), while one of them may still
         serve. Its compile then never takes a core from theirs; it fills the cache afterwards, or
         serves the request if they all fail."""
-        engine, later = ticket.engines[index], ticket.engines[index + 1:]
+        engine, later = ticket.engines[index], ticket.engines[index + 1 :]
         if not self.config.auto_first_ready or not later:
             return False
         if any(composite.expected_gain_s(self.backend, engine, other) > 0 for other in later):
@@ -285,7 +308,9 @@ class CompileService:
                     self._skipped.add((engine, spec))  # not handed to the runner yet: _start_job skips it
             if run is not None:
                 cancel = getattr(self._runner, "cancel", None) or self._runner.cancel_pending
-                cancel(run, CompileSkipped(f"the {engine} compile was stopped: a preferred engine serves this constraint"))
+                cancel(
+                    run, CompileSkipped(f"the {engine} compile was stopped: a preferred engine serves this constraint")
+                )
 
     def _lower(self, runs) -> None:
         """Runs no request waits for: the runner schedules them after the others (idle CPU class)."""
@@ -334,7 +359,9 @@ class CompileService:
             background = (engine, spec) in self._background
         if background:
             self._lower([run])  # it became cache-only before it reached the runner
-        run.add_done_callback(lambda done: self._loader_for(engine, spec).submit(self._after_run, engine, spec, done, future, started))
+        run.add_done_callback(
+            lambda done: self._loader_for(engine, spec).submit(self._after_run, engine, spec, done, future, started)
+        )
 
     def _loader_for(self, engine: str, spec: GrammarSpec) -> DeepStackExecutor:
         with self._lock:
@@ -346,7 +373,11 @@ class CompileService:
             result, compile_seconds = run.result()
             backend = composite.engine(self.backend, engine)
             data = result if isinstance(result, bytes) else None
-            if data is not None and len(data) > _CACHE_ONLY_LOAD_MAX_BYTES and self._loader_for(engine, spec) is self._cache_loaders:
+            if (
+                data is not None
+                and len(data) > _CACHE_ONLY_LOAD_MAX_BYTES
+                and self._loader_for(engine, spec) is self._cache_loaders
+            ):
                 raise CompileSkipped(f"a cache-only {engine} grammar of {len(data) >> 20} MB was not loaded")
             compiled = backend.deserialize(spec, data) if data is not None else result
             if compiled is None:
@@ -360,8 +391,14 @@ class CompileService:
                 error = InvalidGrammarError(f"the {engine} compile failed: {type(error).__name__}: {error}")
             self._finish_job(engine, spec, future, None, error)
 
-    def _finish_job(self, engine: str, spec: GrammarSpec, future: Future, compiled: CompiledGrammar | None,
-                    error: BaseException | None) -> None:
+    def _finish_job(
+        self,
+        engine: str,
+        spec: GrammarSpec,
+        future: Future,
+        compiled: CompiledGrammar | None,
+        error: BaseException | None,
+    ) -> None:
         key = (engine, spec)
         if compiled is not None:
             # Cached before leaving the in-flight table, so no submit in between misses both.
@@ -423,8 +460,13 @@ class CompileService:
 
     def stats(self) -> dict:
         runner = self._runner.stats() if hasattr(self._runner, "stats") else {}
-        return {"cache_entries": len(self.cache), "cache_bytes": self.cache.size_bytes,
-                "remembered_errors": len(self.errors), "remembered_error_bytes": self.errors.size_bytes, **runner}
+        return {
+            "cache_entries": len(self.cache),
+            "cache_bytes": self.cache.size_bytes,
+            "remembered_errors": len(self.errors),
+            "remembered_error_bytes": self.errors.size_bytes,
+            **runner,
+        }
 
     def close(self) -> None:
         """Stop every compile (workers are killed) and fail the tickets still pending. Returns within
@@ -444,7 +486,7 @@ class CompileService:
                 ticket.future.set_exception(closed)
 
 
-_live_services: "weakref.WeakSet[CompileService]" = weakref.WeakSet()
+_live_services: weakref.WeakSet[CompileService] = weakref.WeakSet()
 
 
 @atexit.register

@@ -7,6 +7,7 @@ re-validates its grammar text, xgrammar deserializes) runs on threads of `PARENT
 eight times deeper: what compiled in a worker cannot overflow here. `fd_guided.limits` keeps
 admitted constraints far inside both.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -16,8 +17,9 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..backends import composite
 from ..errors import GrammarCompileTimeout
@@ -146,7 +148,7 @@ def lower_this_thread() -> bool:
     return lower_priority(threading.get_native_id(), idle_class=True)
 
 
-_executors: "weakref.WeakSet[DeepStackExecutor]" = weakref.WeakSet()
+_executors: weakref.WeakSet[DeepStackExecutor] = weakref.WeakSet()
 
 
 @atexit.register
@@ -182,8 +184,17 @@ class ThreadCompileRunner:
             started = time.perf_counter()
             return composite.engine(self.backend, engine).compile_checked(spec), time.perf_counter() - started
 
-        timer = threading.Timer(self.timeout_s, settle, (outer, None, GrammarCompileTimeout(
-            f"the {engine} compile ran past its {self.timeout_s:g} s budget (it cannot be stopped in thread isolation)")))
+        timer = threading.Timer(
+            self.timeout_s,
+            settle,
+            (
+                outer,
+                None,
+                GrammarCompileTimeout(
+                    f"the {engine} compile ran past its {self.timeout_s:g} s budget (it cannot be stopped in thread isolation)"
+                ),
+            ),
+        )
         timer.daemon = True
         inner = self._executor.submit(work)
         self._queued[outer] = inner

@@ -13,6 +13,7 @@ Protocol (pickles over a socket pair; see `CompileProcessPool`):
   pool -> worker:  (job_id, engine, spec)
   worker -> pool:  (job_id, "ok", data, seconds) or (job_id, "error", class_name, message, part, feature)
 """
+
 from __future__ import annotations
 
 import os
@@ -60,7 +61,10 @@ def _warm_up(backend) -> None:
     from ..spec import GrammarSpec, parse_guided_request
 
     backend.warm_up()
-    specs = [GrammarSpec("regex", "[a-z]{1,3}"), parse_guided_request({"guided_json_object": True}, check_backend=False)]
+    specs = [
+        GrammarSpec("regex", "[a-z]{1,3}"),
+        parse_guided_request({"guided_json_object": True}, check_backend=False),
+    ]
     for name in composite.engine_names(backend):
         engine = composite.engine(backend, name)
         for spec in specs:
@@ -117,8 +121,11 @@ def serve(backend, conn: Connection, serving_pid: int) -> None:
             return
         job_id, engine, spec = message
         outcome: list = []
-        thread = start_thread(lambda: outcome.append(_compile(backend, engine, spec)), name="fd-guided-compile",
-                              stack_bytes=WORKER_STACK_BYTES)
+        thread = start_thread(
+            lambda: outcome.append(_compile(backend, engine, spec)),
+            name="fd-guided-compile",
+            stack_bytes=WORKER_STACK_BYTES,
+        )
         while thread.is_alive():
             thread.join(_POLL_S)
             if not _alive(serving_pid):
@@ -140,13 +147,19 @@ def _compile(backend, engine: str, spec) -> tuple:
     except InvalidGrammarError as error:
         return ("error", type(error).__name__, _message(error), error.part, error.feature)
     except BaseException as error:  # noqa: BLE001 - any failure is this job's failure
-        return ("error", "InvalidGrammarError", f"the {engine} compiler failed: {type(error).__name__}: {error}", None, None)
+        return (
+            "error",
+            "InvalidGrammarError",
+            f"the {engine} compiler failed: {type(error).__name__}: {error}",
+            None,
+            None,
+        )
 
 
 def _message(error) -> str:
     text = str(error)
     prefix = f"{error.part}: " if error.part else ""
-    return text[len(prefix):] if prefix and text.startswith(prefix) else text
+    return text[len(prefix) :] if prefix and text.startswith(prefix) else text
 
 
 def main(argv: list[str]) -> int:
