@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .dlpack import CUDA, cuda_device_index, device_kind, to_torch_view
+
 _BUFFERS = 2
 
 
@@ -90,8 +92,6 @@ class BitmaskUploader:
         the GPU (but for the pinned slot's copy of two uploads ago, long done in steady state)."""
         import torch
 
-        from .dlpack import to_torch_view
-
         if not 0 <= rows <= self.capacity:
             raise ValueError(f"{rows} rows exceed the uploader's capacity of {self.capacity}")
         host = to_torch_view(bitmask)
@@ -107,3 +107,10 @@ class BitmaskUploader:
             self.device[buffer][:rows].copy_(self.host[buffer][:rows], non_blocking=True)
             self.copied[buffer].record(self.stream)
         return Upload(self, buffer, rows)
+
+
+def uploader_for(logits, bitmask) -> BitmaskUploader | None:
+    """A `BitmaskUploader` for CUDA `logits`, or None for logits elsewhere."""
+    if device_kind(logits) != CUDA:
+        return None
+    return BitmaskUploader(f"cuda:{cuda_device_index(logits)}", int(bitmask.shape[0]), int(bitmask.shape[1]))

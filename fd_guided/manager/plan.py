@@ -197,3 +197,32 @@ def _walk(job: TreeFill, words: np.ndarray, stop_ids: frozenset[int]) -> Generat
     finally:
         if current:
             grammar.rollback(len(current))
+
+
+@dataclass
+class StepEntry:
+    """One request's rows in the current step: `tree.num_nodes` rows from `first_row`."""
+
+    slot: int | None
+    first_row: int
+    tree: DraftTree
+    plans: list[NodePlan] | None = None  # None: its rows are not masked (unguided, prefilling)
+    fill: TreeFill | None = None
+    stopped: bool = False  # every row allows only stop tokens (finished or failed)
+    limit: int = 0
+
+    def path_of(self, tokens: list[int]) -> list[int]:
+        """The node each of `tokens` is sampled at: the root, then the draft children they follow."""
+        path: list[int] = []
+        node = 0
+        for j, token in enumerate(tokens):
+            path.append(node)
+            if j + 1 < len(tokens):
+                child = self.tree.child(node, token)
+                if child is None:
+                    raise ValueError(
+                        f"slot {self.slot}: accepted token {j} ({token}) is not a draft of the path "
+                        "(only the last accepted token may be sampled off the drafts)"
+                    )
+                node = child
+        return path

@@ -11,7 +11,7 @@ through these methods; the manager (`fd_guided.manager.core`) is the host-facing
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
@@ -154,3 +154,19 @@ class SlotTable:
                 finished.append(state.finish)
                 self.metrics.inc("requests_finished_total")
         return finished
+
+    def take_host_forced(
+        self, slot: int, state: SlotState, token: int, stop_ids: frozenset[int], named: Mapping[int, str]
+    ) -> None:
+        """`token` was outside its row's applied mask under ``masked_out="host"`` (see
+        `BatchStep.accept`): a stop token or one `named` is the host's own (counted, the stop ends
+        the slot quietly); any other fails the request, never taken silently."""
+        kind = "stop" if token in stop_ids else named.get(token)
+        if kind is None:  # not a token the host is known to force: never taken silently
+            self.metrics.inc("out_of_mask_tokens_total")
+            self.fail(slot, state, f"guided decoding: token {token} outside the grammar at position {state.accepted}")
+            return
+        self.metrics.inc_labelled("host_forced_tokens_total", "kind", kind)
+        if kind == "stop":
+            state.finish = GuidedFinish(slot, "forced")
+            state.finish_reported = True

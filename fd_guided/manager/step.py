@@ -10,12 +10,9 @@ rows of the step and what each became, the background fill) and reaches requests
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..budget import BudgetSteering
@@ -24,22 +21,22 @@ from ..errors import SlotStateError
 from ..interface import GuidedBackend
 from ..kernels import apply_token_bitmask_inplace
 from ..metrics import GuidedMetrics
-from .plan import EMPTY, FORCED, FREE, GRAMMAR, INVALID, STOP, DraftTree, NodePlan, TreeFill, fill_trees, plan_nodes
+from .fill import BackgroundFill
+from .plan import (
+    EMPTY,
+    FORCED,
+    FREE,
+    GRAMMAR,
+    INVALID,
+    STOP,
+    DraftTree,
+    NodePlan,
+    StepEntry,
+    TreeFill,
+    plan_nodes,
+)
 from .slot import GuidedFinish, SlotState, StepTimings, allows, host_words, token_row
 from .slots import SlotTable
-
-
-@dataclass
-class StepEntry:
-    """One request's rows in the current step: `tree.num_nodes` rows from `first_row`."""
-
-    slot: int | None
-    first_row: int
-    tree: DraftTree
-    plans: list[NodePlan] | None = None  # None: its rows are not masked (unguided, prefilling)
-    fill: TreeFill | None = None
-    stopped: bool = False  # every row allows only stop tokens (finished or failed)
-    limit: int = 0
 
 
 class BatchStep:
@@ -83,14 +80,7 @@ class BatchStep:
         self.phase: Literal["idle", "begun", "applied"] = "idle"
         self.drafting: Any = None  # the open `DraftingSession`, if any
         self._draft_bitmask: Any = None
-        self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-guided-fill")
-        self._fill_future: Future | None = None
-        # CUDA logits: with FD_GUIDED_BITMASK_PREFETCH=1 the fill thread starts the bitmask's copy
-        # to the device on a side stream as soon as the fill ends (fd_guided.kernels.prefetch), so
-        # it overlaps the forward; off by default until it has run on a GPU (docs/integration.md).
-        self._prefetch = os.environ.get("FD_GUIDED_BITMASK_PREFETCH", "0") == "1"
-        self._uploader: Any = None  # made on the first apply with CUDA logits
-        self._upload: Any = None
+        self.fill = BackgroundFill(backend, self.bitmask, self.bitmask_words, self.timings, metrics)
         self._rows: list[int | None] = []
         self._entries: list[StepEntry] = []
         self._speculative = False
@@ -164,11 +154,7 @@ class BatchStep:
             job = self._prepare(entry, state)
             if job is not None:
                 jobs.append(job)
-        self._upload = None
-        if jobs and self.overlap_fill:
-            self._fill_future = self._fill_pool.submit(self._timed_fill, jobs, self._uploader)
-        elif jobs:
-            self._timed_fill(jobs)
+        self.fill.start(jobs, len(self._rows), overlap=self.overlap_fill)
 
     def _prepare(self, entry: StepEntry, state: SlotState) -> TreeFill | None:
         """Plan `entry`'s rows; returns the grammar rows to fill (None if there are none)."""
@@ -229,15 +215,15 @@ class BatchStep:
         if rows:
             # Every row guided: no row list (on CUDA that saves staging it and a scatter).
             indices = None if len(rows) == len(self._rows) else rows
-            if self._upload is not None:  # rows written since the upload are copied again (prefetch.py)
+            upload = self.fill.take_upload()
+            if upload is not None:  # rows written since the upload are copied again (prefetch.py)
                 apply_token_bitmask_inplace(
-                    logits, self.bitmask, indices=indices, impl=self.kernel_impl, prefetched=self._upload
+                    logits, self.bitmask, indices=indices, impl=self.kernel_impl, prefetched=upload
                 )
             else:
                 apply_token_bitmask_inplace(logits, self.bitmask, indices=indices, impl=self.kernel_impl)
-            if self._prefetch and self._uploader is None and self.kernel_impl in ("auto", "cuda"):
-                self._uploader = _uploader_for(logits, self.bitmask)
-        self._upload = None
+            self.fill.watch(logits, self.kernel_impl)
+        self.fill.upload = None
         self._applied_rows = set(rows)
         self.phase = "applied"
         elapsed = time.perf_counter() - started
@@ -370,7 +356,7 @@ class BatchStep:
         self, accepted: list[list[int]], masked_out: str, host_forced: Mapping[int, str] | None = None
     ) -> list[GuidedFinish]:
         started = time.perf_counter()
-        paths = [self._path(entry, tokens) for entry, tokens in zip(self._entries, accepted)]
+        paths = [entry.path_of(tokens) for entry, tokens in zip(self._entries, accepted)]
         words = self.bitmask_words
         for entry, tokens, path in zip(self._entries, accepted, paths):
             slot = entry.slot
@@ -397,7 +383,7 @@ class BatchStep:
                 )
             self.slots.advance(slot, state, tokens if forced_at is None else tokens[:forced_at])
             if forced_at is not None and state.finish is None:
-                self._host_forced(slot, state, tokens[forced_at], host_forced or {})
+                self.slots.take_host_forced(slot, state, tokens[forced_at], self.stop_ids, host_forced or {})
         self.phase = "idle"
         finished = self.slots.collect_finishes()
         elapsed = time.perf_counter() - started
@@ -405,35 +391,6 @@ class BatchStep:
         self.timings.steps += 1
         self.metrics.observe("accept_seconds", elapsed)
         return finished
-
-    def _path(self, entry: StepEntry, tokens: list[int]) -> list[int]:
-        """The node each of `tokens` is sampled at: the root, then the draft children they follow."""
-        path, node = [], 0
-        for j, token in enumerate(tokens):
-            path.append(node)
-            if j + 1 < len(tokens):
-                child = entry.tree.child(node, token)
-                if child is None:
-                    raise ValueError(
-                        f"slot {entry.slot}: accepted token {j} ({token}) is not a draft of the path "
-                        "(only the last accepted token may be sampled off the drafts)"
-                    )
-                node = child
-        return path
-
-    def _host_forced(self, slot: int, state: SlotState, token: int, named: Mapping[int, str]) -> None:
-        """`token` was outside its row's applied mask under ``masked_out="host"`` (see `accept`)."""
-        kind = "stop" if token in self.stop_ids else named.get(token)
-        if kind is None:  # not a token the host is known to force: never taken silently
-            self.metrics.inc("out_of_mask_tokens_total")
-            self.slots.fail(
-                slot, state, f"guided decoding: token {token} outside the grammar at position {state.accepted}"
-            )
-            return
-        self.metrics.inc_labelled("host_forced_tokens_total", "kind", kind)
-        if kind == "stop":
-            state.finish = GuidedFinish(slot, "forced")
-            state.finish_reported = True
 
     def _resolve_deferred(self) -> list[TreeFill]:
         """Entries whose compile was pending at the begin hook: ready now -> filled late; still
@@ -470,32 +427,12 @@ class BatchStep:
         assert entry.slot is not None
         return entry.slot
 
-    def _timed_fill(self, jobs: list[TreeFill], uploader: Any = None) -> None:
-        started = time.perf_counter()
-        fill_trees(self.backend, self.bitmask, self.bitmask_words, jobs)
-        if uploader is not None:  # on the fill thread, as soon as the fill ends
-            self._upload = uploader.upload(self.bitmask, len(self._rows))
-        elapsed = time.perf_counter() - started
-        self.timings.fill += elapsed
-        self.metrics.observe("fill_seconds", elapsed)
+    def _timed_fill(self, jobs: list[TreeFill]) -> None:
+        self.fill.run(jobs, len(self._rows))
 
     def _join_fill(self) -> None:
-        future, self._fill_future = self._fill_future, None
-        if future is not None:
-            future.result()
+        self.fill.join()
 
     def close(self) -> None:
-        self._join_fill()
-        self._fill_pool.shutdown(wait=True)
+        self.fill.close()
         self.budget.close()
-
-
-def _uploader_for(logits, bitmask) -> Any:
-    """A `BitmaskUploader` for CUDA `logits`, or None for logits elsewhere."""
-    from ..kernels.dlpack import CUDA, cuda_device_index, device_kind
-
-    if device_kind(logits) != CUDA:
-        return None
-    from ..kernels.prefetch import BitmaskUploader
-
-    return BitmaskUploader(f"cuda:{cuda_device_index(logits)}", int(bitmask.shape[0]), int(bitmask.shape[1]))

@@ -37,7 +37,8 @@ def run(device: str, monkeypatch) -> tuple[list[list[set[int]]], int]:
             steps.append([set(np.flatnonzero(np.isfinite(row)).tolist()) for row in host])
             token = text[step] if step < len(text) else 1
             manager.accept([token, 7, 1 if step == 2 else token])  # slot 2 ends early: stop rows after
-        patched = manager.step._uploader.patched_rows if manager.step._uploader is not None else -1
+        uploader = manager.step.fill.uploader
+        patched = uploader.patched_rows if uploader is not None else -1
         return steps, patched
     finally:
         manager.close()
