@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .config import GuidedConfig
 from .spec import FIELD_OF_KIND, GrammarSpec
 from .tokenizer import TokenizerBundle
+
+if TYPE_CHECKING:
+    from .metrics import GuidedMetrics
 
 
 class CompiledGrammar(abc.ABC):
@@ -137,7 +140,7 @@ class GuidedBackend(abc.ABC):
         self.vocab_size = vocab_size
         self.config = config or GuidedConfig()
         self.stop_token_ids = tuple(stop_token_ids if stop_token_ids is not None else tokenizer.eos_token_ids)
-        self.metrics = None  # set by the CompileService that owns this backend
+        self.metrics: GuidedMetrics | None = None  # set by the CompileService that owns this backend
 
     @classmethod
     @abc.abstractmethod
@@ -158,7 +161,7 @@ class GuidedBackend(abc.ABC):
         check_satisfiable(self, compiled)
         return compiled
 
-    def warm_up(self) -> None:
+    def warm_up(self) -> None:  # noqa: B027 - optional hook: most backends have nothing to warm up
         """Pay one-time native set-up costs now (compile workers call it before forking)."""
 
     @abc.abstractmethod
@@ -189,7 +192,7 @@ class GuidedBackend(abc.ABC):
         """Backend-specific cache figures (bytes used, limit); empty if the backend has no cache."""
         return {}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: a backend without threads or caches has nothing to release
         """Release threads and caches. Idempotent."""
 
 

@@ -226,7 +226,7 @@ class AutoBackend(CompositeBackend):
         return self._first_engine(spec, lambda backend: backend.compile_checked(spec))
 
     def _first_engine(self, spec: GrammarSpec, run) -> CompiledGrammar:
-        failures = []
+        failures: list[tuple[str, BaseException]] = []
         for name in candidate_engines(spec):
             try:
                 return run(self.backends[name])

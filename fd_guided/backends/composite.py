@@ -113,7 +113,7 @@ def with_config(backend: GuidedBackend, config: GuidedConfig) -> GuidedBackend:
     return type(backend)(
         backend.tokenizer,
         vocab_size=backend.vocab_size,
-        config=config,  # type: ignore[call-arg]
+        config=config,
         stop_token_ids=backend.stop_token_ids,
     )
 

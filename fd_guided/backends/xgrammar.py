@@ -115,7 +115,7 @@ class XGrammarBackend(GuidedBackend):
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
         if spec.kind == "json_schema":
-            check_schema_patterns(xgrammar_schema(spec.schema, spec.json_format, "json schema", unique_guard=True))
+            check_schema_patterns(xgrammar_schema(spec.schema, _json_format(spec), "json schema", unique_guard=True))
         try:
             native = _compile(self.compiler, spec)
         except (RuntimeError, ValueError, TypeError) as error:
@@ -178,7 +178,9 @@ class XGrammarBackend(GuidedBackend):
         if len(grammars) < self.config.parallel_fill_min_rows:
             super().fill_bitmasks(grammars, bitmask, rows)
             return
-        matchers = [grammar.matcher for grammar in grammars]
+        # This backend's grammars (an XGrammarMatcher, or a uniqueItems guard over one) carry
+        # `matcher`, which `Grammar` does not declare.
+        matchers = [grammar.matcher for grammar in grammars]  # type: ignore[attr-defined]
         # One BatchGrammarMatcher owns a thread pool; serialise its use across callers.
         with self._batch_lock:
             self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, list(rows))
@@ -219,8 +221,14 @@ def _tokenizer_info(tokenizer: TokenizerBundle, vocab_size: int, stop_token_ids:
     return xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
 
 
+def _json_format(spec: GrammarSpec) -> JsonFormat:
+    """`spec.json_format` of a JSON kind (json_schema, json_object, structural_tag): admission sets it."""
+    assert spec.json_format is not None, f"a {spec.kind} spec without json_format"
+    return spec.json_format
+
+
 def _json_options(spec: GrammarSpec) -> dict[str, Any]:
-    fmt = spec.json_format
+    fmt = _json_format(spec)
     # Strictness is already explicit in the normalised schema (additionalProperties/items: false).
     options: dict[str, Any] = {"any_whitespace": fmt.any_whitespace, "strict_mode": False}
     if fmt.any_order:
@@ -240,7 +248,7 @@ _ANY_OBJECT_SCHEMA = '{"type":"object"}'
 def _enforced_schema(spec: GrammarSpec) -> str:
     """The request's schema as xgrammar must see it (`fd_guided.schema.for_engine`); raises
     InvalidGrammarError naming what xgrammar cannot enforce."""
-    return json.dumps(xgrammar_schema(spec.schema, spec.json_format, "json schema", unique_guard=True))
+    return json.dumps(xgrammar_schema(spec.schema, _json_format(spec), "json schema", unique_guard=True))
 
 
 def xgrammar_schema(schema: Any, json_format: JsonFormat, part: str, *, unique_guard: bool = False) -> dict:
@@ -314,7 +322,9 @@ def structural_tag_json(spec: GrammarSpec) -> str:
             "begin": s["begin"],
             "content": {
                 "type": "json_schema",
-                "json_schema": xgrammar_schema(s["schema"], spec.json_format, f"structural_tag.structures[{i}].schema"),
+                "json_schema": xgrammar_schema(
+                    s["schema"], _json_format(spec), f"structural_tag.structures[{i}].schema"
+                ),
             },
             "end": s["end"],
         }
@@ -325,7 +335,7 @@ def structural_tag_json(spec: GrammarSpec) -> str:
     )
 
 
-def _normalised_format(node: Any, json_format: JsonFormat, where: str) -> Any:
+def _normalised_format(node: Any, json_format: JsonFormat | None, where: str) -> Any:
     """A copy of a structural-tag format tree whose ``json_schema`` elements are normalised."""
     if isinstance(node, list):
         return [_normalised_format(item, json_format, f"{where}[{i}]") for i, item in enumerate(node)]
@@ -335,6 +345,7 @@ def _normalised_format(node: Any, json_format: JsonFormat, where: str) -> Any:
         schema = node["json_schema"]
         if schema is True:
             schema = {}
+        assert json_format is not None  # admission sets it on every structural tag
         return {**node, "json_schema": xgrammar_schema(schema, json_format, f"{where}.json_schema")}
     return {key: _normalised_format(value, json_format, f"{where}.{key}") for key, value in node.items()}
 

@@ -243,6 +243,7 @@ class CompileProcessPool:
             self._drop_pending({run: error for run, error, _ in cancelled})
             running = {run: error for run, error, kill in cancelled if kill}
             for worker in [w for w in self._workers.values() if w.job is not None and w.job.future in running]:
+                assert worker.job is not None  # the list holds busy workers only
                 self._kill_job(worker, running[worker.job.future], "cancelled")
         if backgrounded:
             self._move_to_background(set(backgrounded))
@@ -269,7 +270,7 @@ class CompileProcessPool:
             heapq.heapify(kept)
             self._pending = kept
 
-    def _queue_entry(self, job: _Job) -> tuple[int, int, _Job]:
+    def _queue_entry(self, job: _Job) -> tuple[bool, int, int, _Job]:
         """Shortest expected job first, by order of magnitude (FIFO within one): a short regex is
         not queued behind four 100k-entry choice lists, and a cheap engine's job (the one that
         serves a cold `auto` request) not behind an expensive engine's job for the cache."""
@@ -331,6 +332,7 @@ class CompileProcessPool:
 
     def _receive(self, worker: _Worker) -> None:
         job = worker.job
+        assert job is not None  # the loop receives from busy workers only
         try:
             message = worker.conn.recv()
         except (EOFError, OSError):
@@ -382,7 +384,9 @@ class CompileProcessPool:
     def _police(self) -> None:
         now = time.monotonic()
         for worker in [w for w in self._workers.values() if w.job is not None]:
-            job, elapsed = worker.job, now - worker.job.started
+            job = worker.job
+            assert job is not None  # the list holds busy workers only
+            elapsed = now - job.started
             if elapsed > self.timeout_s:
                 self._kill_job(
                     worker,
@@ -395,7 +399,8 @@ class CompileProcessPool:
                 self._kill_job(
                     worker,
                     GrammarCompileMemoryError(
-                        f"the {job.engine} compile grew past its {self.memory_limit_bytes >> 20} MiB memory budget and was stopped"
+                        f"the {job.engine} compile grew past its {self.memory_limit_bytes >> 20} MiB memory budget"
+                        " and was stopped"
                     ),
                     "killed_memory",
                 )
@@ -407,6 +412,7 @@ class CompileProcessPool:
         _kill(worker.pid)
         self._drop(worker)
         self._on_event(event)
+        assert job is not None  # callers pass busy workers only
         job.future.set_exception(error)
 
     def _drop(self, worker: _Worker) -> None:

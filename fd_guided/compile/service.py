@@ -227,7 +227,8 @@ class CompileService:
                     ticket.jobs[engine] = self._job(engine, ticket.spec)
                     started.append(ticket.jobs[engine])
             outcome = ticket.decide(self.backend, self.config, self._advance)
-            leftovers, useless = [], []
+            leftovers: list[tuple[str, GrammarSpec]] = []
+            useless: list[tuple[str, GrammarSpec]] = []
             if outcome is not None:
                 ticket.settled = True
                 # Engines preferred over the one that served it are worth compiling for the cache
@@ -248,7 +249,7 @@ class CompileService:
                 # their compiled grammars alive and RSS swung by ~3x the cache bound).
                 ticket.jobs = {}
         for job in started:
-            job.add_done_callback(lambda _, t=ticket: self._advance(t))
+            job.add_done_callback(lambda _: self._advance(ticket))
         if outcome is None:
             return
         with self._lock:

@@ -191,14 +191,21 @@ class ThreadCompileRunner:
                 outer,
                 None,
                 GrammarCompileTimeout(
-                    f"the {engine} compile ran past its {self.timeout_s:g} s budget (it cannot be stopped in thread isolation)"
+                    f"the {engine} compile ran past its {self.timeout_s:g} s budget"
+                    " (it cannot be stopped in thread isolation)"
                 ),
             ),
         )
         timer.daemon = True
         inner = self._executor.submit(work)
         self._queued[outer] = inner
-        inner.add_done_callback(lambda done: (timer.cancel(), self._queued.pop(outer, None), copy_outcome(done, outer)))
+
+        def finish(done: Future) -> None:
+            timer.cancel()
+            self._queued.pop(outer, None)
+            copy_outcome(done, outer)
+
+        inner.add_done_callback(finish)
         timer.start()
         return outer
 

@@ -61,10 +61,9 @@ def _warm_up(backend) -> None:
     from ..spec import GrammarSpec, parse_guided_request
 
     backend.warm_up()
-    specs = [
-        GrammarSpec("regex", "[a-z]{1,3}"),
-        parse_guided_request({"guided_json_object": True}, check_backend=False),
-    ]
+    json_object = parse_guided_request({"guided_json_object": True}, check_backend=False)
+    assert json_object is not None  # None only for a request with no guided field
+    specs = [GrammarSpec("regex", "[a-z]{1,3}"), json_object]
     for name in composite.engine_names(backend):
         engine = composite.engine(backend, name)
         for spec in specs:
@@ -122,7 +121,8 @@ def serve(backend, conn: Connection, serving_pid: int) -> None:
         job_id, engine, spec = message
         outcome: list = []
         thread = start_thread(
-            lambda: outcome.append(_compile(backend, engine, spec)),
+            # The thread is joined below, before the loop moves on: it sees this job's variables.
+            lambda: outcome.append(_compile(backend, engine, spec)),  # noqa: B023
             name="fd-guided-compile",
             stack_bytes=WORKER_STACK_BYTES,
         )
