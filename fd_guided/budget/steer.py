@@ -36,96 +36,34 @@ says (``length``). See docs/budget.md.
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from ..interface import Grammar
-from .search import UNSPELLED, Completion, TokenTable, fewest_tokens, shortest_completion, token_table
+from .plan import Plan, chain
+from .rows import StepRows, cut_drafts, engine_of, row_of, stop_entry
+from .search import Completion, TokenTable, shortest_completion, token_table
 from .slack import SlackTokens
+from .start_plans import StartPlans
 
 logger = logging.getLogger(__name__)
 
 HEADROOM = 8  # slack at which the closing zone starts (a token taken before it may grow the completion by this much)
 WINDOW = 16  # tokens before the closing zone from which the plan is followed step by step
-START_PLANS = 256  # start-state plans remembered per grammar spec
 # A request with more tokens left than this at its first look does not wait for the first
 # search of its grammar's start plan (10-160 ms on a cold schema, on the host's thread): the
 # search runs in the background on a matcher of its own and the request is steered from the
 # step it is done. Tighter budgets search at once (they may be in the closing zone already).
 DEFER_START_ABOVE = 128
-_INVALID = "invalid"  # fd_guided.manager.plan.INVALID (not imported: the manager imports this package)
-
-
-@dataclass
-class _Plan:
-    """A completion and the fewest tokens spelling each of its suffixes (`fewest[k]`: text[k:])."""
-
-    text: bytes
-    fewest: list[tuple[int, int]]
-    position: int = 0
-    # position -> [(token spelling the next bytes, tokens needed after it)]; shared by the copies
-    # of a cached start plan (read-only but for this memo)
-    spellings_at: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, completion: Completion, table: TokenTable) -> _Plan:
-        # The fewest-token spellings, when the completion's (verified) tokens are one of them;
-        # else only the completion's own tokens.
-        if table.tokenize(completion.text) == list(completion.tokens):
-            return cls(completion.text, fewest_tokens(table, completion.text))
-        return cls(completion.text, _chain(completion, table))
-
-    @property
-    def need(self) -> int:
-        return self.fewest[self.position][0] + 1
-
-    def fresh(self) -> _Plan:
-        """This plan from its start, sharing its tables (a cached start plan for a new request)."""
-        return _Plan(self.text, self.fewest, 0, self.spellings_at)
-
-    def spellings(self, table: TokenTable) -> list[tuple[int, int]]:
-        """The tokens that spell the plan's next bytes, each with the tokens its rest then needs."""
-        found = self.spellings_at.get(self.position)
-        if found is None:
-            found, start = [], self.position
-            for end in range(start + 1, min(len(self.text), start + table.max_len) + 1):
-                token = table.by_bytes.get(self.text[start:end])
-                if token is not None and self.fewest[end][0] < UNSPELLED:
-                    found.append((token, self.fewest[end][0]))
-            self.spellings_at[self.position] = found
-        return found
-
-    def rest_tokens(self, table: TokenTable) -> list[int]:
-        tokens, position = [], self.position
-        while position < len(self.text):
-            token = self.fewest[position][1]
-            tokens.append(token)
-            position += len(table.bytes_of[token])
-        return tokens
-
-
-def _chain(completion: Completion, table: TokenTable) -> list[tuple[int, int]]:
-    """`fewest` along the completion's own tokens (when the text has no shorter spelling)."""
-    fewest = [(UNSPELLED, -1)] * (len(completion.text) + 1)
-    fewest[-1] = (0, -1)
-    position = len(completion.text)
-    for index in range(len(completion.tokens) - 1, -1, -1):
-        token = completion.tokens[index]
-        position -= len(table.bytes_of[token])
-        fewest[position] = (len(completion.tokens) - index, token)
-    return fewest
 
 
 @dataclass
 class _Slot:
     max_tokens: int
-    plan: _Plan | None = None
+    plan: Plan | None = None
     seen: int = 0  # tokens of the grammar's history the plan accounts for
     stale: bool = False
     started: bool = False
@@ -149,15 +87,12 @@ class BudgetSteering:
     # on growing): more freedom for the model, at a matcher walk per new state (docs/budget.md).
     slack_tokens: bool = False
     _slots: dict[int, _Slot] = field(default_factory=dict)
-    _start_plans: OrderedDict[Any, _Plan | None] = field(default_factory=OrderedDict)
+    start_plans: StartPlans = field(default_factory=StartPlans)
 
     def __post_init__(self) -> None:
         self._table: TokenTable | None = None
         self._slack: SlackTokens | None = None
         self._scratch: tuple[Any, np.ndarray] | None = None
-        self._searches: dict[Any, Future] = {}  # start plans being searched in the background
-        self._search_pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()  # the start-plan cache, shared with the background search
 
     # ----- lifecycle -----------------------------------------------------------------------------
 
@@ -174,8 +109,7 @@ class BudgetSteering:
 
     def close(self) -> None:
         """Wait for a background start-plan search in flight (it holds a matcher of its own)."""
-        if self._search_pool is not None:
-            self._search_pool.shutdown(wait=True)
+        self.start_plans.close()
 
     def need(self, slot: int) -> int | None:
         """Tokens the slot's plan still needs (its stop token included), or None (no plan yet)."""
@@ -202,7 +136,7 @@ class BudgetSteering:
         and `stop_rows` those it will set to stop tokens (both updated here)."""
         if not self._slots:
             return
-        step = _Step(fail, words, masked, stop_rows, stop_ids)
+        step = StepRows(fail, words, masked, stop_rows, stop_ids)
         for entry in entries:
             budget = self._slots.get(entry.slot) if entry.slot is not None else None
             if budget is None or budget.gave_up or entry.plans is None:
@@ -218,7 +152,7 @@ class BudgetSteering:
             if entry.first_row in masked:
                 self._row(step, entry, state, budget, left)
 
-    def _row(self, step: _Step, entry, state, budget: _Slot, left: int) -> None:
+    def _row(self, step: StepRows, entry, state, budget: _Slot, left: int) -> None:
         if not budget.started:
             if self._start_deferred(state, left, budget):
                 return  # far from the budget: steered once the background search is done
@@ -235,7 +169,7 @@ class BudgetSteering:
         if plan is None:
             return
         if entry.tree.num_nodes > 1:
-            _cut_drafts(step, entry)
+            cut_drafts(step, entry)
         if plan.need > left and not budget.overrun:
             budget.overrun = True
             self.metrics.inc("budget_overruns_total")
@@ -245,71 +179,52 @@ class BudgetSteering:
                 # tokens of forced bytes): plan again from this very state, whose tokens it accepted.
                 completion = self._search(state.grammar)
                 if completion is not None:
-                    budget.plan = _Plan(completion.text, _chain(completion, self.table))
+                    budget.plan = Plan(completion.text, chain(completion, self.table))
                     self._close(step, entry.first_row, budget.plan, left, budget, state.grammar)
 
     def _start_deferred(self, state, left: int, budget: _Slot) -> bool:
         """Whether the first look waits for a background start-plan search (see DEFER_START_ABOVE)."""
         if not budget.deferred and (state.history or left <= self.defer_start_above):
             return False
-        key = (state.spec, _engine_of(state))
-        with self._lock:
-            if key in self._start_plans:
-                return False
-            running = self._searches.get(key)
-            if running is not None:
-                budget.deferred = True
-                return True
-            if budget.deferred:
-                return False  # its search failed: the slot searches on its own matcher now
-            try:
-                compiled = state.ticket.result(timeout=0)
-            except Exception:  # noqa: BLE001 - no compiled grammar to copy: search on the slot's matcher
-                return False
-            if self._search_pool is None:
-                self._search_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-guided-budget")
-            _ = self.table  # built here, not raced for by the background thread
-            self._searches[key] = self._search_pool.submit(self._background_start_plan, key, compiled)
+        key = (state.spec, engine_of(state))
+        if self.start_plans.known(key):
+            return False
+        if self.start_plans.searching(key):
             budget.deferred = True
             return True
-
-    def _background_start_plan(self, key: Any, compiled: Any) -> None:
-        """Search the start plan of `compiled` on a matcher and scratch row of its own; cache it."""
+        if budget.deferred:
+            return False  # its search failed: the slot searches on its own matcher now
         try:
-            scratch = self.backend.allocate_bitmask(1)
-            words = scratch.numpy() if hasattr(scratch, "numpy") else np.asarray(scratch)
-            completion = shortest_completion(
-                self.backend.new_grammar(compiled),
-                self.table,
-                self.backend.stop_token_ids,
-                words[0],
-                scratch,
-                0,
-                max_expansions=self.max_expansions,
-            )
-            plan = _Plan.of(completion, self.table) if completion is not None else None
-        except Exception:  # noqa: BLE001 - the slot searches on its own matcher instead
-            logger.exception("background start-plan search failed")
-            with self._lock:
-                self._searches.pop(key, None)
-            return
-        with self._lock:
-            self._remember(key, plan)
-            self._searches.pop(key, None)
+            compiled = state.ticket.result(timeout=0)
+        except Exception:  # noqa: BLE001 - no compiled grammar to copy: search on the slot's matcher
+            return False
+        _ = self.table  # built here, not raced for by the background thread
+        budget.deferred = self.start_plans.search_later(key, lambda: self._own_search(compiled))
+        return budget.deferred
 
-    def _remember(self, key: Any, plan: _Plan | None) -> None:
-        self._start_plans[key] = plan
-        if len(self._start_plans) > START_PLANS:
-            self._start_plans.popitem(last=False)
+    def _own_search(self, compiled: Any) -> Plan | None:
+        """The start plan of `compiled`, on a matcher and scratch row of its own (any thread)."""
+        scratch = self.backend.allocate_bitmask(1)
+        words = scratch.numpy() if hasattr(scratch, "numpy") else np.asarray(scratch)
+        completion = shortest_completion(
+            self.backend.new_grammar(compiled),
+            self.table,
+            self.backend.stop_token_ids,
+            words[0],
+            scratch,
+            0,
+            max_expansions=self.max_expansions,
+        )
+        return Plan.of(completion, self.table) if completion is not None else None
 
-    def _start(self, step: _Step, entry, state, budget: _Slot, left: int) -> bool:
+    def _start(self, step: StepRows, entry, state, budget: _Slot, left: int) -> bool:
         """The first look: a plan from the current state; fail the request if it cannot fit."""
         if budget.deferred and state.history:
             return self._start_late(step, entry, state, budget, left)
         plan = self._start_plan(state) if not state.history else None
         if plan is None:
             completion = self._search(state.grammar)  # replayed tokens (or the start search failed)
-            plan = _Plan.of(completion, self.table) if completion is not None else None
+            plan = Plan.of(completion, self.table) if completion is not None else None
         if plan is None:
             budget.gave_up = True
             self.metrics.inc("budget_search_failures_total")
@@ -324,16 +239,15 @@ class BudgetSteering:
                 f"valid {state.spec.kind} output from here needs {plan.need} tokens (its stop token included)"
                 + (f", and {budget.max_tokens - left} were generated already" if left < budget.max_tokens else ""),
             )
-            _stop_entry(step, entry)
+            stop_entry(step, entry)
             return False
         return True
 
-    def _start_late(self, step: _Step, entry, state, budget: _Slot, left: int) -> bool:
+    def _start_late(self, step: StepRows, entry, state, budget: _Slot, left: int) -> bool:
         """The first look of a request that generated tokens while its start plan was searched in
         the background: the start plan, brought up to its tokens when it nears its budget
         (`_follow`); refused only if even the start needed more than its whole budget."""
-        with self._lock:
-            cached = self._start_plans.get((state.spec, _engine_of(state)))
+        cached = self.start_plans.get((state.spec, engine_of(state)))
         if cached is None:  # the background search found nothing: a plan from here, as usual
             budget.deferred = False
             return self._start(step, entry, state, budget, left)
@@ -347,23 +261,20 @@ class BudgetSteering:
                 f"max_tokens={budget.max_tokens} cannot hold a complete output: the shortest "
                 f"valid {state.spec.kind} output needs {plan.need} tokens (its stop token included)",
             )
-            _stop_entry(step, entry)
+            stop_entry(step, entry)
             return False
         return True
 
-    def _start_plan(self, state) -> _Plan | None:
+    def _start_plan(self, state) -> Plan | None:
         """The plan from the grammar's start state, searched once per spec and engine (its matcher's
         type: a plan is in that engine's tokens) and copied for every request after."""
-        key = (state.spec, _engine_of(state))
-        with self._lock:
-            if key in self._start_plans:
-                self._start_plans.move_to_end(key)
-                cached = self._start_plans[key]
-                return cached.fresh() if cached is not None else None
+        key = (state.spec, engine_of(state))
+        if self.start_plans.known(key):
+            cached = self.start_plans.get(key)
+            return cached.fresh() if cached is not None else None
         completion = self._search(state.grammar)
-        plan = _Plan.of(completion, self.table) if completion is not None else None
-        with self._lock:
-            self._remember(key, plan)
+        plan = Plan.of(completion, self.table) if completion is not None else None
+        self.start_plans.remember(key, plan)
         return plan.fresh() if plan is not None else None
 
     def _follow(self, grammar: Grammar, history: Sequence[int], budget: _Slot) -> None:
@@ -387,7 +298,7 @@ class BudgetSteering:
         budget.stale = False
         rest = plan.rest_tokens(table)
         if self._completes(grammar, rest):
-            budget.plan = _Plan.of(Completion(plan.text[plan.position :], tuple(rest)), table)
+            budget.plan = Plan.of(Completion(plan.text[plan.position :], tuple(rest)), table)
             return
         completion = self._search(grammar)
         if completion is None:
@@ -395,9 +306,9 @@ class BudgetSteering:
             self.metrics.inc("budget_search_failures_total")
             budget.plan = None
             return
-        budget.plan = _Plan.of(completion, table)
+        budget.plan = Plan.of(completion, table)
 
-    def _close(self, step: _Step, row: int, plan: _Plan, left: int, budget: _Slot, grammar: Grammar) -> bool:
+    def _close(self, step: StepRows, row: int, plan: Plan, left: int, budget: _Slot, grammar: Grammar) -> bool:
         """Allow only the tokens that spell the plan's next bytes within what is left and the stop
         tokens (with `slack_tokens`, while slack is left, also the tokens that keep the plan:
         `slack.SlackTokens`); False (the row untouched) when the grammar allows none of them."""
@@ -409,7 +320,7 @@ class BudgetSteering:
             if self._slack is None:
                 self._slack = SlackTokens(table, self.backend.vocab_size)
             rest = plan.rest_tokens(table)
-            restriction = _row_of(allowed, words.shape[1]) | self._slack.row(
+            restriction = row_of(allowed, words.shape[1]) | self._slack.row(
                 grammar, current, plan.text[plan.position :], rest, self._completes
             )
             restricted = current & restriction
@@ -484,48 +395,3 @@ class BudgetSteering:
         finally:
             if accepted:
                 grammar.rollback(accepted)
-
-
-def _row_of(token_ids: Sequence[int], words: int) -> np.ndarray:
-    row = np.zeros(words, dtype=np.uint32)
-    for token in token_ids:
-        if 0 <= token < words * 32:
-            row[token >> 5] |= np.uint32(1 << (token & 31))
-    return row.view(np.int32)
-
-
-def _engine_of(state) -> str:
-    """The engine that compiled the slot's grammar (its ticket is done once it has a matcher)."""
-    try:
-        return str(state.ticket.result(timeout=0).backend_name)
-    except Exception:  # noqa: BLE001 - no compiled grammar to name: the matcher's type will do
-        return type(state.grammar).__name__
-
-
-@dataclass
-class _Step:
-    """What `steer` touches of the step being applied."""
-
-    fail: Callable[[int, Any, str], None]
-    words: np.ndarray
-    masked: set[int]
-    stop_rows: list[int]
-    stop_ids: frozenset[int]
-
-
-def _cut_drafts(step: _Step, entry) -> None:
-    """Near the budget a request's drafts are not taken: their rows allow only stop tokens."""
-    for node in range(1, entry.tree.num_nodes):
-        row = entry.first_row + node
-        if row in step.masked:
-            step.masked.discard(row)
-            step.stop_rows.append(row)
-        entry.plans[node] = replace(entry.plans[node], kind=_INVALID, forced=None, path=())
-    entry.limit = 0
-
-
-def _stop_entry(step: _Step, entry) -> None:
-    rows = range(entry.first_row, entry.first_row + entry.tree.num_nodes)
-    step.masked.difference_update(rows)
-    step.stop_rows.extend(rows)
-    entry.stopped, entry.plans = True, None

@@ -1,0 +1,88 @@
+"""The start plans of a manager's grammars: searched once per spec and engine, then copied.
+
+A request's first look needs the plan from its grammar's start state. `StartPlans` remembers the
+last `START_PLANS` of them (a plan, or None where the search found nothing), and runs a search in
+the background when the caller can go on without it (a request far from its budget): one thread,
+each search on a matcher of its own (`BudgetSteering._own_search`), so a cold schema's first step
+does not pay for it on the host's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from .plan import Plan
+
+logger = logging.getLogger(__name__)
+
+START_PLANS = 256  # start-state plans remembered per manager
+
+
+class StartPlans:
+    """Spec+engine key -> the start plan (or None: no completion found); thread-safe."""
+
+    def __init__(self, limit: int = START_PLANS):
+        self.limit = limit
+        self._plans: OrderedDict[Hashable, Plan | None] = OrderedDict()
+        self._searches: dict[Hashable, Future] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def known(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._plans
+
+    def get(self, key: Hashable) -> Plan | None:
+        """The remembered plan (None if unknown or none was found); marks it recently used."""
+        with self._lock:
+            if key not in self._plans:
+                return None
+            self._plans.move_to_end(key)
+            return self._plans[key]
+
+    def remember(self, key: Hashable, plan: Plan | None) -> None:
+        with self._lock:
+            self._remember(key, plan)
+
+    def searching(self, key: Hashable) -> bool:
+        """Whether a background search for `key` is still running."""
+        with self._lock:
+            running = self._searches.get(key)
+            return running is not None and not running.done()
+
+    def search_later(self, key: Hashable, search: Callable[[], Plan | None]) -> bool:
+        """Run `search` for `key` on the background thread (once); True when it was started."""
+        with self._lock:
+            if key in self._plans or key in self._searches:
+                return key in self._searches
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-guided-budget")
+            self._searches[key] = self._pool.submit(self._run, key, search)
+            return True
+
+    def close(self) -> None:
+        """Wait for a search in flight (it holds a matcher of its own)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _run(self, key: Hashable, search: Callable[[], Plan | None]) -> None:
+        try:
+            plan = search()
+        except Exception:  # noqa: BLE001 - the request searches on its own matcher instead
+            logger.exception("background start-plan search failed")
+            with self._lock:
+                self._searches.pop(key, None)
+            return
+        with self._lock:
+            self._remember(key, plan)
+            self._searches.pop(key, None)
+
+    def _remember(self, key: Hashable, plan: Plan | None) -> None:
+        self._plans[key] = plan
+        self._plans.move_to_end(key)
+        if len(self._plans) > self.limit:
+            self._plans.popitem(last=False)
