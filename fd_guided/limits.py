@@ -116,7 +116,7 @@ def _python_parse(pattern: str):
     try:
         from re import _parser as sre_parse  # Python 3.11+
     except ImportError:  # pragma: no cover - Python 3.10
-        import sre_parse  # type: ignore[no-redef]
+        import sre_parse
     try:
         return sre_parse.parse(pattern)
     except (re.error, RecursionError, OverflowError, ValueError):
@@ -128,7 +128,7 @@ def _expanded_size(parsed) -> int:
     try:
         from re import _constants as sre
     except ImportError:  # pragma: no cover - Python 3.10
-        import sre_constants as sre  # type: ignore[no-redef]
+        import sre_constants as sre
     total = 0
     for op, arg in parsed:
         if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, getattr(sre, "POSSESSIVE_REPEAT", None)):

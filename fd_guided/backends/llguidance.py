@@ -222,14 +222,16 @@ class LLGuidanceBackend(GuidedBackend):
             super().fill_bitmasks(grammars, bitmask, rows)
             return
         pointer, row_bytes = _row_pointer(bitmask, 0, self.vocab_size)
-        pairs = [(grammar.matcher, int(row)) for grammar, row in zip(grammars, rows)]
+        # This backend's grammars (an LLGuidanceMatcher, or a uniqueItems guard over one) carry
+        # `matcher`, which `Grammar` does not declare.
+        pairs = [(grammar.matcher, int(row)) for grammar, row in zip(grammars, rows)]  # type: ignore[attr-defined]
         # One executor (a thread pool) per backend; serialise its use across callers.
         with self._executor_lock:
             if self._executor is None:
                 self._executor = LLExecutor(num_threads=self.config.fill_threads)
             self._executor.unsafe_compute_mask_ptr(pairs, pointer, row_bytes, int(bitmask.shape[0]))
         for grammar, row in zip(grammars, rows):
-            if grammar.matcher.is_error():
+            if grammar.matcher.is_error():  # type: ignore[attr-defined]  # as above
                 ctypes.memset(pointer + int(row) * row_bytes, 0, row_bytes)  # see LLGuidanceMatcher.fill_bitmask
         restrict_rows(grammars, bitmask, rows)
 
@@ -257,8 +259,11 @@ def build_lltokenizer(tokenizer: TokenizerBundle, vocab_size: int, stop_token_id
     Built from the bundle rather than `llguidance.hf.from_tokenizer` so both backends and the
     engine agree on which ids are text (the HF loader treats some added tokens as text).
     """
+    # LLTokenizer reads the duck type (`is_tokenizer_wrapper`), which its stub names TokenizerWrapper.
     return LLTokenizer(
-        _BundleTokenizer(tokenizer, vocab_size, stop_token_ids[0]), n_vocab=vocab_size, eos_token=list(stop_token_ids)
+        _BundleTokenizer(tokenizer, vocab_size, stop_token_ids[0]),  # type: ignore[arg-type]
+        n_vocab=vocab_size,
+        eos_token=list(stop_token_ids),
     )
 
 

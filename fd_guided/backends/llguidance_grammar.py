@@ -42,14 +42,16 @@ def grammar_text(spec: GrammarSpec) -> str:
 
 def _json_schema_grammar(spec: GrammarSpec) -> str:
     schema = llguidance_schema(spec.schema, spec.json_format, "json schema", unique_guard=True)
+    layout = spec.json_format
+    assert layout is not None  # llguidance_schema has read it (set for the JSON kinds)
     # As text: llguidance's own JSON reader takes numbers that its dict converter refuses.
-    return LLMatcher.grammar_from_json_schema(
-        json.dumps(schema, ensure_ascii=False), overrides=json_options(spec.json_format)
-    )
+    return LLMatcher.grammar_from_json_schema(json.dumps(schema, ensure_ascii=False), overrides=json_options(layout))
 
 
 def _json_object_grammar(spec: GrammarSpec) -> str:
-    return LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=json_options(spec.json_format))
+    layout = spec.json_format
+    assert layout is not None  # set for the JSON kinds
+    return LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=json_options(layout))
 
 
 def _regex_grammar(spec: GrammarSpec) -> str:
@@ -81,7 +83,9 @@ def _structural_tag_grammar(spec: GrammarSpec) -> str:
     tag = spec.structural_tag
     if "format" in tag:
         return LLMatcher.grammar_from_lark(format_to_lark(tag["format"], spec.json_format))
-    options = json_options(spec.json_format)
+    layout = spec.json_format
+    assert layout is not None  # set for the JSON kinds
+    options = json_options(layout)
     tags = []
     for index, structure in enumerate(tag["structures"]):
         trigger = next(t for t in tag["triggers"] if structure["begin"].startswith(t))

@@ -7,19 +7,22 @@ structural-tag regexes) and JSON schemas from `fd_guided.schema.for_engine`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidGrammarError
 from ..schema import for_engine
 from ..schema.refusal import Refusal
 from ..spec import JsonFormat
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict of llguidance's stub only
+
 __all__ = ["Refusal", "WHITESPACE_CHARS", "json_options", "llguidance_schema"]
 
 WHITESPACE_CHARS = r"[\x20\x0A\x0D\x09]"
 
 
-def json_options(fmt: JsonFormat) -> dict[str, Any]:
+def json_options(fmt: JsonFormat) -> JsonCompileOptions:
     """llguidance JSON options for a request's layout: bounded whitespace or fixed separators."""
     if fmt.any_whitespace:
         bound = "*" if fmt.max_whitespace_cnt is None else f"{{0,{fmt.max_whitespace_cnt}}}"

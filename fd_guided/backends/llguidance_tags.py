@@ -17,7 +17,7 @@ from .llguidance_schema import Refusal, json_options, llguidance_schema
 _TEXT_REGEX = r"/(.|\n)*/"
 
 
-def format_to_lark(fmt: Any, json_format: JsonFormat) -> str:
+def format_to_lark(fmt: Any, json_format: JsonFormat | None) -> str:
     """Lark for the subset of xgrammar's structural-tag formats llguidance can express exactly.
 
     Supported: const_string, json_schema (style "json"), regex, sequence, or, optional, plus,
@@ -31,7 +31,7 @@ def format_to_lark(fmt: Any, json_format: JsonFormat) -> str:
 
 
 class _LarkBuilder:
-    def __init__(self, json_format: JsonFormat):
+    def __init__(self, json_format: JsonFormat | None):
         self.json_format = json_format
         self.rules: list[str] = []
         self.count = 0
@@ -76,6 +76,7 @@ class _LarkBuilder:
             raise Refusal(f"json_schema {schema!r} in a structural tag")
         prepared = llguidance_schema(schema, self.json_format, f"structural_tag.{where}")
         layout = self.json_format
+        assert layout is not None  # llguidance_schema has read it (set for the JSON kinds)
         if fmt.get("max_whitespace_cnt") is not None:
             layout = dataclasses.replace(layout, any_whitespace=True, max_whitespace_cnt=int(fmt["max_whitespace_cnt"]))
         prepared["x-guidance"] = json_options(layout)
@@ -151,6 +152,7 @@ class _LarkBuilder:
             trigger = next((t for t in triggers if isinstance(begin, str) and begin.startswith(t)), None)
             if trigger is None:
                 raise Refusal(f"a triggered tag whose begin starts with no trigger at {where}[{index}]")
+            assert isinstance(begin, str)  # it starts with the trigger found
             if trigger not in heads:
                 # Lazy: free text ends at the first occurrence of the trigger, which must open a tag.
                 heads[trigger] = self.rule(f"{text} {_literal(trigger)}", prefix="trigger", lazy=True)

@@ -19,7 +19,8 @@ from typing import Any
 from .dlpack import dtype_name, is_numpy_array, is_paddle_tensor, is_torch_tensor, to_torch_view
 
 try:
-    from . import _cpu_mask
+    # The C extension (setup.py): mypy reads no compiled module and it ships no stub.
+    from . import _cpu_mask  # type: ignore[attr-defined]
 except ImportError:  # optional extension: see setup.py
     _cpu_mask = None
 

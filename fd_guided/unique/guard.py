@@ -184,7 +184,9 @@ class UniqueItemsGrammar(Grammar):
 
     @property
     def matcher(self):
-        return self.inner.matcher
+        # `Grammar` has no `matcher`; the engines' grammars that batch their fills natively
+        # (xgrammar's, llguidance's) do, and only their backends ask a guard for it.
+        return self.inner.matcher  # type: ignore[attr-defined]
 
     def _bytes(self, token_id: int) -> bytes:
         return self.token_bytes[token_id] or b"" if 0 <= token_id < len(self.token_bytes) else b""
@@ -340,6 +342,7 @@ def restrict_rows(grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> 
         else:
             grammar._restrict_words(words[row])
     if batch:
+        assert table is not None and words is not None  # both set when the first row joined `batch`
         for grammar, entry, undecided in zip(batch, entries, native.restrict(table, words, entries)):
             if undecided:
                 grammar._decide(words[entry[0]], undecided, False)

@@ -23,7 +23,8 @@ from .tracker import _MODE_CLASS as MODE_CLASS
 from .tracker import AFTER_QUOTE, CLOSE, JsonTracker
 
 try:
-    from . import _native
+    # The C extension (setup.py): mypy reads no compiled module and it ships no stub.
+    from . import _native  # type: ignore[attr-defined]
 except ImportError:  # optional extension: see setup.py
     _native = None
 

@@ -133,7 +133,7 @@ class JsonTracker:
             written = b""
         else:
             return []
-        out = []
+        out: list[bytes] = []
         for text in unique.strings:
             target = b'"' + text
             if target.startswith(written) and len(target) > len(written):
@@ -151,7 +151,11 @@ class JsonTracker:
 
     def _string_item_is_new(self) -> bool:
         written = self._open_string_item()
-        return written is not None and not any(seen.startswith(written) for seen in self._top_unique().strings)
+        if written is None:
+            return False
+        unique = self._top_unique()
+        assert unique is not None  # an open string item is the top guarded array's
+        return not any(seen.startswith(written) for seen in unique.strings)
 
     def _open_string_item(self) -> bytes | None:
         """The bytes written so far of a string item of the top (guarded) array, when it is being
@@ -172,6 +176,7 @@ class JsonTracker:
         written = self._open_string_item()
         if written is not None:
             unique, quote = self._top_unique(), data.find(b'"')
+            assert unique is not None  # an open string item is the top guarded array's
             if unique.unused is not None:
                 # A finite domain: a token that stays inside the string (or just closes it) must
                 # leave the item a way to an unused value; escapes and bytes after the quote need
