@@ -169,7 +169,8 @@ def request_field_for(spec: GrammarSpec) -> tuple[str, str]:
 
 def _with_options(document: dict, spec: GrammarSpec, kind: str | None = None) -> str:
     fmt = spec.json_format
-    options = {
+    assert fmt is not None  # set for the JSON kinds, the only ones sent with options
+    options: dict[str, Any] = {
         "any_whitespace": fmt.any_whitespace,
         "max_whitespace_cnt": fmt.max_whitespace_cnt,
         "separators": list(fmt.separators) if fmt.separators else None,

@@ -100,7 +100,7 @@ install_patcher(ensure_host_patched)
 
 
 def _patches() -> dict[str, Callable[[Any], None]]:
-    patches = {
+    patches: dict[str, Callable[[Any], None]] = {
         "fastdeploy.model_executor.guided_decoding": _patch_guided_package,
         "fastdeploy.model_executor.layers.sample.sampler": _patch_sampler,
         "fastdeploy.config": _patch_config,
@@ -184,6 +184,7 @@ def _keeping_our_backend_name(original):
         # decoding does not: fd_guided masks the verification rows (`speculative.py`), so its
         # guided rules (postprocess: "off"; check: "do not support guided_decoding") see "off".
         lifted = _speculative_lifted(self)
+        assert structured is not None  # the name it serves was read from it
         structured.guided_decoding_backend = "off" if lifted else "xgrammar"
         try:
             return original(self, *args, **kwargs)

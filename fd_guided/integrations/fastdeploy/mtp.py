@@ -36,13 +36,16 @@ import functools
 import logging
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .config import read
 from .patching import install_methods
 from .sampler import guides_any, host_array, host_arrays
+
+if TYPE_CHECKING:
+    from ...manager import DraftingSession
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ class DraftMasking:
     def __init__(self, guided, num_model_steps: int):
         self.guided = guided
         self.num_model_steps = max(1, int(num_model_steps))
-        self.session = None
+        self.session: DraftingSession | None = None
         self._rows: list[int] = []  # per session row: its logits row this substep (-1: none)
         self._substep = 0
         self._warned = False
@@ -100,7 +103,7 @@ class DraftMasking:
             if substep != 0 or not any(manager.is_guided(slot) for slot in layout):
                 return
             self.session = manager.begin_drafting(list(layout))
-        self._rows = [layout.get(slot, -1) for slot in self.session.slots]
+        self._rows = [-1 if slot is None else layout.get(slot, -1) for slot in self.session.slots]
         for index, row in enumerate(self._rows):
             if row < 0:
                 self.session.retire(index)  # gone from the batch (stopped): no later drafts

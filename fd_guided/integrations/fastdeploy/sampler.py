@@ -31,7 +31,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from ...manager import GuidedDecodingManager, GuidedFinish
 from .backend import FDGuidedBackend, HandoffCompileService, ProcessorFuture
 from .config import max_num_seqs_of, read, tensor_parallel_rank_of
 from .reports import ErrorReports
+
+if TYPE_CHECKING:
+    from ...compile import CompileService
 
 logger = logging.getLogger(__name__)
 
@@ -90,14 +93,16 @@ class GuidedDecoding:
             self.reset_processor(idx)
             return
         self._bind(future.backend)
-        if not isinstance(idx, int) or not 0 <= idx < self.manager.max_num_seqs:
-            raise SlotStateError(f"slot must be an int in [0, {self.manager.max_num_seqs}), got {idx!r}")
+        manager = self.manager
+        assert manager is not None  # `_bind` set it
+        if not isinstance(idx, int) or not 0 <= idx < manager.max_num_seqs:
+            raise SlotStateError(f"slot must be an int in [0, {manager.max_num_seqs}), got {idx!r}")
         pending = self._pending.get(idx)
         if pending is None or pending.spec != future.spec or _request_id(pending) != _request_id(future):
             self.reset_processor(idx)
             if future.spec is None:  # the key did not parse: fail the request, never run it unconstrained
                 message = f"invalid guided request: {future.exception()}"
-                self.manager.add_failed_request(idx, message, request_id=_request_id(future))
+                manager.add_failed_request(idx, message, request_id=_request_id(future))
                 self._finish(idx, future, GuidedFinish(idx, "error", message), 400)
                 return
         self._pending[idx] = future
@@ -126,10 +131,13 @@ class GuidedDecoding:
             else future.enable_thinking
         )
         prompt = list(context.prompt_token_ids) if context is not None else []
-        self._handoff.hand_over(future.spec, future.compile_future)
+        spec, compiling = future.spec, future.compile_future
+        # Only a future whose key parsed waits here (`add_logits_processor`), and it compiles.
+        assert spec is not None and compiling is not None and self.manager is not None
+        self._handoff.hand_over(spec, compiling)
         self.manager.add_request(
             idx,
-            future.spec,
+            spec,
             request_id=_request_id(future),
             prompt_token_ids=prompt,
             output_token_ids=replay,
@@ -193,10 +201,12 @@ class GuidedDecoding:
         return self._report(finishes)
 
     def _report(self, finishes: list[GuidedFinish]) -> list[GuidedFinish]:
+        manager = self.manager
+        assert manager is not None  # only a bound sampler has finishes to report
         for finish in finishes:
             if finish.slot not in self._stopped:  # a request refused at insertion was reported then
                 self._finish(finish.slot, self._active.get(finish.slot), finish, 500)
-        for idx in [idx for idx in self._active if getattr(self.manager.finish_of(idx), "reason", None) == "forced"]:
+        for idx in [idx for idx in self._active if getattr(manager.finish_of(idx), "reason", None) == "forced"]:
             self._active.pop(idx)  # FastDeploy ended it with a forced stop token (length, stop sequence)
         return finishes
 
@@ -235,7 +245,8 @@ class GuidedDecoding:
             size,
             metrics=backend.metrics,
             think_end_id=think_end,
-            compile_service=self._handoff,
+            # A stand-in for the service: submit, close and metrics are all the manager uses.
+            compile_service=cast("CompileService", self._handoff),
             **self._manager_options(),
         )
         self.host_forced_tokens = host_forced_tokens(self.fd_config, think_end)
@@ -253,6 +264,7 @@ class GuidedDecoding:
                 self._activate(idx)
 
     def _plan(self, rows: int) -> None:
+        assert self.manager is not None  # the step hooks plan only with a manager
         self.manager.begin_step(range(rows))
         self._planned_rows = rows
 

@@ -135,8 +135,9 @@ class SpeculativeGuidedDecoding(GuidedDecoding):
         self._planned_rows, self._share_inputs = None, None
         return self._report(finishes)
 
-    post_process = accept_verified
-    update_output_tokens = accept_verified
+    # FastDeploy passes the tokens positionally; the base names its parameter `next_tokens`.
+    post_process = accept_verified  # type: ignore[assignment]
+    update_output_tokens = accept_verified  # type: ignore[assignment]
 
 
 def install(sampler_cls, mark: str) -> None:

@@ -43,7 +43,7 @@ def ernie_bundle(path: str) -> TokenizerBundle:
     vocab_file = _sentencepiece_file(path)
     # FastDeploy picks the file by mutating the class-wide vocab_files_names; a subclass says the
     # same without changing the class for everybody else in the process.
-    tokenizer_class = type(
+    tokenizer_class: Any = type(  # a subclass of FastDeploy's class (untyped here)
         "ErnieTokenizerForGuidedDecoding", (Ernie4_5Tokenizer,), {"vocab_files_names": {"vocab_file": vocab_file}}
     )
     tokenizer = tokenizer_class.from_pretrained(path)
