@@ -57,7 +57,7 @@ REDIS = ["redis>=5.0"]
 # `fd-guided bench` and tools/ (plots).
 BENCH = DEMO + ["matplotlib>=3.7"]
 # Static checks .ci/run enforces on the library: lint and format, types, import layers and cycles.
-LINT = ["ruff>=0.6", "mypy>=1.10", "import-linter>=2.1"]
+LINT = ["ruff>=0.6", "mypy>=1.10", "import-linter>=2.1", "types-jsonschema>=4.18"]  # jsonschema ships no types
 EXTRAS = {
     "demo": DEMO,
     "serve": SERVE,
