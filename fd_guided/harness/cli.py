@@ -73,7 +73,8 @@ DEMO_REQUESTS = [
         },
     },
     {
-        "prompt": "Alice ordered two of item ABC-1234 and one of item XYZ-0042, and she has paid. Write the order as JSON.",
+        "prompt": "Alice ordered two of item ABC-1234 and one of item XYZ-0042, and she has paid. "
+        "Write the order as JSON.",
         "response_format": {
             "type": "json_schema",
             "json_schema": {
@@ -105,7 +106,8 @@ DEMO_REQUESTS = [
         "guided_regex": r"(19|20)\d{2}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])",
     },
     {
-        "prompt": 'Is this review positive, negative or neutral? "The battery lasts all day and the screen is gorgeous."',
+        "prompt": "Is this review positive, negative or neutral? "
+        '"The battery lasts all day and the screen is gorgeous."',
         "guided_choice": ["positive", "negative", "neutral"],
     },
     {
@@ -431,10 +433,12 @@ def _print_summary(engine, results, checked: int, valid: int, load_seconds: floa
     print(f"  requests: {len(results)}  finish reasons: {finish_counts}")
     print(f"  constrained outputs finished and validated: {valid}/{checked} valid")
     print(
-        f"  generated tokens: {stats.generated_tokens} in {stats.wall_seconds:.2f}s  ({stats.tokens_per_second:.1f} tokens/s, {stats.steps} steps)"
+        f"  generated tokens: {stats.generated_tokens} in {stats.wall_seconds:.2f}s  "
+        f"({stats.tokens_per_second:.1f} tokens/s, {stats.steps} steps)"
     )
     print(
-        f"  model load: {load_seconds:.2f}s  forward+mask: {stats.forward_seconds:.2f}s  sampling: {stats.sample_seconds:.2f}s"
+        f"  model load: {load_seconds:.2f}s  forward+mask: {stats.forward_seconds:.2f}s  "
+        f"sampling: {stats.sample_seconds:.2f}s"
     )
     if stats.draft_tokens or stats.jump_tokens:
         print(
@@ -444,12 +448,14 @@ def _print_summary(engine, results, checked: int, valid: int, load_seconds: floa
         )
     if guided:
         print(
-            "  guided time: compile wait {compile_wait:.4f}s, fill {fill:.4f}s (overlapped; host waited {fill_join:.4f}s), "
+            "  guided time: compile wait {compile_wait:.4f}s, fill {fill:.4f}s "
+            "(overlapped; host waited {fill_join:.4f}s), "
             "apply {apply:.4f}s, accept {accept:.4f}s".format(**guided)
         )
         metrics = engine.manager.metrics
         print(
-            f"  compiles: {metrics.value('cache_misses_total')} compiled, {metrics.value('cache_hits_total')} cache hits, "
+            f"  compiles: {metrics.value('cache_misses_total')} compiled, "
+            f"{metrics.value('cache_hits_total')} cache hits, "
             f"{metrics.histogram_sum('compile_seconds'):.3f}s compiling in the background"
         )
 

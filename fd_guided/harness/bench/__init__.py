@@ -92,22 +92,27 @@ def format_report(report: dict) -> str:
     lines = [
         f"machine: {report['machine']}",
         f"model: preset {report['preset']}, hidden {report['model']['hidden_size']}, "
-        f"layers {report['model']['num_layers']}, vocab {report['model']['vocab_size']} ({report['model']['tokenizer']})",
+        f"layers {report['model']['num_layers']}, vocab {report['model']['vocab_size']} "
+        f"({report['model']['tokenizer']})",
     ]
     if "steps" in report:
         lines.append(
-            "\ndecode step (median ms)  batch  unguided  guided  fastdeploy  guided/unguided  fd/unguided  our overhead / fd overhead"
+            "\ndecode step (median ms)  batch  unguided  guided  fastdeploy  guided/unguided  fd/unguided  "
+            "our overhead / fd overhead"
         )
         for row in report["steps"]:
             lines.append(
-                f"{'':25}{row['batch']:>5}  {row['unguided_ms']:8.2f}  {row['guided_ms']:6.2f}  {row['fastdeploy_ms']:10.2f}  "
-                f"{row['guided_over_unguided']:15.3f}  {row['fastdeploy_over_unguided']:11.3f}  {row['our_overhead_over_fastdeploy_overhead']:10.3f}"
+                f"{'':25}{row['batch']:>5}  {row['unguided_ms']:8.2f}  {row['guided_ms']:6.2f}  "
+                f"{row['fastdeploy_ms']:10.2f}  "
+                f"{row['guided_over_unguided']:15.3f}  {row['fastdeploy_over_unguided']:11.3f}  "
+                f"{row['our_overhead_over_fastdeploy_overhead']:10.3f}"
             )
         for row in report["steps"]:
             if "guided_llguidance_ms" in row:
                 lines.append(
                     f"{'':25}{row['batch']:>5}  llguidance backend: {row['guided_llguidance_ms']:.2f} ms, "
-                    f"x{row['guided_llguidance_over_unguided']:.3f} of unguided, overhead {row['llguidance_overhead_over_fastdeploy_overhead']:.3f} of fd's"
+                    f"x{row['guided_llguidance_over_unguided']:.3f} of unguided, "
+                    f"overhead {row['llguidance_overhead_over_fastdeploy_overhead']:.3f} of fd's"
                 )
         lines.append(
             "guided phases per step (ms): "
@@ -121,7 +126,8 @@ def format_report(report: dict) -> str:
         for row in report["kernels"]:
             m = row["median_ms"]
             lines.append(
-                f"{'':21}{row['batch']:>5}  {row['density']:<12} {m['ours_cpu']:.3f}  {m['xgrammar_cpu']:.3f}  {m['copy_torch']:.3f}  "
+                f"{'':21}{row['batch']:>5}  {row['density']:<12} {m['ours_cpu']:.3f}  {m['xgrammar_cpu']:.3f}  "
+                f"{m['copy_torch']:.3f}  "
                 f"{row['speedup_vs_xgrammar_cpu']:.1f}x  {row['ours_over_copy_torch']:.2f}"
             )
     if "ttft" in report:
@@ -131,12 +137,15 @@ def format_report(report: dict) -> str:
         )
         for row in report["ttft"]:
             lines.append(
-                f"{'':25}{row['prompt_tokens']:>13}  {row['ttft_unguided_ms']:8.1f}  {row['ttft_async_ms']:5.1f}  {row['ttft_inline_ms']:6.1f}  "
-                f"{row['compile_in_run_ms']:16.1f}  {row['async_excess_ms']:14.1f}  {row['async_excess_over_bound_ms']:+34.1f}  {row['admission_ms']:9.1f}"
+                f"{'':25}{row['prompt_tokens']:>13}  {row['ttft_unguided_ms']:8.1f}  {row['ttft_async_ms']:5.1f}  "
+                f"{row['ttft_inline_ms']:6.1f}  "
+                f"{row['compile_in_run_ms']:16.1f}  {row['async_excess_ms']:14.1f}  "
+                f"{row['async_excess_over_bound_ms']:+34.1f}  {row['admission_ms']:9.1f}"
             )
     if "spec" in report:
         lines.append(
-            "\nspeculative  drafter      k  acceptance unmasked  masked  guided/unguided step  guided ms  unguided ms  invalid"
+            "\nspeculative  drafter      k  acceptance unmasked  masked  guided/unguided step  guided ms  "
+            "unguided ms  invalid"
         )
         for row in report["spec"]:
             lines.append(

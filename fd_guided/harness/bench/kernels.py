@@ -254,7 +254,8 @@ def bench_kernels(
             result = measure(batch, vocab, density, args, matrix, rng)
             progress(
                 f"  kernels batch={batch} {density}: ours {result['median_ms']['ours_cpu']:.3f}ms, "
-                f"xgrammar cpu {result['median_ms']['xgrammar_cpu']:.3f}ms, copy {result['median_ms']['copy_torch']:.3f}ms"
+                f"xgrammar cpu {result['median_ms']['xgrammar_cpu']:.3f}ms, "
+                f"copy {result['median_ms']['copy_torch']:.3f}ms"
             )
             results.append(result)
     return results

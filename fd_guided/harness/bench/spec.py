@@ -119,6 +119,7 @@ def bench_spec(
             )
             progress(
                 f"  spec {drafter} k={k}: acceptance {lengths[False]:.2f} -> {lengths[True]:.2f} (masked drafts), "
-                f"step guided/unguided {guided / unguided:.3f} ({1e3 * guided:.1f} / {1e3 * unguided:.1f} ms), invalid {invalid}"
+                f"step guided/unguided {guided / unguided:.3f} ({1e3 * guided:.1f} / {1e3 * unguided:.1f} ms), "
+                f"invalid {invalid}"
             )
     return rows

@@ -113,9 +113,12 @@ def bench_ttft(model, tokenizer, prompt_tokens=(32, 512, 1024, 2048), rounds: in
         rows.append(_ttft_row(tokenizer, prompt, samples, compile_s, compile_in_run_s, admission_s))
         row = rows[-1]
         progress(
-            f"  ttft prompt={row['prompt_tokens']} tokens: unguided {row['ttft_unguided_ms']:.1f}ms, async {row['ttft_async_ms']:.1f}ms, "
-            f"inline {row['ttft_inline_ms']:.1f}ms, cold compile {row['compile_ms']:.1f}ms (in run {row['compile_in_run_ms']:.1f}ms), "
-            f"async beyond max(prefill, compile) {row['async_excess_over_bound_ms']:+.1f}ms, admission {row['admission_ms']:.1f}ms"
+            f"  ttft prompt={row['prompt_tokens']} tokens: unguided {row['ttft_unguided_ms']:.1f}ms, "
+            f"async {row['ttft_async_ms']:.1f}ms, "
+            f"inline {row['ttft_inline_ms']:.1f}ms, cold compile {row['compile_ms']:.1f}ms "
+            f"(in run {row['compile_in_run_ms']:.1f}ms), "
+            f"async beyond max(prefill, compile) {row['async_excess_over_bound_ms']:+.1f}ms, "
+            f"admission {row['admission_ms']:.1f}ms"
         )
     for engine in engines.values():
         engine.close()

@@ -5,8 +5,8 @@
 
 This process runs HTTP, cheap bounded checks (body size, chat templates), and streaming
 (incremental detokenization with the engine's token table, SSE); it loads no tokenizer and no
-model. The engine (model, guided manager, compile service) runs in its own process (`engine_process`, driven by `engine_client`), so nothing it does can
-hold this event loop or its GIL.
+model. The engine (model, guided manager, compile service) runs in its own process
+(`engine_process`, driven by `engine_client`), so nothing it does can hold this event loop or its GIL.
 """
 
 from __future__ import annotations

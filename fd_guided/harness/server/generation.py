@@ -1,8 +1,9 @@
 """One HTTP generation request from admission to its last choice, shared by both endpoints.
 
 `Generation.admit` sends the choices to the engine process (one engine request each), which checks
-each prompt's length (bounded: `bounds.PromptBound`) and waits until the grammar is compiled there, so a constraint that only a compiler can refuse (syntax, budget, an empty language) is
-still an `InvalidGrammarError` the route turns into HTTP 400 before any header is sent.
+each prompt's length (bounded: `bounds.PromptBound`) and waits until the grammar is compiled there,
+so a constraint that only a compiler can refuse (syntax, budget, an empty language) is still an
+`InvalidGrammarError` the route turns into HTTP 400 before any header is sent.
 `Generation.events` then yields each choice's new text as steps produce it, and each choice once
 when it ends. Finish reasons: the engine's ``stop`` (EOS or grammar complete) and ``length``;
 ``stop`` for a stop string (the engine request is aborted); ``tool_calls`` when the output holds

@@ -10,9 +10,10 @@ normal class lets a running thread keep its core for its slice; a real-time thre
 What is changed, and only that: the calling thread (the event loop's) gets ``SCHED_RR`` at the
 lowest real-time priority, with ``SCHED_RESET_ON_FORK``, so no thread or process it starts
 afterwards inherits it (admission threads, executor threads, subprocesses stay in the normal
-class). The loop runs I/O and small bookkeeping only (the engine runs in its own process: `engine_process`); were it ever to spin,
-the kernel's real-time throttling (``sched_rt_runtime_us``, 95% by default) still leaves CPU to
-everyone else, and round-robin at priority 1 yields to any real-time task of the host's.
+class). The loop runs I/O and small bookkeeping only (the engine runs in its own process:
+`engine_process`); were it ever to spin, the kernel's real-time throttling (``sched_rt_runtime_us``,
+95% by default) still leaves CPU to everyone else, and round-robin at priority 1 yields to any
+real-time task of the host's.
 
 Needs ``CAP_SYS_NICE`` or a non-zero ``RLIMIT_RTPRIO``: the ``auto`` mode falls back to the
 normal class and says so; ``realtime`` refuses to start without it; ``normal`` never asks.
