@@ -16,6 +16,8 @@ needs), and kills a job that runs past
 simply gone: its job fails with a typed error and a fresh worker is forked when one is needed.
 `close()` kills everything and returns at once; so does interpreter exit, and the workers and
 zygotes exit by themselves when this process dies.
+
+The per-worker half (replies, budgets, demotion, kills) is `fd_guided.compile.supervisor`.
 """
 
 from __future__ import annotations
@@ -25,31 +27,20 @@ import heapq
 import itertools
 import logging
 import os
-import signal
 import threading
 import time
 import weakref
 from concurrent.futures import Future
 from multiprocessing import connection
-from multiprocessing.connection import Connection
 from typing import Any
 
-from ..errors import (
-    GrammarCompileCrash,
-    GrammarCompileMemoryError,
-    GrammarCompileTimeout,
-    GuidedDecodingError,
-    InvalidGrammarError,
-    error_class,
-)
-from .threads import lower_priority
+from ..errors import GuidedDecodingError, InvalidGrammarError
+from .supervisor import Job, Worker, WorkerSupervisor, kill, rss
 from .zygote import _zygotes, shutdown_zygotes, zygote_for  # noqa: F401 - _zygotes: tests look at it
 
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.02
-_MAX_JOBS_PER_WORKER = 256
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def background_lane(cpus: int | None = None) -> int:
@@ -59,47 +50,10 @@ def background_lane(cpus: int | None = None) -> int:
     return max(1, (cpus or os.cpu_count() or 2) // 2)
 
 
-def _rss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as handle:
-            return int(handle.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 # ----- the pool ---------------------------------------------------------------------------------------
 
 
-class _Job:
-    __slots__ = ("id", "engine", "spec", "future", "started", "background")
-
-    def __init__(self, job_id: int, engine: str, spec, future: Future):
-        self.id, self.engine, self.spec, self.future = job_id, engine, spec, future
-        self.started = 0.0
-        self.background = False  # no request waits for it: it only fills the cache
-
-
-class _Worker:
-    __slots__ = ("pid", "conn", "job", "baseline_rss", "demoted", "lowered", "idle_class", "jobs_done")
-
-    def __init__(self, pid: int, conn: Connection):
-        self.pid, self.conn = pid, conn
-        self.job: _Job | None = None
-        self.baseline_rss = 0
-        self.demoted = False  # does not count against max_workers
-        self.lowered = False  # runs at a lowered CPU priority: it exits after its job
-        self.idle_class = False  # in the idle CPU class
-        self.jobs_done = 0
-
-
-class CompileProcessPool:
+class CompileProcessPool(WorkerSupervisor):
     """Compile jobs ``(engine, spec)`` in killable worker processes; see the module docstring.
 
     `submit` returns a Future of ``(serialized grammar bytes, compile seconds)`` or fails it with
@@ -123,21 +77,23 @@ class CompileProcessPool:
         cost_weights: dict[str, int] | None = None,
         background_workers: int | None = None,
     ):
-        self._zygote_key, self._recipe, self._config = zygote_key, recipe, config
-        self.max_workers = max_workers
-        self.timeout_s = timeout_s
-        self.memory_limit_bytes = memory_limit_bytes
-        self.demote_after_s = demote_after_s
+        super().__init__(
+            config,
+            max_workers=max_workers,
+            timeout_s=timeout_s,
+            memory_limit_bytes=memory_limit_bytes,
+            demote_after_s=demote_after_s,
+            on_event=on_event,
+        )
+        self._zygote_key, self._recipe = zygote_key, recipe
         self.spare_workers = spare_workers
         self.background_workers = background_workers or background_lane()
         self.cost_weights = dict(cost_weights or {})
-        self._on_event = on_event or (lambda name: None)
-        self._pending: list[tuple[bool, int, int, _Job]] = []
-        self._incoming: list[_Job] = []
+        self._pending: list[tuple[bool, int, int, Job]] = []
+        self._incoming: list[Job] = []
         self._incoming_lock = threading.Lock()
         self._cancelled: list[tuple[Future, BaseException, bool]] = []
         self._backgrounded: list[Future] = []
-        self._workers: dict[int, _Worker] = {}
         self._ids = itertools.count()
         self._closed = False
         self._wake_read, self._wake_write = os.pipe()
@@ -154,7 +110,7 @@ class CompileProcessPool:
             future.set_exception(GuidedDecodingError("the compile service is closed"))
             return future
         with self._incoming_lock:
-            self._incoming.append(_Job(next(self._ids), engine, spec, future))
+            self._incoming.append(Job(next(self._ids), engine, spec, future))
         self._wake()
         return future
 
@@ -201,7 +157,7 @@ class CompileProcessPool:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
         for worker in list(self._workers.values()):  # in case the loop is stuck
-            _kill(worker.pid)
+            kill(worker.pid)
 
     def _wake(self) -> None:
         try:
@@ -270,14 +226,14 @@ class CompileProcessPool:
             heapq.heapify(kept)
             self._pending = kept
 
-    def _queue_entry(self, job: _Job) -> tuple[bool, int, int, _Job]:
+    def _queue_entry(self, job: Job) -> tuple[bool, int, int, Job]:
         """Shortest expected job first, by order of magnitude (FIFO within one): a short regex is
         not queued behind four 100k-entry choice lists, and a cheap engine's job (the one that
         serves a cold `auto` request) not behind an expensive engine's job for the cache."""
         cost = len(job.spec.source) * self.cost_weights.get(job.engine, 1)
         return (job.background, cost.bit_length(), job.id, job)
 
-    def _foreground(self) -> list[_Worker]:
+    def _foreground(self) -> list[Worker]:
         return [w for w in self._workers.values() if not w.demoted]
 
     def _background_running(self) -> int:
@@ -302,7 +258,7 @@ class CompileProcessPool:
                     )
                 )
                 return
-            worker = _Worker(*forked)
+            worker = Worker(*forked)
             self._workers[worker.pid] = worker
             self._on_event("forked")
 
@@ -326,99 +282,9 @@ class CompileProcessPool:
                 heapq.heappush(self._pending, self._queue_entry(job))
                 continue
             worker.job, job.started = job, time.monotonic()
-            worker.baseline_rss = _rss(worker.pid)
+            worker.baseline_rss = rss(worker.pid)
             if job.background:
                 self._demote_worker(worker)
-
-    def _receive(self, worker: _Worker) -> None:
-        job = worker.job
-        assert job is not None  # the loop receives from busy workers only
-        try:
-            message = worker.conn.recv()
-        except (EOFError, OSError):
-            self._drop(worker)
-            self._on_event("crashed")
-            job.future.set_exception(
-                GrammarCompileCrash(
-                    f"the {job.engine} compiler crashed on this constraint; its worker process was replaced"
-                )
-            )
-            return
-        worker.job = None
-        worker.jobs_done += 1
-        if message[1] == "ok":
-            job.future.set_result((message[2], message[3]))
-        else:
-            _, _, class_name, text, part, feature = message
-            job.future.set_exception(error_class(class_name)(text, part=part, feature=feature))
-        if worker.lowered or worker.jobs_done >= _MAX_JOBS_PER_WORKER or self._leaked(worker):
-            self._drop(worker)
-
-    def _leaked(self, worker: _Worker) -> bool:
-        # Native allocators keep freed memory; a worker that kept a quarter of the budget is retired.
-        return _rss(worker.pid) - worker.baseline_rss > self.memory_limit_bytes // 4
-
-    def _demote_worker(self, worker: _Worker) -> None:
-        """Lower the worker's CPU priority (`lower_priority`: the idle class for a job no request
-        waits for, else niceness 19: idle class could starve a job a request waits for under a
-        saturated CPU until its time budget kills it) and stop counting it against `max_workers`:
-        always for a background job (the lane bounds those), for a slow one while fewer than twice
-        `max_workers` are demoted. A lowered worker cannot be raised back without privileges: it
-        exits after its job."""
-        idle_class = (
-            worker.job is not None and worker.job.background and getattr(self._config, "background_idle_class", True)
-        )
-        if idle_class and not worker.idle_class:
-            worker.idle_class = lower_priority(worker.pid, idle_class=True)
-            worker.lowered = worker.lowered or worker.idle_class
-        elif not worker.lowered:
-            worker.lowered = lower_priority(worker.pid, idle_class=False)
-        background = worker.job is not None and worker.job.background
-        if worker.demoted or not (worker.lowered or background):
-            return
-        if background or sum(w.demoted for w in self._workers.values()) < 2 * self.max_workers:
-            worker.demoted = True
-            worker.lowered = True  # exits after its job: a background worker never serves a request's job
-            self._on_event("demoted")
-
-    def _police(self) -> None:
-        now = time.monotonic()
-        for worker in [w for w in self._workers.values() if w.job is not None]:
-            job = worker.job
-            assert job is not None  # the list holds busy workers only
-            elapsed = now - job.started
-            if elapsed > self.timeout_s:
-                self._kill_job(
-                    worker,
-                    GrammarCompileTimeout(
-                        f"the {job.engine} compile ran past its {self.timeout_s:g} s budget and was stopped"
-                    ),
-                    "killed_timeout",
-                )
-            elif _rss(worker.pid) - worker.baseline_rss > self.memory_limit_bytes:
-                self._kill_job(
-                    worker,
-                    GrammarCompileMemoryError(
-                        f"the {job.engine} compile grew past its {self.memory_limit_bytes >> 20} MiB memory budget"
-                        " and was stopped"
-                    ),
-                    "killed_memory",
-                )
-            elif not worker.lowered and elapsed > self.demote_after_s:
-                self._demote_worker(worker)
-
-    def _kill_job(self, worker: _Worker, error: BaseException, event: str) -> None:
-        job = worker.job
-        _kill(worker.pid)
-        self._drop(worker)
-        self._on_event(event)
-        assert job is not None  # callers pass busy workers only
-        job.future.set_exception(error)
-
-    def _drop(self, worker: _Worker) -> None:
-        self._workers.pop(worker.pid, None)
-        _kill(worker.pid)
-        worker.conn.close()
 
     def _fail_pending(self, error: BaseException) -> None:
         while self._pending:
