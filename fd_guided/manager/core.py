@@ -291,7 +291,11 @@ class GuidedDecodingManager:
     def begin_speculative_step(
         self, slots: Sequence[int | None], drafts: Sequence[DraftTree | Sequence[int] | None]
     ) -> None:
-        """Before a verification forward (see `BatchStep.begin_speculative_step`)."""
+        """Before a verification forward: request i has ``len(drafts[i]) + 1`` consecutive logits
+        rows (a chain) or one row per node of its `DraftTree`, requests in order. Row j of a chain
+        is masked with the grammar after drafts 0..j-1 (see `fd_guided.manager.plan`); all of a
+        request's rows are filled from its one matcher, which is back at its accepted state after.
+        After `apply`, `draft_limits()` says how many drafts each request may accept."""
         self.step.begin_speculative_step(slots, drafts)
 
     def apply(self, logits) -> None:
@@ -299,15 +303,25 @@ class GuidedDecodingManager:
         return self.step.apply(logits)
 
     def draft_limits(self) -> list[int]:
-        """After `apply`: leading drafts each request of the step may accept (see `BatchStep`)."""
+        """After `apply`: per request of the step, how many leading drafts (of a chain) the host
+        may accept. Past that the grammar rejects a draft (its row is the last real mask; the rows
+        after it allow only stop tokens): an exact verifier never accepts it, since its masked
+        probability is 0; a host whose verifier is not exact must cut there. 0 for a finished or
+        failed request; every draft for an unguided one."""
         return self.step.draft_limits()
 
     def allows_only_stop(self, row: int) -> bool:
-        """After `apply`: whether logits row `row` allows only stop tokens (the `min_tokens` rule)."""
+        """After `apply`: True when logits row `row` allows no token but stop tokens (the request is
+        finished or failed, or its grammar is complete). The `min_tokens` rule: a host that bans
+        stop tokens until `min_tokens` must not ban them in such a row (the constraint wins, the
+        request ends shorter), or the row would have no legal token at all."""
         return self.step.allows_only_stop(row)
 
     def is_reasoning_row(self, row: int) -> bool:
-        """After `apply`: whether logits row `row` is a guided request's reasoning row."""
+        """After `apply`: True when logits row `row` belongs to a guided request still inside its
+        reasoning section (unmasked, or forced to the think-end marker). A host that will not let
+        a guided request end before its constraint ran bans stop tokens there (the reference
+        engine does); the manager itself leaves reasoning rows unmasked."""
         return self.step.is_reasoning_row(row)
 
     def accept(
@@ -317,8 +331,25 @@ class GuidedDecodingManager:
         masked_out: Literal["reject", "host"] = "reject",
         host_forced: Mapping[int, str] | None = None,
     ) -> list[GuidedFinish]:
-        """Advance each decoding slot by its row's sampled token; return slots finished this step
-        (see `BatchStep.accept` for `masked_out` and `host_forced`)."""
+        """Advance each decoding slot by its row's sampled token; return slots finished this step.
+
+        A token the grammar rejects finishes that slot with reason ``error`` (the rejection
+        policy); it is never fed through unconstrained or dropped silently.
+
+        `masked_out` says what a token outside its row's applied mask means. ``reject`` (the
+        default): a grammar violation, as above. ``host``: the host may replace a sampled token
+        after masking, but only with the tokens it is known to force: its stop tokens (EOS at the
+        length limit, a stop sequence) and the tokens `host_forced` names (token id -> a name for
+        the metric, e.g. FastDeploy's thinking-limit ``</think>`` and line breaks). Such a token is
+        not fed to the matcher and is not a rejection (``host_forced_tokens_total{kind=name}``,
+        ``stop`` for stop tokens); a forced stop token ends the slot's guidance quietly (its later
+        rows allow only stop tokens; `finish_of` says ``forced``). Any other token outside the
+        mask (a race, a logits processor or sampler that un-masked it) is never taken silently:
+        the request finishes with ``error`` ("guided decoding: token X outside the grammar at
+        position N", N = the tokens its grammar accepted before it) and
+        ``out_of_mask_tokens_total`` counts it. Tokens of rows that were not masked (reasoning,
+        prefill) are processed as usual, so a forced think-end still starts the constraint.
+        """
         return self.step.accept(token_ids, masked_out=masked_out, host_forced=host_forced)
 
     def accept_speculative(
@@ -328,7 +359,17 @@ class GuidedDecodingManager:
         masked_out: Literal["reject", "host"] = "reject",
         host_forced: Mapping[int, str] | None = None,
     ) -> list[GuidedFinish]:
-        """After verification: push each request's accepted drafts and sampled token."""
+        """After verification: per request of the step, the tokens it emits: its accepted drafts
+        (a path from the root of its tree) and then the one token sampled at the last of them;
+        [] for a request that emits nothing (a prefill chunk). All are pushed into its matcher at
+        once (`Grammar.accept_tokens`); `masked_out` and `host_forced` as in `accept`, row by
+        row along the path.
+
+        Raises:
+            SlotStateError: not after `begin_speculative_step`, or a count mismatch.
+            ValueError: a token before the last is not a draft child of the path so far (nothing
+                is advanced then).
+        """
         return self.step.accept_speculative(accepted, masked_out=masked_out, host_forced=host_forced)
 
     def close(self) -> None:
