@@ -13,7 +13,7 @@ from llguidance import LLMatcher
 
 from ..errors import InvalidGrammarError
 from ..schema import regex_for_engine
-from ..spec import GrammarSpec
+from ..spec import FIELD_OF_KIND, GrammarSpec
 from .llguidance_schema import Refusal, json_options, llguidance_schema
 from .llguidance_tags import format_to_lark
 
@@ -192,15 +192,7 @@ def _feature_of(message: str, spec: GrammarSpec) -> str | None:
 
 
 def _part_of(spec: GrammarSpec) -> str:
-    return {
-        "json_schema": "guided_json",
-        "json_object": "json_object",
-        "regex": "guided_regex",
-        "choice": "guided_choice",
-        "ebnf": "guided_grammar",
-        "lark": "guided_grammar",
-        "structural_tag": "structural_tag",
-    }[spec.kind]
+    return FIELD_OF_KIND[spec.kind]
 
 
 def first_line(error: Any) -> str:
