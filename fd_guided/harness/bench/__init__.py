@@ -78,7 +78,14 @@ def run_bench(
         from fd_guided.harness.bench.spec import bench_spec
 
         progress("speculative decoding: acceptance length unmasked vs masked drafts, guided vs unguided step")
-        report["spec"] = bench_spec(model, tokenizer, ks=spec_ks, batch=max(batches), rounds=rounds, progress=progress)
+        from fd_guided.harness.bench.spec import DRAFTERS
+        from fd_guided.harness.engine.llama import REAL_PRESETS
+
+        # A trained preset has no draft model of its own here: its drafts are n-grams.
+        drafters = ("ngram",) if preset in REAL_PRESETS else DRAFTERS
+        report["spec"] = bench_spec(
+            model, tokenizer, ks=spec_ks, drafters=drafters, batch=max(batches), rounds=rounds, progress=progress
+        )
     if "jump_forward" in parts:
         from fd_guided.harness.bench.jump_forward import bench_jump_forward
 
