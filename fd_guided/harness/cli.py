@@ -270,7 +270,7 @@ def _serve(args) -> int:
     from fd_guided.harness.server import ServerSettings, serve
 
     preset = args.preset or default_preset()
-    # A trained preset's tokenizer has its name (the API process loads it by name, without the model).
+    # A trained preset's tokenizer has its name (the engine process loads it by that name).
     tokenizer = args.tokenizer or (preset if preset in REAL_PRESETS else "deepseek")
     settings = ServerSettings(
         preset=preset,

@@ -35,19 +35,23 @@ def _choice(index: int, body: dict, finish_reason: str | None, error: str | None
     return choice
 
 
-async def chat_events(gen: Generation, model: str, include_usage: bool) -> AsyncIterator[bytes]:
-    chunk_id, created = new_id("chatcmpl"), int(time.time())
+class _Chunks:
+    """The chunks of one stream: one id and creation time for all of them. A choice chunk carries
+    its `body_key` (``delta`` for chat, ``text`` for completions); the usage chunk no choice."""
 
-    def chunk(choice_index: int, delta: dict, finish_reason: str | None = None, error: str | None = None) -> bytes:
-        return _event(
-            {
-                "id": chunk_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [_choice(choice_index, {"delta": delta}, finish_reason, error)],
-            }
-        )
+    def __init__(self, id_prefix: str, object_name: str, body_key: str, model: str):
+        self.head = {"id": new_id(id_prefix), "object": object_name, "created": int(time.time()), "model": model}
+        self.body_key = body_key
+
+    def __call__(self, choice_index: int, body, finish_reason: str | None = None, error: str | None = None) -> bytes:
+        return _event({**self.head, "choices": [_choice(choice_index, {self.body_key: body}, finish_reason, error)]})
+
+    def usage(self, gen: Generation) -> bytes:
+        return _event({**self.head, "choices": [], "usage": gen.usage().model_dump()})
+
+
+async def chat_events(gen: Generation, model: str, include_usage: bool) -> AsyncIterator[bytes]:
+    chunk = _Chunks("chatcmpl", "chat.completion.chunk", "delta", model)
 
     try:
         for choice in gen.choices:
@@ -59,16 +63,7 @@ async def chat_events(gen: Generation, model: str, include_usage: bool) -> Async
                 for event in _chat_finish(gen, choice, chunk):
                     yield event
         if include_usage:
-            yield _event(
-                {
-                    "id": chunk_id,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": model,
-                    "choices": [],
-                    "usage": gen.usage().model_dump(),
-                }
-            )
+            yield chunk.usage(gen)
         yield DONE
     except EngineUnavailable as error:
         yield _event(error.body())
@@ -96,18 +91,7 @@ def _chat_finish(gen: Generation, choice: Choice, chunk) -> list[bytes]:
 
 
 async def completion_events(gen: Generation, model: str, include_usage: bool) -> AsyncIterator[bytes]:
-    chunk_id, created = new_id("cmpl"), int(time.time())
-
-    def chunk(choice_index: int, text: str, finish_reason: str | None = None, error: str | None = None) -> bytes:
-        return _event(
-            {
-                "id": chunk_id,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [_choice(choice_index, {"text": text}, finish_reason, error)],
-            }
-        )
+    chunk = _Chunks("cmpl", "text_completion", "text", model)
 
     try:
         async for choice, delta in gen.events():
@@ -116,16 +100,7 @@ async def completion_events(gen: Generation, model: str, include_usage: bool) ->
             if choice.finish_reason is not None:
                 yield chunk(choice.index, choice.text.rest(), choice.finish_reason, choice.error)
         if include_usage:
-            yield _event(
-                {
-                    "id": chunk_id,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [],
-                    "usage": gen.usage().model_dump(),
-                }
-            )
+            yield chunk.usage(gen)
         yield DONE
     except EngineUnavailable as error:
         yield _event(error.body())
