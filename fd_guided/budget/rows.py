@@ -3,21 +3,13 @@ masks or sets to stop tokens, and a request's draft rows (`StepRows`, `cut_draft
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 INVALID_PLAN = "invalid"  # fd_guided.manager.plan.INVALID (not imported: the manager imports this package)
-
-
-def row_of(token_ids: Sequence[int], words: int) -> np.ndarray:
-    row = np.zeros(words, dtype=np.uint32)
-    for token in token_ids:
-        if 0 <= token < words * 32:
-            row[token >> 5] |= np.uint32(1 << (token & 31))
-    return row.view(np.int32)
 
 
 def engine_of(state) -> str:

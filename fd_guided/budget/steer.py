@@ -42,9 +42,10 @@ from typing import Any
 
 import numpy as np
 
+from ..bitmask_rows import token_row
 from ..interface import Grammar
 from .plan import Plan, chain
-from .rows import StepRows, cut_drafts, engine_of, row_of, stop_entry
+from .rows import StepRows, cut_drafts, engine_of, stop_entry
 from .search import Completion, TokenTable, shortest_completion, token_table
 from .slack import SlackTokens
 from .start_plans import StartPlans
@@ -320,7 +321,7 @@ class BudgetSteering:
             if self._slack is None:
                 self._slack = SlackTokens(table, self.backend.vocab_size)
             rest = plan.rest_tokens(table)
-            restriction = row_of(allowed, words.shape[1]) | self._slack.row(
+            restriction = token_row(allowed, words.shape[1]) | self._slack.row(
                 grammar, current, plan.text[plan.position :], rest, self._completes
             )
             restricted = current & restriction

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
-
+from ..bitmask_rows import allows, host_words, token_row
 from ..interface import Grammar
 from ..reasoning import ReasoningState
 from ..spec import GrammarSpec
+
+__all__ = ["GuidedFinish", "SlotState", "StepTimings", "allows", "host_words", "token_row"]
 
 
 @dataclass(frozen=True)
@@ -72,23 +72,3 @@ class SlotState:
     @property
     def accepted(self) -> int:
         return len(self.history)
-
-
-def allows(words: np.ndarray, token: int) -> bool:
-    """Whether bitmask row `words` allows `token`."""
-    word, bit = divmod(token, 32)
-    return 0 <= word < words.shape[0] and bool((int(words[word]) >> bit) & 1)
-
-
-def host_words(bitmask) -> np.ndarray:
-    """The bitmask as a writable numpy int32 view (CPU memory, pinned or not)."""
-    return bitmask.numpy() if hasattr(bitmask, "numpy") else np.asarray(bitmask)
-
-
-def token_row(token_ids: Sequence[int], words: int) -> np.ndarray:
-    """A bitmask row (int32 words) allowing exactly `token_ids` (ids past the row are ignored)."""
-    row = np.zeros(words, dtype=np.uint32)
-    for token in token_ids:
-        if 0 <= token < words * 32:
-            row[token >> 5] |= np.uint32(1 << (token & 31))
-    return row.view(np.int32)
