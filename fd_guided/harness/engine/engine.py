@@ -182,15 +182,18 @@ class ReferenceEngine:
         seed: int = 0,
         index: int | None = None,
         position: int | None = None,
+        prompt_ids: Sequence[int] | None = None,
     ) -> int:
         """Admit one request and queue it; returns its id (`GenerationResult.index`, `StepUpdate.index`).
 
         Raises InvalidGrammarError (nothing is queued then). The request's sampling seed is
         ``[seed, position]`` (`position` defaults to its id): `generate` passes the batch position,
-        so a batch samples the same way whatever ran before. Thread-safe.
+        so a batch samples the same way whatever ran before. `prompt_ids`: the prompt already
+        tokenised with this engine's tokenizer (a server that checked its length has them), used
+        instead of encoding ``request["prompt"]`` again. Thread-safe.
         """
         index = next(self._ids) if index is None else index
-        seq = self._admit(index, request, max_tokens, seed, index if position is None else position)
+        seq = self._admit(index, request, max_tokens, seed, index if position is None else position, prompt_ids)
         with self._lock:
             self._waiting.append(seq)
         return index
@@ -288,19 +291,21 @@ class ReferenceEngine:
 
     # ----- scheduling ---------------------------------------------------------------------------
 
-    def _admit(self, index: int, request: dict, max_tokens: int, seed: int, position: int) -> SequenceState:
+    def _admit(
+        self, index: int, request: dict, max_tokens: int, seed: int, position: int, prompt_ids: Sequence[int] | None
+    ) -> SequenceState:
         if not isinstance(request, dict) or not isinstance(request.get("prompt"), str):
             raise InvalidGrammarError("each request needs a string 'prompt'", part="prompt")
         spec = self.validate(request)
         admitted_at = time.perf_counter()  # before the compile starts and the prompt is encoded
         if spec is not None and self.manager is None:
             raise InvalidGrammarError("this engine runs without guided decoding", part="request")
-        prompt_ids = self.tokenizer.encode(request["prompt"]) or list(self.tokenizer.eos_token_ids[:1])
+        ids = list(prompt_ids) if prompt_ids is not None else self.tokenizer.encode(request["prompt"])
         seq = read_request(
             index,
             request,
             spec=spec,
-            prompt_ids=prompt_ids,
+            prompt_ids=ids or list(self.tokenizer.eos_token_ids[:1]),
             max_tokens=max_tokens,
             seed=seed,
             position=position,

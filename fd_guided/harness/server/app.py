@@ -47,9 +47,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
         metrics.ipc_seconds.observe(seconds)
         transit.add(seconds)
 
-    engine = EngineClient(settings, on_transit=on_transit, on_restart=metrics.engine_restarts.inc)
+    heartbeats = WindowStats()
+    engine = EngineClient(
+        settings, on_transit=on_transit, on_restart=metrics.engine_restarts.inc, on_heartbeat=heartbeats.add
+    )
     lag = LoopLagMonitor(settings.lag_interval_s, metrics.loop_lag_seconds.observe)
-    state = ServerState(settings, engine, metrics, get_template(settings.chat_template), lag, transit)
+    state = ServerState(settings, engine, metrics, get_template(settings.chat_template), lag, transit, heartbeats)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

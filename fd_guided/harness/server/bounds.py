@@ -9,7 +9,11 @@ token is longer than the tokenizer's longest (128 bytes for DeepSeek's), so a pr
 bytes than ``context * longest`` is refused without tokenising anything; below that the prompt is
 tokenised a piece at a time (`_PIECE_CHARS`, cut at whitespace) and refused as soon as the pieces
 hold more tokens than the context (plus one per cut: a cut can split what would have been one
-token). A prompt that is not refused that way is tokenised once more, whole, for its exact count.
+token). A prompt that is not refused that way is tokenised once more, whole: those ids are what the
+engine request is given (`ReferenceEngine.submit(prompt_ids=...)`), so a prompt that fits is
+tokenised whole exactly once, in the engine process's admission thread, whatever its ``n``. Not in
+the API process: it holds no tokenizer (the engine's token bytes decode its streams), and a long
+prompt's encode there would take its event loop's core or GIL, the latency issue #26 is about.
 Before, a 21 MB chat body was parsed and tokenised in full (7 million tokens, ~60 s, the server's
 RSS from 0.85 to 3.5 GB) only to be refused for exceeding 4,096 tokens.
 """
@@ -80,9 +84,9 @@ class PromptBound:
     def __init__(self, encode: Callable[[str], Sequence[int]], longest_token_bytes: int, context: int):
         self.encode, self.longest, self.context = encode, max(1, longest_token_bytes), context
 
-    def check(self, prompt: str, max_tokens: int) -> int:
-        """The prompt's token count; raises RequestError (400, ``context_length_exceeded``) when
-        the prompt plus `max_tokens` cannot fit."""
+    def tokenize(self, prompt: str, max_tokens: int) -> list[int]:
+        """The prompt's token ids; raises RequestError (400, ``context_length_exceeded``) when the
+        prompt plus `max_tokens` cannot fit, having tokenised no more of it than the bound needed."""
         budget = self.context - max_tokens
         # Each character is at least one UTF-8 byte: the length is a bound before any encoding.
         if (
@@ -97,10 +101,10 @@ class PromptBound:
                 if seen - cuts > budget:
                     self._refuse(f"at least {seen - cuts} tokens", max_tokens)
                 cuts += 1
-        count = len(self.encode(prompt))
-        if count > budget:
-            self._refuse(f"{count} tokens", max_tokens)
-        return count
+        ids = list(self.encode(prompt))
+        if len(ids) > budget:
+            self._refuse(f"{len(ids)} tokens", max_tokens)
+        return ids
 
     def _refuse(self, size: str, max_tokens: int) -> None:
         raise RequestError(

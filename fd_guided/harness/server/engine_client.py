@@ -9,6 +9,8 @@ workers included), new requests get 503, and a new engine process is started aft
 `restart_delay_s` (doubling while engines keep dying within a minute, up to 30 s). This process is
 the engine's children's subreaper (Linux), so the compile processes an engine leaves behind become
 its children when the engine dies and are reaped here, not left as zombies of the host's init.
+An engine process alive but not answering (stopped, deadlocked, stuck in native code) is killed
+when its heartbeat misses a deadline (`liveness.Liveness`), and then handled as one that died.
 
 Updates arrive one `Outputs` message per engine step. The event loop never runs one long burst
 for them: a step's updates wake every streaming response at once (each decodes its new text and
@@ -23,7 +25,6 @@ import asyncio
 import itertools
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -36,6 +37,8 @@ import zmq.asyncio
 
 from fd_guided.harness.server import ipc
 from fd_guided.harness.server.errors import EngineUnavailable, RequestError
+from fd_guided.harness.server.liveness import Liveness
+from fd_guided.harness.server.process_group import become_subreaper, kill_group, reap_group, reap_group_soon
 from fd_guided.harness.server.settings import ServerSettings
 
 logger = logging.getLogger("fd_guided.harness.server")
@@ -44,7 +47,6 @@ logger = logging.getLogger("fd_guided.harness.server")
 DISPATCH_CHUNK = 8
 _QUERY_TIMEOUT_S = 5.0
 _MAX_RESTART_DELAY_S = 30.0
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass
@@ -70,6 +72,7 @@ class EngineClient:
     settings: the server's settings (sent to the engine process as they are).
     on_outputs: called with each `Outputs`' transit time in seconds (metrics).
     on_restart: called when an engine process is started again after one died.
+    on_heartbeat: called with the seconds since the engine's previous heartbeat (its liveness).
     dispatch_chunk: updates handed out per event-loop iteration.
     """
 
@@ -79,11 +82,16 @@ class EngineClient:
         *,
         on_transit: Callable[[float], None] | None = None,
         on_restart: Callable[[], None] | None = None,
+        on_heartbeat: Callable[[float], None] | None = None,
         dispatch_chunk: int = DISPATCH_CHUNK,
     ):
         self.settings = settings
         self.on_transit = on_transit
         self.on_restart = on_restart
+        self.on_heartbeat = on_heartbeat
+        self.liveness = Liveness(settings.engine_silence_timeout_s, settings.engine_step_timeout_s)
+        self._hung: str | None = None  # why the watchdog killed the engine process
+        self._last_beat = 0.0
         self.dispatch_chunk = max(1, dispatch_chunk)
         self.hello: ipc.Hello | None = None  # the serving engine's; None while it is down
         self.load = ipc.Load(0, 0)
@@ -144,13 +152,28 @@ class EngineClient:
             stdin=subprocess.DEVNULL,
             env=env,
         )
-        _become_subreaper()
+        become_subreaper()
         self._pidfd = os.pidfd_open(self.process.pid)
         loop.add_reader(self._pidfd, self._on_exit, self.process, self._pidfd)
         self._reader = loop.create_task(self._read(self._inbox), name="fd-guided-engine-reader")
         logger.info("engine process %d started (generation %d)", self.process.pid, self.generation)
-        self.hello = await asyncio.wait_for(asyncio.shield(self._hello_waiter), timeout_s)
-        return self.hello
+        hello = await asyncio.wait_for(asyncio.shield(self._hello_waiter), timeout_s)
+        self._hung, self._last_beat = None, 0.0
+        self.liveness.reset(time.monotonic())
+        loop.create_task(self._watch(self.process), name="fd-guided-engine-watchdog")
+        self.hello = hello
+        return hello
+
+    async def _watch(self, process: subprocess.Popen) -> None:
+        """Kill `process`'s group when it stops answering (`liveness`); its pidfd then reports the death."""
+        while self.process is process and process.returncode is None and not self._stopping:
+            await asyncio.sleep(self.liveness.check_s)
+            reason = self.liveness.verdict(time.monotonic())
+            if reason is not None and self.process is process and not self._stopping:
+                self._hung = reason
+                logger.error("engine process %d is not answering: %s; killing it", process.pid, reason)
+                kill_group(process.pid)  # SIGKILL ends a stopped process too
+                return
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Ask the engine process to exit, wait for it, then kill whatever is left of its group."""
@@ -165,7 +188,7 @@ class EngineClient:
                 await asyncio.sleep(0.05)
         self._reap(process)
         if process is not None:
-            await _reap_group_soon(process.pid)
+            await reap_group_soon(process.pid)
         self._fail_all(EngineUnavailable("the server is shutting down"))
         self._close_sockets()
         self._context.term()
@@ -178,12 +201,9 @@ class EngineClient:
         """Kill the engine's process group (the engine and every compile process it started) and reap."""
         if process is None:
             return
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_group(process.pid)
         process.wait()
-        _reap_group(process.pid)
+        reap_group(process.pid)
         if self._pidfd is not None:
             try:
                 asyncio.get_running_loop().remove_reader(self._pidfd)
@@ -197,7 +217,7 @@ class EngineClient:
         if pidfd != self._pidfd:
             return
         self._reap(process)
-        asyncio.get_running_loop().create_task(_reap_group_soon(process.pid))
+        asyncio.get_running_loop().create_task(reap_group_soon(process.pid))
         was_up, self.hello = self.hello is not None, None
         if self._stopping:
             return
@@ -211,11 +231,8 @@ class EngineClient:
             self._hello_waiter.set_exception(
                 RuntimeError(f"the engine process exited with {process.returncode} while starting")
             )
-        self._fail_all(
-            EngineUnavailable(
-                f"the engine process died (exit status {process.returncode}); the request was lost, retry shortly"
-            )
-        )
+        what = f"was killed, not answering: {self._hung}" if self._hung else f"died (exit status {process.returncode})"
+        self._fail_all(EngineUnavailable(f"the engine process {what}; the request was lost, retry shortly"))
         now = time.monotonic()
         self._deaths.append(now)
         recent = sum(1 for t in self._deaths if now - t < 60)
@@ -328,6 +345,7 @@ class EngineClient:
     async def _read(self, inbox: zmq.asyncio.Socket) -> None:
         while True:
             frame = await inbox.recv(copy=False)
+            self.liveness.heard(time.monotonic())
             try:
                 self._handle(ipc.from_engine.decode(frame.buffer))
             except Exception:  # noqa: BLE001 - one bad message must not stop every request's updates
@@ -344,6 +362,11 @@ class EngineClient:
                 pending[0].set_result(message.error)
         elif isinstance(message, ipc.Load):
             self.load = message
+            now = time.monotonic()
+            self.liveness.heard(now, message.busy_since)
+            if self._last_beat and self.on_heartbeat is not None:
+                self.on_heartbeat(now - self._last_beat)
+            self._last_beat = now
         elif isinstance(message, ipc.Reply):
             reply = self._replies.get(message.id)
             if reply is not None and not reply.done():
@@ -371,30 +394,3 @@ class EngineClient:
                 self._queues.pop(update.index, None)
         if self._undelivered:
             asyncio.get_running_loop().call_soon(self._deliver)
-
-
-def _become_subreaper() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _reap_group(pgid: int) -> bool:
-    """Reap the dead of process group `pgid` that are our children; True when none is left."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-pgid, os.WNOHANG)
-        except ChildProcessError:
-            return True
-        if pid == 0:
-            return False
-
-
-async def _reap_group_soon(pgid: int, timeout_s: float = 2.0) -> None:
-    """`_reap_group` until none is left (SIGKILLed compile processes exit within milliseconds)."""
-    deadline = time.monotonic() + timeout_s
-    while not _reap_group(pgid) and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)

@@ -8,8 +8,8 @@ kill whole. Nothing the engine does (forward passes, admission's schema normalis
 compiled grammars, a native crash) can hold the API process's event loop or its GIL.
 
 Threads: the main one receives messages (`ipc.ToEngine`), answers queries and sends a `Load`
-heartbeat every `_HEARTBEAT_S`; the admission thread(s) check each prompt's length against the
-context without tokenising a prompt too long for it whole (`bounds.PromptBound`), validate through
+heartbeat every `_HEARTBEAT_S`; the admission thread(s) tokenise each prompt once, refusing one too long for the context
+without tokenising it whole (`bounds.PromptBound`), validate through
 the library's public admission (`ReferenceEngine.validate` -> `GuidedDecodingManager.validate`), submit each choice
 and report `Admitted` when the grammar's compile ticket settles; the engine thread steps while
 anything is unfinished and sends each step's updates as one `Outputs` message. Sends from the
@@ -80,6 +80,7 @@ class EngineServer:
         self._send_lock = threading.Lock()
         self._admission = ThreadPoolExecutor(settings.admission_threads, thread_name_prefix="fd-guided-admission")
         self._live: set[int] = set()  # engine requests submitted and not finished (engine thread + admission)
+        self._busy_since = 0.0  # when the engine thread began its current step (0: between steps)
         self._cancelled: set[int] = set()  # aborted by the API, perhaps before their admission ran
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -118,7 +119,7 @@ class EngineServer:
                 if os.getppid() != parent_pid:
                     logger.warning("the API process is gone; exiting")
                     break
-                self.send(ipc.Load(self._compiles_in_flight(), len(self._live)))
+                self.send(ipc.Load(self._compiles_in_flight(), len(self._live), self._busy_since))
                 next_beat = now + _HEARTBEAT_S
         self.close()
 
@@ -156,13 +157,7 @@ class EngineServer:
         """Validate once for the ticket, submit each choice, and report when the grammar is compiled."""
         submitted: list[int] = []
         try:
-            checked = set()
-            for request in message.requests:  # n choices share a prompt: check it once
-                if (request.get("prompt"), request.get("max_tokens")) not in checked and isinstance(
-                    request.get("prompt"), str
-                ):
-                    self.prompts.check(request["prompt"], int(request.get("max_tokens") or 0))
-                    checked.add((request["prompt"], request.get("max_tokens")))
+            ids = self._tokenize(message.requests)
             if message.tools:
                 from fd_guided.harness.server.protocol import Tool
                 from fd_guided.harness.server.tools import check_parameters
@@ -172,7 +167,8 @@ class EngineServer:
             # The same ticket the engine's own prefetch joins (identical specs share one compile).
             ticket = self.engine.manager.compiler.submit(spec) if spec is not None else None
             for position, (request, index) in enumerate(zip(message.requests, message.indices)):
-                self.engine.submit(request, seed=message.seed, index=index, position=position)
+                prompt_ids = ids.get((request.get("prompt"), request.get("max_tokens")))
+                self.engine.submit(request, seed=message.seed, index=index, position=position, prompt_ids=prompt_ids)
                 submitted.append(index)
                 with self._lock:
                     self._live.add(index)
@@ -189,6 +185,16 @@ class EngineServer:
             self.send(ipc.Admitted(message.id))
         else:
             ticket.add_done_callback(lambda done: self._settled(message, done))
+
+    def _tokenize(self, requests: list[dict]) -> dict[tuple, list[int]]:
+        """Each distinct (prompt, max_tokens) tokenised once, bounded by the context (`PromptBound`):
+        the engine requests get these ids and never encode their prompt again (n choices share one)."""
+        ids: dict[tuple, list[int]] = {}
+        for request in requests:
+            prompt, max_tokens = request.get("prompt"), request.get("max_tokens")
+            if isinstance(prompt, str) and (prompt, max_tokens) not in ids:
+                ids[prompt, max_tokens] = self.prompts.tokenize(prompt, int(max_tokens or 0))
+        return ids
 
     def _settled(self, message: ipc.Submit, ticket: Future) -> None:
         error = ticket.exception()
@@ -213,6 +219,7 @@ class EngineServer:
                 self._wake.clear()
                 continue
             logged = len(stats.step_log)
+            self._busy_since = time.monotonic()  # the heartbeat carries it (a stuck step is killed)
             try:
                 updates = self.engine.step()
             except Exception as error:  # noqa: BLE001 - a broken step fails its requests, not the process
@@ -220,6 +227,8 @@ class EngineServer:
                 self._fail_in_flight(error)
                 time.sleep(_IDLE_POLL_S)
                 continue
+            finally:
+                self._busy_since = 0.0
             now = time.perf_counter()
             gap = _longest_gap(updates, last_token_at, now)
             for seconds, _ in stats.step_log[logged:][-1:]:

@@ -8,7 +8,8 @@ msgspec); nothing here frames or parses bytes itself.
 
     API -> engine   Submit (one HTTP request's choices), Abort, Query (metrics/stats), Shutdown
     engine -> API   Hello (loaded), Admitted (grammar compiled, or the error), Outputs (one step's
-                    updates), Load (a heartbeat: compiles and requests in flight), Reply (to a Query)
+                    updates), Load (a heartbeat: compiles and requests in flight, the step's start;
+                    `liveness` kills an engine whose heartbeat stops), Reply (to a Query)
 
 Times (`Outputs.sent_at`) are `time.monotonic()`, the same clock in both processes on Linux, so the
 API process measures how long a step's updates spent in transit.
@@ -102,8 +103,12 @@ class Outputs(msgspec.Struct, tag="outputs"):
 
 
 class Load(msgspec.Struct, tag="load"):
+    """The heartbeat (every 100 ms from the engine's main thread): what is in flight, and when the
+    engine thread began the step it is in (`time.monotonic()`; 0 when it is not in one)."""
+
     compiles_in_flight: int
     requests: int
+    busy_since: float = 0.0
 
 
 class Reply(msgspec.Struct, tag="reply"):

@@ -38,6 +38,10 @@ class ServerSettings:
     max_body_bytes: int = 4 << 20
     # A dead engine process is started again after this (doubling while it keeps dying young, up to 30 s).
     restart_delay_s: float = 0.5
+    # An engine process that says nothing for this long (its heartbeat comes every 100 ms), or whose
+    # one step runs this long, counts as hung: killed and restarted (`liveness.py`).
+    engine_silence_timeout_s: float = 5.0
+    engine_step_timeout_s: float = 60.0
 
     @property
     def model_name(self) -> str:

@@ -28,6 +28,7 @@ class ServerState:
     template: ChatTemplate
     lag: LoopLagMonitor
     transit: WindowStats = field(default_factory=WindowStats)
+    heartbeats: WindowStats = field(default_factory=WindowStats)  # seconds between the engine's heartbeats
     loop_scheduling: LoopScheduling | None = None  # set when the app starts
 
     @property
@@ -43,10 +44,10 @@ class ServerState:
     _detokenizer: Detokenizer | None = None
 
     async def stats(self, reset: bool = False, series: bool = False) -> dict:
-        """Over the current window, in seconds: the event loop's lag and the IPC transit of step
-        updates (this process), engine step times and per step the longest inter-token gap of the
-        requests decoding in it (the engine process; None while it is down); with `series` the raw
-        samples too (for plots)."""
+        """Over the current window, in seconds: the event loop's lag, the IPC transit of step
+        updates and the intervals between the engine's heartbeats (this process), engine step times
+        and per step the longest inter-token gap of the requests decoding in it (the engine process;
+        None while it is down); with `series` the raw samples too (for plots)."""
         try:
             engine = await self.engine.query("stats", reset=reset, series=series)
         except (EngineUnavailable, asyncio.TimeoutError):
@@ -54,6 +55,7 @@ class ServerState:
         return {
             "loop_lag": self.lag.window.snapshot(reset, series),
             "ipc_transit": self.transit.snapshot(reset, series),
+            "heartbeat_interval": self.heartbeats.snapshot(reset, series),
             **engine,
             **self.load(),
         }

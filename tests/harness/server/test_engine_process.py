@@ -1,8 +1,9 @@
-"""`fd-guided serve` in two processes: bounded inputs, aborts, the engine process dying, clean shutdown.
+"""`fd-guided serve` in two processes: bounded inputs, aborts, the engine process dying or hanging,
+clean shutdown.
 
-One server (tiny preset) serves the module; the tests run in order, the last two kill its engine
-process and then stop it. Everything is real: the CLI's server, its engine process, compile
-workers, the `openai` client and raw sockets.
+One server (tiny preset) serves the module; the tests run in order, the last three kill its engine
+process, make it hang, and then stop the server. Everything is real: the CLI's server, its engine
+process, compile workers, the `openai` client and raw sockets.
 """
 import concurrent.futures
 import json
@@ -228,6 +229,70 @@ def test_the_engine_process_dying_mid_stream_fails_every_client_and_the_server_r
     assert metric(server, "fd_guided_server_engine_restarts_total") == 1
     assert metric(server, "fd_guided_server_engine_up") == 1
 
+
+
+def test_a_hung_engine_process_is_killed_every_client_gets_the_error_and_the_server_recovers(server, client):
+    """SIGSTOP: the engine process is alive (its pidfd never fires) and answers nothing. Its heartbeat
+    stops, so the API process kills its group after the 5 s deadline and handles it as a death."""
+    deadline = time.monotonic() + 120
+    while health(server).status_code != 200:  # the previous test's engine restart
+        assert time.monotonic() < deadline
+        time.sleep(0.25)
+    first = health(server).json()
+    engine_pid = first["engine_pid"]
+    restarts = metric(server, "fd_guided_server_engine_restarts_total")
+    client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, response_format={
+        "type": "json_schema", "json_schema": {"name": "warm3", "schema": {"type": "array"}}})  # compile workers exist
+    started = threading.Barrier(4)  # three streams, this thread
+    outcomes: list[str] = []
+
+    def stream_until_error(seed: int) -> None:
+        stream = client.completions.create(model=MODEL, prompt="go", max_tokens=3000, stream=True, seed=seed,
+                                           extra_body={"ignore_eos": True})
+        announced = False
+        try:
+            for chunk in stream:
+                if not announced and chunk.choices and chunk.choices[0].text:
+                    announced = True
+                    started.wait(timeout=60)
+        except openai.APIError as error:
+            outcomes.append(f"error: {error.message}")
+            return
+        outcomes.append("finished")
+
+    threads = [threading.Thread(target=stream_until_error, args=(seed,)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    started.wait(timeout=60)
+    stopped_at = time.monotonic()
+    os.killpg(engine_pid, signal.SIGSTOP)  # the engine and its compile processes: alive, silent
+    try:
+        for thread in threads:
+            thread.join(timeout=30)
+        failed_after = time.monotonic() - stopped_at
+        assert len(outcomes) == 3 and all(o.startswith("error: the engine process was killed, not answering: no "
+                                                        "message from it for ") for o in outcomes), outcomes
+        assert all(o.endswith(" s (deadline 5 s); the request was lost, retry shortly") for o in outcomes), outcomes
+        assert 4.5 <= failed_after < 15.0, failed_after  # the deadline counts from its last message
+        deadline = time.monotonic() + 5
+        while group_alive(engine_pid):
+            assert time.monotonic() < deadline, "processes of the hung engine's group are still alive"
+            time.sleep(0.05)
+    finally:
+        if group_alive(engine_pid):
+            os.killpg(engine_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while health(server).status_code != 200:
+        assert time.monotonic() < deadline, "the engine process did not come back"
+        time.sleep(0.25)
+    back = health(server).json()
+    assert back["engine_generation"] == first["engine_generation"] + 1 and back["engine_pid"] != engine_pid
+    answer = client.completions.create(model=MODEL, prompt="hi", max_tokens=4,
+                                       extra_body={"guided_choice": ["up", "down"]})
+    assert answer.choices[0].text in ("up", "down")
+    assert metric(server, "fd_guided_server_engine_restarts_total") == restarts + 1
+    beats = httpx.get(server.base_url + "/stats", timeout=10).json()["heartbeat_interval"]
+    assert beats["count"] > 0 and beats["max"] < 5.0, beats  # the new engine's, well inside the deadline
 
 def test_shutdown_leaves_no_process_behind(server, client):
     client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, response_format={
