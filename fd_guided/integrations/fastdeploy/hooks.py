@@ -29,6 +29,10 @@ FastDeploy name                             change
 ``<Runner>._init_logits_processor``         the returned future is bound to its ``Request``
 ``EngineService._send_error_response``      an admission refusal is ``error_code=400``
 ``TokenProcessor._recycle_resources``       a worker's guided failure becomes the result's error
+``EngineClient.format_and_add_data``        API server: the engine's checker refuses a bad guided request
+                                            before it is tokenised or sent (``ParameterError``)
+``api_server.JSONResponse``                 API server: that refusal is answered 400, not 500
+                                            (`api_server.py`; ``__main__`` when run with ``-m``)
 ==========================================  ===============================================================
 """
 
@@ -42,6 +46,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .admission import AdmissionError, schema_checker
+from .api_server import (
+    API_SERVER_MODULE,
+    ENGINE_CLIENT_MODULE,
+    api_server_module,
+    install_api_server,
+    install_engine_client,
+)
 from .backend import ProcessorFuture, get_guided_backend
 from .config import as_bool, backend_name_for, read, serves
 from .mtp import install as install_mtp
@@ -88,6 +99,9 @@ def ensure_host_patched() -> None:
             module = sys.modules.get(name)
             if module is not None:
                 patch(module)
+        api_server = api_server_module()  # run as ``python -m``, its module is ``__main__``
+        if api_server is not None:
+            install_api_server(api_server, MARK)
         _rebind_by_name()
         if not any(isinstance(finder, PostImportHook) for finder in sys.meta_path):
             sys.meta_path.insert(0, PostImportHook(_patches(), _lock))
@@ -106,6 +120,8 @@ def _patches() -> dict[str, Callable[[Any], None]]:
         "fastdeploy.config": _patch_config,
         "fastdeploy.engine.common_engine": _patch_engine,
         "fastdeploy.output.token_processor": _patch_token_processor,
+        ENGINE_CLIENT_MODULE: functools.partial(install_engine_client, mark=MARK),
+        API_SERVER_MODULE: functools.partial(install_api_server, mark=MARK),
     }
     patches.update({name: _patch_runner_module for name in RUNNER_MODULES})
     return patches

@@ -1,0 +1,192 @@
+"""Refusals reach FastDeploy's HTTP clients as 400, through the snapshot's own API server.
+
+Each backend's run is one subprocess (`api_server_peer.py`): FastDeploy's ``api_server`` module
+imported with its CLI, its app started by its own lifespan (the plugin loads there, from
+``FD_PLUGINS``), requests posted over HTTP to its routes, the engine's sockets served by a peer
+built from FastDeploy's ZMQ servers. A guided refusal is answered by the API server itself, before
+tokenisation: HTTP 400, OpenAI's error body naming the field and the feature, nothing sent to the
+engine. What stays 500 (an engine's own ``error_code=400`` result; FastDeploy's other errors) is
+asserted too: the first is the upstream change in docs/fastdeploy-upstream.md.
+"""
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+import fastdeploy_engine as fe
+import fastdeploy_host as host
+
+pytestmark = pytest.mark.fastdeploy
+
+PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "api_server_peer.py")
+# Imported by FastDeploy's api_server.py (gunicorn, aiozmq) or by the test client (httpx).
+API_SERVER_NEEDS = ("gunicorn", "aiozmq", "httpx")
+UPSTREAM_DOC = os.path.join(host.REPO, "docs", "fastdeploy-upstream.md")
+MESSAGES = [{"role": "user", "content": "hi"}]
+SCHEMA = {"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": True}
+# (name, guided fields of the body, the field OpenAI's error names, what its message must say)
+REFUSED = [
+    ("malformed EBNF", {"guided_grammar": 'root ::= ("a" | '}, "guided_grammar", "line 1, column 10"),
+    ("unsupported schema feature",
+     {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}},
+     "response_format", "uniqueItems"),
+    ("bad regex", {"guided_regex": "(unclosed"}, "guided_regex", "not a valid regular expression"),
+]
+GOOD = {"guided_regex": "[a-z]+"}
+ENGINE_MESSAGE = "invalid guided decoding request: refused by the engine"  # api_server_peer.ENGINE_ANSWER
+
+
+def _cases():
+    cases = []
+    for _, fields, _, _ in REFUSED:
+        cases.append({"path": "/v1/chat/completions", "body": {"messages": MESSAGES, "max_tokens": 4, **fields}})
+        cases.append({"path": "/v1/completions", "body": {"prompt": "hi", "max_tokens": 4, **fields}})
+    cases.append({"path": "/v1/chat/completions",
+                  "body": {"messages": MESSAGES, "max_tokens": 4, "stream": True, **REFUSED[2][1]}})
+    cases.append({"path": "/v1/chat/completions", "body": {"messages": MESSAGES, "max_tokens": 4, **GOOD}})
+    cases.append({"path": "/v1/completions", "body": {"prompt": "hi", "max_tokens": 4, **GOOD}})
+    cases.append({"path": "/v1/chat/completions",
+                  "body": {"messages": MESSAGES, "max_tokens": 4, "reasoning_max_tokens": 0}})
+    return cases
+
+
+STREAM, GOOD_CHAT, GOOD_COMPLETION, OTHER = range(2 * len(REFUSED), 2 * len(REFUSED) + 4)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    os.environ["FD_PLUGINS"] = "fd_guided"
+    path = fe.make_model_dir(str(tmp_path_factory.mktemp("model")))
+    config_path = os.path.join(path, "tokenizer_config.json")
+    with open(config_path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    config["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # chat requests tokenise
+    with open(config_path, "w", encoding="utf-8") as handle:
+        json.dump(config, handle)
+    return path
+
+
+def _serve(model_dir, backend, source):
+    """One API server on `source` (a snapshot directory); every case of `_cases` posted to it, in order."""
+    missing = [name for name in API_SERVER_NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"FastDeploy's api_server imports {', '.join(missing)} (its requirements.txt): not installed")
+    env = {**os.environ, "FD_PLUGINS": "fd_guided", host.SNAPSHOT_ENV: source,
+           "PYTHONPATH": os.pathsep.join([source, host.REPO, os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, PEER, "--model", model_dir, "--max-model-len", "2048", "--guided-decoding-backend", backend]
+    done = subprocess.run(argv, input=json.dumps(_cases()), capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(results) == len(_cases())
+    return results
+
+
+@pytest.fixture(scope="module", params=["auto", "xgrammar", "llguidance"])
+def answers(request, model_dir):
+    return _serve(model_dir, request.param, host.fastdeploy_source())
+
+
+@pytest.fixture(scope="module")
+def upstream_answers(model_dir, tmp_path_factory):
+    """The same, on the snapshot with docs/fastdeploy-upstream.md's patch applied (``patch -p1``)."""
+    source = str(tmp_path_factory.mktemp("fastdeploy-patched"))
+    snapshot = host.find_snapshot()
+    if os.path.isdir(snapshot):
+        shutil.copytree(snapshot, source, dirs_exist_ok=True)
+    else:
+        with tarfile.open(snapshot) as archive:
+            archive.extractall(source, filter="data")
+    with open(UPSTREAM_DOC, encoding="utf-8") as handle:
+        diff = re.search(r"```diff\n(.*?)```", handle.read(), re.S).group(1)
+    applied = subprocess.run(["patch", "-p1", "--forward"], input=diff, cwd=source, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    return _serve(model_dir, "auto", source)
+
+
+@pytest.mark.parametrize("index", range(len(REFUSED)), ids=[name for name, *_ in REFUSED])
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_refused_guided_request_is_http_400_naming_the_field_before_the_engine(answers, index, endpoint):
+    _, _, param, said = REFUSED[index]
+    answer = answers[2 * index + (endpoint == "completions")]
+    assert answer["status"] == 400, answer
+    error = answer["body"]["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    assert error["message"].startswith("invalid guided decoding request: ") and said in error["message"], error
+    assert "Traceback" not in error["message"]
+    assert answer["reached_engine"] == []  # refused before tokenisation, nothing sent
+
+
+def test_a_streaming_request_is_refused_before_its_stream_starts(answers):
+    answer = answers[STREAM]
+    assert answer["status"] == 400 and answer["body"]["error"]["param"] == "guided_regex", answer
+    assert answer["reached_engine"] == []
+
+
+def test_a_good_request_reaches_the_engine_unchanged(answers):
+    assert answers[GOOD_CHAT]["reached_engine"] == [GOOD]  # the API server's check let it through
+    assert answers[GOOD_COMPLETION]["reached_engine"] == [GOOD]
+
+
+def test_the_engines_own_refusal_still_fails_in_fastdeploys_http_layer(answers):
+    """What only upstream can fix: the engine's ``error_code=400`` result (``_send_error_response``,
+    ``outputs=None``). Chat: the response processor reads ``outputs["token_ids"]`` before the error
+    check, so the client gets 500 with a TypeError, the engine's message lost. Completions: the
+    ValueError is logged and swallowed, ``None`` returned, and the route streams ``None``: 200, no body.
+    """
+    chat = answers[GOOD_CHAT]
+    assert chat["status"] == 500 and chat["body"]["error"]["type"] == "internal_error", chat
+    assert "'NoneType' object is not subscriptable" in chat["body"]["error"]["message"], chat
+    assert "refused by the engine" not in chat["body"]["error"]["message"]
+    completion = answers[GOOD_COMPLETION]
+    assert completion["status"] == 200 and completion["body"] == "", completion
+
+
+def test_with_the_upstream_patch_the_engines_refusal_is_400_with_its_message(upstream_answers):
+    for index in (GOOD_CHAT, GOOD_COMPLETION):
+        answer = upstream_answers[index]
+        assert answer["reached_engine"] == [GOOD] and answer["status"] == 400, answer
+        assert answer["body"]["error"] == {"message": ENGINE_MESSAGE, "type": "invalid_request_error",
+                                           "param": None, "code": "400"}, answer
+    for index in range(2 * len(REFUSED)):  # the plugin's own refusals are unchanged by the patch
+        assert upstream_answers[index]["status"] == 400, upstream_answers[index]
+        assert upstream_answers[index]["body"]["error"]["type"] == "invalid_request_error"
+
+
+def test_fastdeploys_other_parameter_errors_keep_their_status(answers):
+    answer = answers[OTHER]
+    assert answer["status"] == 500 and answer["body"]["error"]["param"] == "reasoning_max_tokens", answer
+    assert answer["reached_engine"] == []
+
+
+def test_run_as_python_m_the_routes_module_is_main_and_is_patched():
+    """``python -m fastdeploy.entrypoints.openai.api_server`` runs the routes in ``__main__``, whose
+    ``__spec__`` names the module (what runpy sets): `api_server_module` finds it there."""
+    script = (
+        "import importlib.machinery, json, sys\n"
+        "from starlette.responses import JSONResponse as Original  # this script's globals are __main__'s\n"
+        "main = sys.modules['__main__']\n"
+        "main.__spec__ = importlib.machinery.ModuleSpec('fastdeploy.entrypoints.openai.api_server', None)\n"
+        "main.JSONResponse = Original\n"
+        "from fd_guided.integrations.fastdeploy import api_server\n"
+        "assert api_server.api_server_module() is main\n"
+        "api_server.install_api_server(main, '__mark__')\n"
+        "api_server.install_api_server(main, '__mark__')\n"
+        "assert main.JSONResponse.__mro__[1] is Original  # wrapped once\n"
+        "body = {'error': {'message': 'm', 'type': 'invalid_request', 'param': 'guided_regex', 'code': '400'}}\n"
+        "other = {'error': {'message': 'm', 'type': 'invalid_request_error', 'param': 'logprobs', 'code': None}}\n"
+        "answers = [main.JSONResponse(content=c, status_code=s) for c, s in ((body, 500), (other, 500), (body, 200))]\n"
+        "print(json.dumps([[a.status_code, json.loads(a.body)] for a in answers]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": host.REPO})
+    assert done.returncode == 0, done.stderr[-3000:]
+    [refused, other, ok] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert refused == [400, {"error": {"message": "m", "type": "invalid_request_error", "param": "guided_regex",
+                                       "code": "400"}}]
+    assert other[0] == 500 and ok[0] == 200 and ok[1]["error"]["type"] == "invalid_request"
