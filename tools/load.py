@@ -19,8 +19,18 @@ transit of step updates (`ipc_transit`: engine send -> API decode). A probe in a
 own (so the load generator's own loop does not delay it) sends ``GET /v1/models`` every
 `--probe-interval-ms` on one keep-alive connection through each phase: how long a cheap endpoint
 takes, seen from a client (`probe`); with `--probe-priority rr` the probe runs SCHED_RR (where
-permitted), so a busy host's run queue delays the client less and the figure is more the server's. `--phases` runs one phase only. Bounded: `--max-requests` in
-all and `--phase-timeout-s` per phase; loopback addresses only.
+permitted), so a busy host's run queue delays the client less and the figure is more the server's.
+The probe runs in a session of its own (its own scheduler autogroup, as a separate client program
+would), and so does a server started here: with autogroups on (Linux's default), every process of
+one session shares one CPU share, and a probe or server in the load generator's session waited
+behind its SSE parsing of 136 streams. `--probe-shared` adds a second probe in this tool's session,
+side by side (`probe_shared`). `--phases` runs one phase only. Bounded: `--max-requests` in all
+and `--phase-timeout-s` per phase; loopback addresses only.
+
+Side by side: ``--server LABEL=DIR`` (repeatable) starts each server from its own checkout in turn,
+`--rounds` times (A B A B ...), and adds `comparison`: per phase and request kind, TTFT/TPOT
+percentiles over the samples each server got in all rounds, their ratios (first server / each
+other), and each round's ratio of medians (the spread). Each run records the load average.
 """
 from __future__ import annotations
 
@@ -164,6 +174,7 @@ async def run_phase(args, client: httpx.AsyncClient, name: str, guided: bool, bu
             extra = {"seed": worker * 1000 + count}
             if guided:
                 extra["response_format"] = response_format(cached[(worker + count) % len(cached)], "cached")
+                extra.update(args.guided_extra)
             else:
                 extra["ignore_eos"] = True  # unguided random text runs to max_tokens, like a long answer
             phase.samples.append(await stream_one(client, args.model, "background", args.max_tokens, extra))
@@ -178,6 +189,7 @@ async def run_phase(args, client: httpx.AsyncClient, name: str, guided: bool, bu
             extra = {"seed": i}
             if guided:
                 extra["response_format"] = response_format(complex_schema(cold_offset + i), f"cold{i}")
+                extra.update(args.guided_extra)
             else:
                 extra["ignore_eos"] = True
             jobs.append(stream_one(client, args.model, "burst", args.max_tokens, extra))
@@ -197,22 +209,29 @@ async def run_phase(args, client: httpx.AsyncClient, name: str, guided: bool, bu
                                    "requests_in_flight": health["requests_in_flight"]})
             await asyncio.sleep(0.1)
 
-    probe = start_probe(str(client.base_url), args.probe_interval_ms, args.probe_priority) if args.probe_interval_ms > 0 else None
+    probes = {}
+    if args.probe_interval_ms > 0:
+        url, interval = str(client.base_url), args.probe_interval_ms
+        probes["probe"] = start_probe(url, interval, args.probe_priority, own_session=True)
+        if args.probe_shared:
+            probes["probe_shared"] = start_probe(url, interval, args.probe_priority, own_session=False)
     await asyncio.gather(burst(), poll(), *(background(w) for w in range(args.background)))
     wall = time.perf_counter() - started
     stats = (await client.get("/stats", params={"samples": "true"})).json()
     summary = summarise_phase(phase, stats, wall, time.time() - wall)
-    if probe is not None:
-        summary["probe"] = percentiles(stop_probe(probe))
+    for name, probe in probes.items():
+        summary[name] = percentiles(stop_probe(probe))
     return summary
 
 
 # ----- the probe: a cheap endpoint, timed from a process of its own -------------------------------
 
 
-def start_probe(url: str, interval_ms: float, priority: str = "normal") -> subprocess.Popen:
+def start_probe(url: str, interval_ms: float, priority: str = "normal", own_session: bool = True) -> subprocess.Popen:
+    """The probe process; `own_session`: in a session (so a scheduler autogroup) of its own."""
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--probe", url, "--probe-interval-ms", str(interval_ms),
-                             "--probe-priority", priority], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                             "--probe-priority", priority], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            start_new_session=own_session)
 
 
 def stop_probe(probe: subprocess.Popen) -> list[float]:
@@ -261,10 +280,14 @@ def summarise_phase(phase: Phase, stats: dict, wall: float, started_unix: float)
     for sample in phase.samples:
         key = f"{sample.kind}:{sample.finish_reason or 'none'}"
         result["finish_reasons"][key] = result["finish_reasons"].get(key, 0) + 1
+    result["samples"] = {}
     for kind in kinds:
         result["ttft"][kind] = percentiles([s.ttft for s in phase.samples if s.kind == kind])
         result["tpot"][kind] = percentiles([s.tpot for s in phase.samples if s.kind == kind])
-    for name in ("loop_lag", "engine_step", "token_gap", "ipc_transit"):
+        for metric in ("ttft", "tpot"):  # raw, for pooling runs side by side (`comparison`)
+            result["samples"][f"{kind}:{metric}"] = [getattr(s, metric) for s in phase.samples
+                                                      if s.kind == kind and getattr(s, metric) is not None]
+    for name in ("loop_lag", "engine_step", "token_gap", "ipc_transit", "heartbeat_interval"):
         result[name] = stats.get(name)
     return result
 
@@ -290,13 +313,17 @@ def check_loopback(url: str) -> None:
         raise SystemExit(f"refusing to load {host!r}: this tool talks to loopback addresses only")
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
+def start_server(args, directory: str | None = None) -> tuple[subprocess.Popen, str]:
+    """`fd-guided serve` from `directory` (a checkout; this tool's own by default), in a session of its own."""
     url = f"http://127.0.0.1:{args.port}"
     command = [sys.executable, "-m", "fd_guided.harness.cli", "serve", "--port", str(args.port), "--preset", args.preset,
                "--max-num-seqs", str(args.max_num_seqs), "--switch-interval-ms", str(args.switch_interval_ms),
                "--log-level", "warning", "--loop-priority", args.loop_priority]
-    print("+ " + " ".join(command), flush=True)
-    process = subprocess.Popen(command, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    print("+ " + (f"(cd {directory}) " if directory else "") + " ".join(command), flush=True)
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    if directory:
+        env["PYTHONPATH"] = os.path.abspath(directory) + os.pathsep + env.get("PYTHONPATH", "")
+    process = subprocess.Popen(command, env=env, cwd=directory, start_new_session=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -317,6 +344,7 @@ async def run(args, url: str) -> dict:
     limits = httpx.Limits(max_connections=args.background + args.cold + 8, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(args.phase_timeout_s + 30), limits=limits) as client:
         args.model = args.model or (await client.get("/v1/models")).json()["data"][0]["id"]
+        args.guided_extra, fit_budget = await fit_budget_field(client, args)
         budget = Budget(args.max_requests)
         print(f"warm-up: compiling {args.cached} cached schemas", flush=True)
         for i in range(args.cached):
@@ -325,6 +353,7 @@ async def run(args, url: str) -> dict:
         report = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "phases": {}}
         # What the server's event-loop thread runs with (its --loop-priority, as the kernel applied it).
         report["loop_scheduling"] = (await client.get("/health")).json().get("loop_scheduling")
+        report["fit_budget"] = fit_budget
         print(f"server event loop: {report['loop_scheduling']}", flush=True)
         for name, guided in (("unguided", False), ("guided", True)):
             if args.phases not in ("both", name):
@@ -340,6 +369,21 @@ async def run(args, url: str) -> dict:
         return report
 
 
+async def fit_budget_field(client: httpx.AsyncClient, args) -> tuple[dict, str]:
+    """What guided requests add for `--fit-budget`, and what the server does. ``off`` sends
+    ``guided_fit_budget: false`` (no budget steering: its search at a request's start can take
+    seconds per complex schema at 64 tokens, docs/benchmarks.md), unless the server refuses the
+    field: one from before budget steering (issue #24) does not know it, and does not steer."""
+    if args.fit_budget == "default":
+        return {}, "the server's default"
+    body = {"model": args.model, "prompt": "x", "max_tokens": 1, "guided_fit_budget": False,
+            "response_format": response_format({"type": "object"}, "probe")}
+    status = (await client.post("/v1/completions", json=body)).status_code
+    if status == 200:
+        return {"guided_fit_budget": False}, "off (guided_fit_budget: false)"
+    return {}, f"off (the server refused guided_fit_budget with {status}: it predates budget steering)"
+
+
 def _ms(value) -> str:
     return "-" if value is None else f"{value * 1000:.1f}"
 
@@ -352,12 +396,81 @@ def format_phase(name: str, phase: dict) -> str:
         lines.append(f"    {kind:<10} TTFT ms p50 {_ms(ttft.get('p50'))} p99 {_ms(ttft.get('p99'))} max {_ms(ttft.get('max'))}"
                      f" | TPOT ms p50 {_ms(tpot.get('p50'))} p99 {_ms(tpot.get('p99'))} max {_ms(tpot.get('max'))}")
     for key, label in (("loop_lag", "event-loop lag"), ("engine_step", "engine step"), ("token_gap", "inter-token gap"),
-                       ("ipc_transit", "IPC transit"), ("probe", "GET /v1/models")):
+                       ("ipc_transit", "IPC transit"), ("heartbeat_interval", "heartbeat"), ("probe", "GET /v1/models"),
+                       ("probe_shared", "GET (shared)")):
         s = phase.get(key)
         if not s:
             continue
         lines.append(f"    {label:<16} ms p50 {_ms(s.get('p50'))} p99 {_ms(s.get('p99'))} max {_ms(s.get('max'))} (n={s['count']})")
     return "\n".join(lines)
+
+
+def run_once(args, directory: str | None = None) -> dict:
+    """One run: against --url, or a server started from `directory` and stopped after."""
+    process, url = start_server(args, directory) if args.start_server else (None, args.url)
+    load_before = os.getloadavg()
+    try:
+        report = asyncio.run(run(args, url))
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(timeout=30)
+    report["load_average"] = {"before": load_before, "after": os.getloadavg()}
+    return report
+
+
+def compare_servers(args, servers: list[tuple[str, str]]) -> dict:
+    """Each server in turn, `args.rounds` times; their runs and `comparison` (see the docstring)."""
+    runs = []
+    for round_index in range(args.rounds):
+        for label, directory in servers:
+            print(f"round {round_index + 1}/{args.rounds}: {label} ({directory})", flush=True)
+            runs.append({"server": label, "round": round_index, "directory": directory, **run_once(args, directory)})
+    return {"config": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs,
+            "comparison": comparison(runs, [label for label, _ in servers])}
+
+
+def format_comparison(report: dict) -> str:
+    lines = []
+    for key, entry in report["comparison"].items():
+        ratios = {k: v for k, v in entry.items() if "/" in k and "per round" not in k}
+        for name, ratio in ratios.items():
+            rounds = entry.get(f"{name} per round (p50)", [])
+            lines.append(f"  {key:<28} {name}: p50 {ratio['p50']:.2f} p99 {ratio['p99']:.2f} mean {ratio['mean']:.2f}"
+                         f" | per-round p50 ratios {[round(r, 2) if r else None for r in rounds]}")
+    return "\n".join(lines)
+
+
+def comparison(runs: list[dict], labels: list[str]) -> dict:
+    """Per phase and kind: each server's TTFT/TPOT over all its rounds' samples, the first server's
+    ratio to each other, and per round the ratio of the servers' medians."""
+    result: dict = {}
+    for phase in sorted({name for run in runs for name in run["phases"]}):
+        for kind in ("background", "burst"):
+            for metric in ("ttft", "tpot"):
+                pooled = {label: [v for run in runs if run["server"] == label and phase in run["phases"]
+                                  for v in run["phases"][phase]["samples"].get(f"{kind}:{metric}", [])]
+                          for label in labels}
+                stats = {label: percentiles(values) for label, values in pooled.items()}
+                entry = {"servers": stats}
+                first = stats[labels[0]]
+                for other in labels[1:]:
+                    if first.get("count") and stats[other].get("count"):
+                        entry[f"{labels[0]}/{other}"] = {q: first[q] / stats[other][q] for q in ("p50", "p90", "p99", "mean")}
+                        entry[f"{labels[0]}/{other} per round (p50)"] = [
+                            _median_ratio(runs, phase, kind, metric, labels[0], other, r)
+                            for r in sorted({run["round"] for run in runs})]
+                result[f"{phase}:{kind}:{metric}"] = entry
+    return result
+
+
+def _median_ratio(runs, phase, kind, metric, first, other, round_index) -> float | None:
+    medians = []
+    for label in (first, other):
+        run = next((r for r in runs if r["server"] == label and r["round"] == round_index and phase in r["phases"]), None)
+        summary = run["phases"][phase][metric].get(kind, {}) if run else {}
+        medians.append(summary.get("p50"))
+    return medians[0] / medians[1] if None not in medians and medians[1] else None
 
 
 def main(argv=None) -> int:
@@ -382,6 +495,12 @@ def main(argv=None) -> int:
     parser.add_argument("--phases", default="both", choices=("both", "unguided", "guided"))
     parser.add_argument("--probe-interval-ms", type=float, default=20.0, help="GET /v1/models this often (0: no probe)")
     parser.add_argument("--probe-priority", default="normal", choices=("normal", "rr"), help="the probe's CPU class")
+    parser.add_argument("--probe-shared", action="store_true", help="a second probe in this tool's own session")
+    parser.add_argument("--fit-budget", default="default", choices=("default", "off"),
+                        help="budget steering of guided requests (off: guided_fit_budget false, where known)")
+    parser.add_argument("--server", action="append", metavar="LABEL=DIR",
+                        help="with --start-server: a server from this checkout; repeat to compare, taking turns")
+    parser.add_argument("--rounds", type=int, default=1, help="turns of every --server")
     parser.add_argument("--probe", metavar="URL", help=argparse.SUPPRESS)  # the probe process itself
     parser.add_argument("--out", help="write the JSON report here")
     args = parser.parse_args(argv)
@@ -391,17 +510,13 @@ def main(argv=None) -> int:
         return 0
     if not args.start_server:
         check_loopback(args.url)
-    process = None
-    if args.start_server:
-        process, url = start_server(args)
+    if args.server:
+        if not args.start_server:
+            raise SystemExit("--server needs --start-server")
+        report = compare_servers(args, [tuple(spec.split("=", 1)) for spec in args.server])
+        print(format_comparison(report), flush=True)
     else:
-        url = args.url
-    try:
-        report = asyncio.run(run(args, url))
-    finally:
-        if process is not None:
-            process.terminate()
-            process.wait(timeout=30)
+        report = run_once(args)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:
             json.dump(report, handle, indent=1)
