@@ -18,6 +18,25 @@ def _default_threads() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
+# Admission's time on the caller's thread for the checks that are not bounded by construction
+# (see `GuidedConfig.admission_budget_s`); FD_GUIDED_ADMISSION_BUDGET_MS overrides it for a
+# process ("inline": every verdict at admission).
+ADMISSION_BUDGET_ENV = "FD_GUIDED_ADMISSION_BUDGET_MS"
+DEFAULT_ADMISSION_BUDGET_S = 0.002
+
+
+def _default_admission_budget() -> float | None:
+    value = os.environ.get(ADMISSION_BUDGET_ENV, "").strip().lower()
+    if not value:
+        return DEFAULT_ADMISSION_BUDGET_S
+    if value in ("inline", "none", "off"):
+        return None
+    try:
+        return max(0.0, float(value)) / 1e3
+    except ValueError:
+        raise ValueError(f"{ADMISSION_BUDGET_ENV}: milliseconds or 'inline', got {value!r}") from None
+
+
 def _default_compile_workers() -> int:
     # Several workers even on small machines: one slow grammar must not queue every other
     # request's compile behind it. Workers are forked from one process that already holds the
@@ -69,6 +88,14 @@ class GuidedConfig:
     applied waits at most `first_token_wait_s` (default 0), then its request finishes with reason
     ``error`` and its row allows only stop tokens; the rest of the batch goes on.
 
+    `admission_budget_s` (default 2 ms; env ``FD_GUIDED_ADMISSION_BUDGET_MS``, ``inline`` for None):
+    how long admission may spend on the caller's thread on the checks whose cost is not bounded
+    by construction (a JSON schema's bounds, meta-schema and references, the backend's check).
+    What has not finished then is decided in the compile worker, beside the compile; a refusal
+    there fails that request alone, naming the feature and path, and is remembered, so the next
+    identical request is refused at admission (`fd_guided.admission.deferred`). None: every
+    verdict at admission, however long it takes (tools that compare verdicts need that).
+
     `jump_forward` (off by default): the server-wide default of whether the manager's
     `jump_forward` emits the tokens a grammar forces without sampling them (a request may say
     otherwise, see `GuidedDecodingManager.add_request`).
@@ -100,6 +127,7 @@ class GuidedConfig:
     rejection_policy: Literal["error"] = "error"
     think_end_token: str | None = None
     jump_forward: bool = False
+    admission_budget_s: float | None = dataclasses.field(default_factory=_default_admission_budget)
 
     def __post_init__(self):
         if self.rejection_policy not in REJECTION_POLICIES:
@@ -125,6 +153,8 @@ class GuidedConfig:
             raise ValueError("compile_demote_after_s must be positive")
         if self.max_whitespace_cnt is not None and self.max_whitespace_cnt < 1:
             raise ValueError("max_whitespace_cnt must be >= 1 or None")
+        if self.admission_budget_s is not None and self.admission_budget_s < 0:
+            raise ValueError("admission_budget_s must be >= 0 or None")
         if self.unknown_formats not in ("refuse", "annotate"):
             raise ValueError(f"unknown_formats must be 'refuse' or 'annotate', got {self.unknown_formats!r}")
 

@@ -5,8 +5,14 @@ reason, where the snapshot or FastDeploy's dependencies are missing (e.g. the ma
 whose numpy 2 FastDeploy's paddleformers refuses). `.ci/run` runs them in their own venv.
 """
 import functools
+import os
 
 import pytest
+
+# Admission decides every verdict inline in tests (`GuidedConfig.admission_budget_s`): a time
+# budget would make verdicts depend on the machine's load. Tests of the bounded admission set
+# the budget themselves (tests/admission/test_bounded_admission.py).
+os.environ.setdefault("FD_GUIDED_ADMISSION_BUDGET_MS", "inline")
 
 
 def pytest_addoption(parser):

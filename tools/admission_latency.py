@@ -1,12 +1,16 @@
 """How long admission holds the caller's thread: cold (first sight) and warm (seen before), per request.
 
-    python tools/admission_latency.py SCHEMA_DIR [SCHEMA_DIR ...] [--backend auto] [--hostile] [--json out.json]
+    python tools/admission_latency.py SCHEMA_DIR [SCHEMA_DIR ...] [--backend auto] [--hostile]
+        [--budget-ms 2 | --budget-ms inline] [--json out.json]
 
 Every ``*.json`` under the directories is admitted as ``{"guided_json": text}`` through
 `parse_guided_request` with the backend's checker (what `manager.validate` and FastDeploy's engine
 checker run on their request thread), once cold (the admission caches cleared) and then again
 warm. ``--hostile`` adds the hostile-input sets of tests/admission/test_hostile_inputs.py and
 tests/schema/test_hostile_schemas.py. Prints p50/p90/p99/max per set, and the slowest cold ones.
+``--budget-ms`` sets `GuidedConfig.admission_budget_s` (default: the config's default; ``inline``:
+every verdict at admission, as before issue #22); a verdict left to the compile worker shows as
+``deferred`` (admitted here; the worker decides).
 Times are wall clock on whatever machine runs it: wrap it in ``flock /tmp/fd_bench.lock`` on a shared one.
 """
 
@@ -22,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "schema"), str(REPO / "tests" / "admission")]
 
 from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request  # noqa: E402
-from fd_guided.admission import cache  # noqa: E402
+from fd_guided.admission import cache, deferred  # noqa: E402
 
 
 def _percentiles(values: list[float]) -> dict:
@@ -40,10 +44,11 @@ def _percentiles(values: list[float]) -> dict:
 
 
 def _admit(fields, config) -> tuple[float, str]:
+    before = deferred.STATS["deferred"]
     started = time.perf_counter()
     try:
         parse_guided_request(fields, config)
-        verdict = "admitted"
+        verdict = "deferred" if deferred.STATS["deferred"] > before else "admitted"
     except InvalidGrammarError as error:
         verdict = f"refused: {str(error)[:80]}"
     return time.perf_counter() - started, verdict
@@ -59,13 +64,14 @@ def _fresh(fields: dict) -> dict:
 
 
 def measure(items: list[tuple[str, dict]], config) -> dict:
-    cold, warm, slowest = [], [], []
+    cold, warm, slowest, verdicts = [], [], [], {"admitted": 0, "deferred": 0, "refused": 0}
     for name, fields in items:
         cache.PARSED.clear()
         cache.CHECKED.clear()
         seconds, verdict = _admit(fields, config)
         cold.append(seconds)
         slowest.append((seconds, name, verdict))
+        verdicts[verdict.split(":")[0]] += 1
         # A new request brings new objects: text whose hash Python has not cached yet.
         warm.append(min(_admit(_fresh(fields), config)[0] for _ in range(3)))
     slowest.sort(reverse=True)
@@ -73,6 +79,7 @@ def measure(items: list[tuple[str, dict]], config) -> dict:
         "cold": _percentiles(cold),
         "warm": _percentiles(warm),
         "slowest_cold": [(round(s * 1e3, 1), n, v) for s, n, v in slowest[:8]],
+        "cold_verdicts": verdicts,
     }
 
 
@@ -100,9 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folders", nargs="*")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--hostile", action="store_true")
+    parser.add_argument("--budget-ms", help="admission budget in ms, or 'inline' (default: the config's)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     config = GuidedConfig(backend=args.backend)
+    if args.budget_ms is not None:
+        budget = None if args.budget_ms == "inline" else float(args.budget_ms) / 1e3
+        config = config.replace(admission_budget_s=budget)
     parse_guided_request({"guided_json": {"type": "object"}}, config)  # imports and first-use costs
     report = {}
     if args.folders:
@@ -112,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, result in report.items():
         print(f"{name}: cold {json.dumps({k: round(v, 2) for k, v in result['cold'].items()})}")
         print(f"{name}: warm {json.dumps({k: round(v, 3) for k, v in result['warm'].items()})}")
+        print(f"{name}: cold verdicts {json.dumps(result['cold_verdicts'])}")
         for row in result["slowest_cold"]:
             print("   ", row)
     if args.json:

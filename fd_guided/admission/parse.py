@@ -24,16 +24,19 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
-from ..limits import AdmissionLimits, check_choices, check_grammar, check_schema, check_size
+from ..limits import AdmissionLimits, check_choices, check_grammar, check_size
 from ..registry import get_backend_class
+from ..schema.deadline import Overrun, checkpoint, until
 from .cache import CHECKED, PARSED, canonical_key
-from .documents import as_dict, check_text, load_schema
-from .meta import check_json_schema
+from .deferred import Pending, check_schema_document, count
+from .documents import as_dict, check_text, schema_and_source
 from .spec import FIELD_OF_KIND, GrammarSpec, JsonFormat
 from .syntax import check_regex_syntax, check_syntax
 from .tags import parse_structural_tag
@@ -54,6 +57,10 @@ CACHED_FIELDS = (*KIND_FIELDS, "response_format", *OPTION_FIELDS)  # every field
 COMPACT_SEPARATORS = (",", ":")
 UNKNOWN_FORMAT_POLICIES = ("refuse", "annotate")
 
+# This thread's admission in progress: `deadline` (a perf_counter value, or None) while the fields
+# are parsed; `last` = (the spec returned, that deadline) for a `check_with_backend` right after.
+_request = threading.local()
+
 
 def parse_guided_request(
     fields: Mapping[str, Any],
@@ -68,16 +75,33 @@ def parse_guided_request(
     checker of ``config.backend`` (looked up in `fd_guided.registry`), so a constraint the
     backend would silently weaken is refused here, at admission, not discovered while decoding.
 
+    Bounded: with ``config.admission_budget_s`` (the default) the checks whose cost is not bounded
+    by construction (a JSON schema's bounds, meta-schema and references; the backend's check)
+    stop once the budget is spent, and what is left is decided in the compile worker before the
+    compile (`fd_guided.admission.deferred`): the spec then carries ``pending``, and a refusal
+    found there fails that request alone and is remembered here, so the next identical request is
+    refused at admission. ``admission_budget_s=None`` decides everything here.
+
     Raises:
         InvalidGrammarError: naming the offending field or schema location.
     """
     config = config or GuidedConfig()
     if not isinstance(fields, Mapping):
         raise InvalidGrammarError(f"request fields must be a mapping, got {type(fields).__name__}")
+    budget = config.admission_budget_s
+    deadline_at = None if budget is None else time.perf_counter() + budget
     fit_budget_requested(fields)  # a bad value is this request's 400 too
     found = canonical_key(fields, CACHED_FIELDS)
     key, size = (None, 0) if found is None else ((found[0], config), found[1])
-    spec = PARSED.verdict(key, size, lambda: _parse(fields, config))
+    _request.deadline = deadline_at
+    _request.written = dict(found[0]) if found is not None else {}  # the key's JSON text, reused as a source
+    try:
+        spec = PARSED.verdict(key, size, lambda: _parse(fields, config))
+    finally:
+        _request.deadline, _request.written = None, {}
+    if spec is not None and spec.pending is not None:
+        spec.pending.raise_if_refused()  # decided since, in a compile worker or by a compile here
+    _request.last = (spec, deadline_at)
     if spec is not None and check_backend:
         check_with_backend(get_backend_class(config.backend), spec)
     return spec
@@ -117,8 +141,22 @@ def check_with_backend(backend_class, spec: GrammarSpec) -> None:
     A checker bug triggered by odd input must not escape as a TypeError and take down the caller's
     whole batch: it becomes an InvalidGrammarError (the traceback is logged for the developers).
     The verdict is remembered per (backend, spec) (`cache.CHECKED`): a spec seen before costs a lookup.
+
+    Called right after `parse_guided_request` on the same thread with the spec it returned (as
+    `GuidedDecodingManager.validate` does), the check runs within what is left of that request's
+    admission budget; past it, or for a spec whose schema checks are pending, the verdict is left
+    to the compile worker, which runs the engine's check before it compiles (`compile.worker`).
     """
-    CHECKED.verdict((backend_class, spec), len(spec.source), lambda: _check(backend_class, spec))
+    last = getattr(_request, "last", None)
+    _request.last = None
+    deadline_at = last[1] if last is not None and last[0] is spec else None
+    if spec.pending is not None and not spec.pending.schema_checked:
+        return  # the worker runs the schema checks first, then the engine's
+    try:
+        with until(deadline_at):
+            CHECKED.verdict((backend_class, spec), len(spec.source), lambda: _check(backend_class, spec))
+    except Overrun:
+        count("deferred")
 
 
 def check_if_known(backend_class, spec: GrammarSpec) -> bool:
@@ -135,7 +173,7 @@ def check_if_known(backend_class, spec: GrammarSpec) -> bool:
 def _check(backend_class, spec: GrammarSpec) -> None:
     try:
         backend_class.check(spec)
-    except InvalidGrammarError:
+    except (InvalidGrammarError, Overrun):
         raise
     except Exception as error:  # noqa: BLE001 - any checker failure is this request's failure
         logger.exception("the %s checker failed on %s", getattr(backend_class, "name", backend_class), spec.describe())
@@ -233,6 +271,8 @@ def _parse_choice(value: Any, json_format: JsonFormat, limits: AdmissionLimits) 
         raise InvalidGrammarError("must be a list of strings", part="guided_choice")
     if not value:
         raise InvalidGrammarError("must offer at least one choice", part="guided_choice")
+    if len(value) > limits.max_choices:
+        check_choices(list(value), limits, "guided_choice")  # refused by count before any choice is read
     for index, choice in enumerate(value):
         if not isinstance(choice, str):
             raise InvalidGrammarError(f"must be a string, got {type(choice).__name__}", part=f"guided_choice[{index}]")
@@ -290,12 +330,18 @@ def _parse_json_schema(value: Any, json_format: JsonFormat, limits: AdmissionLim
             part=part,
             feature=f"schema larger than {limit:,} bytes",
         )
-    schema = load_schema(value, part)
-    source = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+    written = getattr(_request, "written", {}).get(f"{part}:json") if isinstance(value, dict) else None
+    schema, source = schema_and_source(value, part, written)
     check_size(source, limits.max_constraint_bytes, part, "schema")
-    check_schema(schema, limits, part)
-    check_json_schema(schema, part)
-    return GrammarSpec("json_schema", source, json_format)
+    pending = None
+    try:
+        with until(getattr(_request, "deadline", None)):
+            checkpoint()
+            check_schema_document(schema, limits, part, source_bytes=len(source))
+    except Overrun:  # the budget is spent: the compile worker decides (`deferred`)
+        count("deferred")
+        pending = Pending(part, limits)
+    return GrammarSpec("json_schema", source, json_format, pending)
 
 
 def _json_format(fields: Mapping[str, Any], config: GuidedConfig) -> JsonFormat:

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import InvalidGrammarError
+from .deferred import Pending, finish_schema_checks
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "ebnf", "lark", "structural_tag")
 JSON_KINDS = ("json_schema", "json_object", "structural_tag")
@@ -46,11 +47,16 @@ class GrammarSpec:
     `source` is canonical text: compact JSON for ``json_schema``/``structural_tag``, a JSON list
     for ``choice``, the pattern for ``regex`` and the grammar text for ``ebnf``/``lark``.
     `json_format` is set for the JSON kinds and None otherwise.
+
+    `pending` (not part of equality, hash or repr) is set when admission's schema checks did not
+    finish within its budget (`fd_guided.admission.deferred`): ``schema`` runs them first, so a
+    pending spec is never compiled unchecked, whichever path compiles it.
     """
 
     kind: str
     source: str
     json_format: JsonFormat | None = None
+    pending: Pending | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -58,9 +64,11 @@ class GrammarSpec:
 
     @property
     def schema(self) -> dict:
-        """The JSON schema of a ``json_schema`` spec."""
+        """The JSON schema of a ``json_schema`` spec; for a pending one, once its deferred schema
+        checks passed (they run here if they have not: InvalidGrammarError if they refuse)."""
         if self.kind != "json_schema":
             raise AttributeError(f"a {self.kind} spec has no JSON schema")
+        finish_schema_checks(self)
         return json.loads(self.source)
 
     @property

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from ..admission.deferred import learned
 from ..backends import composite
 from ..errors import (
     CompileBudgetError,
@@ -247,6 +248,9 @@ class CompileJobs:
             self.metrics.set_gauge("cache_bytes", self.cache.size_bytes)
             self._maybe_trim(compiled.memory_bytes)
         elif isinstance(error, InvalidGrammarError):
+            error, deferred = learned(spec, error)  # a deferred admission refusal: remembered for admission
+            if deferred:
+                self.metrics.inc("deferred_admission_refusals_total")
             self.metrics.inc("compile_errors_total")
             self.errors.put(key, error, transient=isinstance(error, CompileBudgetError))
             if isinstance(error, GrammarCompileTimeout):

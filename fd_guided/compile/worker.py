@@ -12,6 +12,9 @@ Protocol (pickles over a socket pair; see `CompileProcessPool`):
   zygote -> pool:  ("ready", pid) or ("failed", traceback); ("forked", pid) per fork
   pool -> worker:  (job_id, engine, spec)
   worker -> pool:  (job_id, "ok", data, seconds) or (job_id, "error", class_name, message, part, feature)
+
+Before compiling, a worker runs the admission checks a bounded admission left to it
+(`_admission_checks`); the message of a refusal there starts with `admission.deferred.DEFERRED_TAG`.
 """
 
 from __future__ import annotations
@@ -139,6 +142,9 @@ def _compile(backend, engine: str, spec) -> tuple:
     started = time.perf_counter()
     try:
         engine_backend = composite.engine(backend, engine)
+        refused = _admission_checks(engine_backend, spec)
+        if refused is not None:
+            return refused
         compiled = engine_backend.compile_checked(spec)
         data = engine_backend.serialize(compiled)
         if data is None:
@@ -154,6 +160,24 @@ def _compile(backend, engine: str, spec) -> tuple:
             None,
             None,
         )
+
+
+def _admission_checks(engine_backend, spec) -> tuple | None:
+    """What admission may have left to this worker (`fd_guided.admission.deferred`), before the
+    compile: a pending spec's schema checks (bounds, meta-schema, references), whose refusal goes
+    back tagged so the serving process remembers it for admission; then the engine's own check
+    (`GuidedBackend.check`: what it cannot enforce faithfully), always: admission's budget may
+    have run out before it, and it costs little here (the normaliser's result is cached for the
+    compile that follows). An engine's refusal is that engine's compile error."""
+    from ..admission.deferred import DEFERRED_TAG, finish_schema_checks
+    from ..errors import InvalidGrammarError
+
+    try:
+        finish_schema_checks(spec)
+    except InvalidGrammarError as error:
+        return ("error", type(error).__name__, DEFERRED_TAG + _message(error), error.part, error.feature)
+    type(engine_backend).check(spec)
+    return None
 
 
 def _message(error) -> str:

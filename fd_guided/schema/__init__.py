@@ -33,6 +33,7 @@ import json
 from typing import Any
 
 from ..errors import InvalidGrammarError, UnsatisfiableGrammarError
+from .deadline import Overrun
 from .emit import Emitter
 from .normalise import Normaliser
 from .refusal import Refusal, Unsatisfiable
@@ -100,8 +101,17 @@ def _cached(
     try:
         normaliser = _normaliser(text, strict, unknown, unique_guard)
         with normaliser.lock:  # its memo and recursion guards are not for two threads at once
+            if normaliser.interrupted:  # a deadline stopped it half-way: its memo and work count are not whole
+                normaliser = Normaliser(
+                    json.loads(text), strict=strict, unknown_formats=unknown, unique_guard=unique_guard
+                )
             emitter = Emitter(normaliser, engine)
-            document = emitter.document()
+            try:
+                document = emitter.document()
+            except Overrun:  # admission's deadline (`deadline`): no verdict; the worker decides
+                normaliser.interrupted = True
+                _normaliser.cache_clear()
+                raise
     except Refusal as refusal:
         raise InvalidGrammarError(
             f"{engine} cannot enforce {refusal.feature}", part=f"{part} {refusal.location}", feature=refusal.feature

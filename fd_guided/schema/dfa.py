@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
+from .deadline import checkpoint
 from .refusal import Refusal
 from .regex_parse import nodes
 
@@ -27,6 +28,7 @@ class Work:
         self.left = limit
 
     def spend(self, steps: int) -> None:
+        checkpoint()  # admission's deadline (`fd_guided.schema.deadline`)
         self.left -= steps
         if self.left < 0:
             raise Refusal("an automaton too costly to build (past its step budget)")

@@ -21,6 +21,7 @@ from typing import Any
 
 from . import rules
 from .complement import complement
+from .deadline import checkpoint
 from .drafts import Document, base_uri
 from .instance import accepts
 from .intersection import Context, check_array, deeply_exact, intersect, with_required_declared
@@ -55,6 +56,7 @@ class Normaliser(Context):
         self.complement_depth = 0  # see complement.MAX_COMPLEMENT_DEPTH
         self.complementing: set[tuple] = set()  # ref targets whose complement is being written
         self.lock = threading.Lock()
+        self.interrupted = False  # set when admission's deadline stopped it: never reused then
         self._checker = self.doc.validator_class.FORMAT_CHECKER
         text = repr(schema) if self.doc.draft >= 2019 else ""
         self._reads_annotations = "unevaluatedProperties" in text or "unevaluatedItems" in text
@@ -62,6 +64,7 @@ class Normaliser(Context):
     # ----- Context ------------------------------------------------------------------------------
 
     def spend(self, amount: int = 1) -> None:
+        checkpoint()  # admission's deadline (`fd_guided.schema.deadline`); never raises in workers
         self._work += amount
         if self._work > MAX_WORK:
             raise Refusal("a schema whose combinations are too expensive to normalise")

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from .deadline import checkpoint
+
 # Keywords whose values are data, not subschemas: never entered.
 DATA_KEYWORDS = ("const", "enum", "default", "examples")
 # Keywords whose values map names to subschemas (the map itself is not a schema).
@@ -36,9 +38,12 @@ SCHEMA_KEYWORDS = (
 
 
 def subschemas(node: Any, path: str = "$") -> Iterator[tuple[Any, str]]:
-    """The direct subschemas (dicts) of `node` with their paths (``$.properties.a``, ``$.anyOf[0]``)."""
+    """The direct subschemas (dicts) of `node` with their paths (``$.properties.a``, ``$.anyOf[0]``).
+
+    Every walk over a schema asks this once per node: the admission deadline is checked here."""
     if not isinstance(node, dict):
         return
+    checkpoint()
     for keyword in SCHEMA_MAP_KEYWORDS:
         children = node.get(keyword)
         if isinstance(children, dict):

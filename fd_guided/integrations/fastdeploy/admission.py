@@ -52,10 +52,11 @@ KEY_FIELDS = (
 )
 
 
-# Set to 1: the engine's checker runs only the bounded checks (syntax, meta-schema, references, limits)
-# and the backend checks it remembers; the schema normaliser (milliseconds to seconds on large
-# schemas, on the engine's one request-insertion thread) then runs only in the compile worker, which
-# refuses what it cannot enforce there (the request fails alone, naming the feature and path).
+# Admission is bounded by default (`GuidedConfig.admission_budget_s`, 2 ms; env
+# FD_GUIDED_ADMISSION_BUDGET_MS, "inline" for every verdict here): what does not finish in the
+# budget is decided in the compile worker, beside the compile (`fd_guided.admission.deferred`).
+# DEFER_ENV=1 goes further: the backend's check (the schema normaliser) never runs on the engine's
+# request-insertion thread, even when it would fit the budget; only the verdicts it remembers.
 DEFER_ENV = "FD_GUIDED_DEFER_SCHEMA_CHECKS"
 
 
@@ -155,7 +156,7 @@ def request_field_for(spec: GrammarSpec) -> tuple[str, str]:
     from ...backends.xgrammar import choice_ebnf
 
     if spec.kind == "json_schema":
-        return "guided_json", _with_options(spec.schema, spec)
+        return "guided_json", _schema_with_options(spec)
     if spec.kind == "json_object":
         return "guided_json", _with_options({"type": "object"}, spec, kind="json_object")
     if spec.kind == "structural_tag":
@@ -165,6 +166,17 @@ def request_field_for(spec: GrammarSpec) -> tuple[str, str]:
     if spec.kind == "choice":
         return "guided_grammar", choice_ebnf(spec.choices)
     return "guided_grammar", spec.source
+
+
+def _schema_with_options(spec: GrammarSpec) -> str:
+    """`_with_options` for a JSON schema, written from the spec's compact source: not through
+    ``spec.schema``, which would run checks admission left to the worker (`admission.deferred`)
+    here, on the engine's thread; and without reading and writing the whole schema again."""
+    source = spec.source
+    if not (source.startswith("{") and source.endswith("}")) or f'"{OPTIONS_KEY}"' in source:
+        return _with_options(json.loads(source), spec)
+    options = _with_options({}, spec)[1:-1]  # '"x-fd-guided":{...}'
+    return source[:-1] + ("," if source != "{}" else "") + options + "}"
 
 
 def _with_options(document: dict, spec: GrammarSpec, kind: str | None = None) -> str:

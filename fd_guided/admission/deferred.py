@@ -1,0 +1,127 @@
+"""Admission's schema checks when they did not finish within the admission budget: left to the
+compile worker, decided there, and remembered for the next identical request.
+
+`parse_guided_request` runs the checks whose cost it cannot bound by construction (bounds,
+meta-schema, references: `check_schema_document`) under `GuidedConfig.admission_budget_s`
+(`fd_guided.schema.deadline`). When they overrun, the `GrammarSpec` it returns carries a `Pending`
+(``spec.pending``; not part of the spec's equality or hash). A pending spec can never be compiled
+unchecked: reading ``spec.schema`` (what every engine's check and compile does first) runs the
+checks, unbounded, once per spec object (`finish_schema_checks`); the compile worker runs them
+explicitly before it compiles (`fd_guided.compile.worker`) and tags a refusal with `DEFERRED_TAG`,
+which the serving process strips and remembers on its own spec object (`learned`). Admission
+caches specs by request text (`cache.PARSED`), so the next identical request finds the refusal on
+the spec it gets back and is refused at admission (`Pending.raise_if_refused`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidGrammarError
+from ..limits import AdmissionLimits, check_schema
+from ..schema.deadline import afford, unbounded
+from .cache import _Refused
+from .meta import check_json_schema
+
+if TYPE_CHECKING:
+    from .spec import GrammarSpec
+
+# Prefix of a worker's message for a refusal of admission's deferred checks (stripped in `learned`).
+DEFERRED_TAG = "[deferred admission check] "
+
+# What `limits.check_schema`'s walks cost per byte of compact schema text (measured: 8-21 ms for
+# 0.3-0.9 MB SchemaStore schemas on a 2-core x86 host; rounded up). It cannot stop itself, so it
+# starts under a deadline only when it is expected to end in time.
+BOUNDS_SECONDS_PER_BYTE = 1e-7
+
+STATS = {"deferred": 0, "refused_later": 0}  # process-wide counts (admission has no metrics sink)
+_stats_lock = threading.Lock()
+
+
+def count(name: str) -> None:
+    with _stats_lock:
+        STATS[name] += 1
+
+
+class Pending:
+    """What admission left undone for one spec: its schema checks (`schema_checked` False until
+    they pass), with the request field they name (`part`) and the limits they apply. The verdict
+    is remembered here; a copy sent to a compile worker carries `schema_checked` only."""
+
+    def __init__(self, part: str, limits: AdmissionLimits, schema_checked: bool = False):
+        self.part, self.limits, self.schema_checked = part, limits, schema_checked
+        self._refused: _Refused | None = None
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"part": self.part, "limits": self.limits, "schema_checked": self.schema_checked}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["part"], state["limits"], state["schema_checked"])  # type: ignore[misc]
+
+    @property
+    def refused(self) -> bool:
+        return self._refused is not None
+
+    def raise_if_refused(self) -> None:
+        """Raise the refusal remembered for this spec (found by a worker or a later check), if any."""
+        refused = self._refused
+        if refused is not None:
+            refused.raise_again()
+
+    def remember(self, error: InvalidGrammarError) -> None:
+        with self._lock:
+            if self._refused is None:
+                self._refused = _Refused(error)
+                count("refused_later")
+
+
+def check_schema_document(schema: dict, limits: AdmissionLimits, part: str, *, source_bytes: int = 0) -> None:
+    """The schema checks every backend relies on: bounds (reference depth, the regexes), the
+    draft's meta-schema and every reference resolving inside the document. Under a deadline the
+    bounds walk starts only if `source_bytes` of schema are expected to fit (`afford`); the others
+    stop themselves (`fd_guided.schema.deadline.checkpoint`)."""
+    afford(source_bytes * BOUNDS_SECONDS_PER_BYTE)
+    check_schema(schema, limits, part)
+    check_json_schema(schema, part, source_bytes)
+
+
+def finish_schema_checks(spec: GrammarSpec) -> None:
+    """Run `spec`'s deferred schema checks (no deadline) if they have not run on this object;
+    raise their refusal (now and for every later caller). No-op for a spec without `pending`."""
+    pending = spec.pending
+    if pending is None or pending.schema_checked:
+        return
+    with pending._lock:
+        pending.raise_if_refused()
+        if pending.schema_checked:
+            return
+        try:
+            with unbounded():
+                check_schema_document(json.loads(spec.source), pending.limits, pending.part)
+        except InvalidGrammarError as error:
+            pending.remember(error)
+            raise
+        pending.schema_checked = True
+
+
+def learned(spec: GrammarSpec, error: InvalidGrammarError) -> tuple[InvalidGrammarError, bool]:
+    """(the error as the client should read it, whether it is a refusal of admission's deferred
+    checks). Such a refusal, tagged by the compile worker, loses its tag and is remembered on
+    `spec` (the serving process's own object: admission's cache holds it), so the next identical
+    request is refused at admission."""
+    text = str(error)
+    prefix = f"{error.part}: " if error.part else ""
+    message = text[len(prefix) :] if prefix and text.startswith(prefix) else text
+    if not message.startswith(DEFERRED_TAG):
+        return error, False
+    message = message[len(DEFERRED_TAG) :]
+    try:
+        cleaned = type(error)(message, part=error.part, feature=error.feature)
+    except TypeError:  # a subclass with another signature
+        cleaned = InvalidGrammarError(message, part=error.part, feature=error.feature)
+    if spec.pending is not None:
+        spec.pending.remember(cleaned)
+    return cleaned, True

@@ -1,0 +1,224 @@
+"""Admission bounded on the caller's thread (issue #22): the deadline, the checks it leaves to the
+compile worker, and their verdicts reaching the client and admission's cache.
+
+Deterministic: a budget of 0 leaves every check that is not bounded by construction to later, and
+the verdicts reached then are compared with those of admission deciding everything inline. The
+time bound itself is measured by tools/admission_latency.py, not asserted here.
+"""
+
+import dataclasses
+import pickle
+
+import pytest
+from corpus import SCHEMAS
+from guided_helpers import VOCAB, add_ready, in_process_backend
+from isolated import run_isolated
+
+from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
+from fd_guided.admission import cache, deferred
+from fd_guided.compile import worker
+from fd_guided.errors import error_class
+from fd_guided.manager import GuidedDecodingManager
+from fd_guided.registry import create_backend, get_backend_class
+from fd_guided.schema import deadline
+from fd_guided.spec import check_with_backend
+from fd_guided.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.cpu
+
+NO_BUDGET = GuidedConfig(admission_budget_s=0.0)
+INLINE = GuidedConfig(admission_budget_s=None)
+BAD_TYPE = {"guided_json": {"type": "object", "properties": {"name": {"type": "strin"}}}}
+DANGLING = {"guided_json": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}
+GOOD = {"guided_json": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}}}
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches():
+    cache.PARSED.clear()
+    cache.CHECKED.clear()
+    yield
+    cache.PARSED.clear()
+    cache.CHECKED.clear()
+
+
+def test_the_deadline_stops_only_past_its_time_and_only_where_it_is_set():
+    deadline.checkpoint()  # no deadline: never raises
+    with deadline.within(0.0):
+        with pytest.raises(deadline.Overrun):
+            deadline.checkpoint()
+        with deadline.unbounded():
+            deadline.checkpoint()
+    with deadline.within(60.0):
+        deadline.checkpoint()
+        deadline.afford(1.0)
+        with pytest.raises(deadline.Overrun):
+            deadline.afford(120.0)  # a step that cannot stop itself and would not end in time
+        with deadline.within(0.0), pytest.raises(deadline.Overrun):
+            deadline.checkpoint()  # nested: the earlier deadline wins
+        deadline.checkpoint()  # the outer one again
+    with deadline.within(None):
+        deadline.checkpoint()
+    deadline.checkpoint()
+
+
+def test_with_no_budget_the_schema_checks_are_pending_and_run_before_the_schema_is_read():
+    spec = parse_guided_request(BAD_TYPE, NO_BUDGET)
+    assert spec is not None and spec.pending is not None and not spec.pending.schema_checked
+    unmarked = dataclasses.replace(spec, pending=None)
+    assert spec == unmarked and hash(spec) == hash(unmarked)  # one spec, one compiled grammar, pending or not
+    with pytest.raises(InvalidGrammarError) as refused:
+        _ = spec.schema
+    assert refused.value.part == "guided_json.properties.name.type"
+    assert "not a valid JSON schema" in str(refused.value)
+    # Remembered on the spec admission caches: the next identical request is refused at admission.
+    with pytest.raises(InvalidGrammarError, match="not a valid JSON schema") as again:
+        parse_guided_request(BAD_TYPE, NO_BUDGET)
+    assert again.value.part == "guided_json.properties.name.type"
+
+
+def test_inline_admission_decides_everything_at_once():
+    with pytest.raises(InvalidGrammarError, match="not a valid JSON schema"):
+        parse_guided_request(BAD_TYPE, INLINE)
+    spec = parse_guided_request(GOOD, INLINE)
+    assert spec is not None and spec.pending is None
+
+
+def test_a_pending_spec_is_never_compiled_unchecked():
+    spec = parse_guided_request(DANGLING, NO_BUDGET)
+    assert spec is not None and spec.pending is not None
+    with pytest.raises(InvalidGrammarError, match="does not resolve inside the schema") as refused:
+        in_process_backend("llguidance").compile_checked(spec)
+    assert refused.value.part == "guided_json.properties.a.$ref"
+
+
+def test_the_worker_refuses_a_pending_spec_and_the_serving_process_remembers_it():
+    spec = parse_guided_request(DANGLING, NO_BUDGET)
+    sent = pickle.loads(pickle.dumps(spec))  # what a compile worker receives
+    assert sent.pending is not None and not sent.pending.schema_checked
+    status, class_name, message, part, feature = worker._compile(in_process_backend("llguidance"), "llguidance", sent)
+    assert status == "error" and message.startswith(deferred.DEFERRED_TAG)
+    received = error_class(class_name)(message, part=part, feature=feature)  # as the pool rebuilds it
+    error, was_deferred = deferred.learned(spec, received)
+    assert was_deferred
+    assert deferred.DEFERRED_TAG not in str(error)
+    assert str(error).startswith("guided_json.properties.a.$ref: reference '#/$defs/missing' does not resolve")
+    with pytest.raises(InvalidGrammarError, match="does not resolve") as again:
+        parse_guided_request(DANGLING, NO_BUDGET)
+    assert again.value.part == "guided_json.properties.a.$ref"
+
+
+def test_the_worker_compiles_a_pending_spec_whose_checks_pass():
+    spec = parse_guided_request(GOOD, NO_BUDGET)
+    sent = pickle.loads(pickle.dumps(spec))
+    outcome = worker._compile(in_process_backend("llguidance"), "llguidance", sent)
+    assert outcome[0] == "ok" and isinstance(outcome[1], bytes)
+    error, was_deferred = deferred.learned(spec, InvalidGrammarError("rejected by llguidance: x", part="guided_json"))
+    assert not was_deferred and str(error) == "guided_json: rejected by llguidance: x"  # other errors pass as they are
+
+
+def test_the_engine_check_runs_in_the_worker_when_admission_left_it():
+    # Meta-valid, so the schema checks pass; xgrammar's own check refuses `contains` on long arrays.
+    fields = {"guided_json": {"type": "array", "contains": {"type": "integer"}, "minContains": 2}}
+    with pytest.raises(InvalidGrammarError) as inline:
+        parse_guided_request(fields, INLINE.replace(backend="xgrammar"))
+    cache.PARSED.clear()
+    cache.CHECKED.clear()
+    spec = parse_guided_request(fields, NO_BUDGET.replace(backend="xgrammar"))  # check left to the worker
+    assert spec is not None
+    sent = pickle.loads(pickle.dumps(spec))
+    status, _, message, part, feature = worker._compile(in_process_backend("xgrammar"), "xgrammar", sent)
+    assert status == "error" and not message.startswith(deferred.DEFERRED_TAG)  # an engine's refusal, not admission's
+    assert (part, feature) == (inline.value.part, inline.value.feature) and feature
+
+
+def _eventual_verdict(fields: dict, config: GuidedConfig) -> tuple[str, str]:
+    """What a client finally learns: admission's verdict, then the checks left to the worker."""
+    try:
+        spec = parse_guided_request(fields, config)
+        if spec is not None:
+            deferred.finish_schema_checks(spec)
+            check_with_backend(get_backend_class(config.backend), spec)  # no deadline now
+    except InvalidGrammarError as error:
+        return type(error).__name__, str(error)
+    return "admitted", ""
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_deferred_verdicts_are_those_of_inline_admission_on_the_corpus(name):
+    fields = {"guided_json": SCHEMAS[name]}
+    inline = _eventual_verdict(fields, INLINE)
+    cache.PARSED.clear()
+    cache.CHECKED.clear()
+    assert _eventual_verdict(fields, NO_BUDGET) == inline
+
+
+def test_every_hostile_input_is_refused_at_admission_or_by_the_checks_left_to_the_worker():
+    """The hostile sets with no budget: each refusal is the one inline admission gives (one child
+    interpreter: admission runs native code too)."""
+    verdicts = run_isolated("""
+        import json, sys
+        sys.path[:0] = ["tests", "tests/admission", "tests/schema", "tests/admission"]
+        from test_hostile_inputs import HOSTILE
+        from test_hostile_schemas import HOSTILE as SCHEMAS
+        from test_bounded_admission import INLINE, NO_BUDGET, _eventual_verdict
+        from fd_guided.admission import cache
+        cases = {name: fields for name, (fields, _) in HOSTILE.items() if isinstance(fields, dict)}
+        cases.update({name: {"guided_json": schema, "guided_strict": False} for name, schema in SCHEMAS.items()})
+        out = {}
+        for name, fields in cases.items():
+            row = []
+            for config in (INLINE, NO_BUDGET):
+                cache.PARSED.clear()
+                cache.CHECKED.clear()
+                row.append(list(_eventual_verdict(fields, config)))
+            out[name] = row
+        print(json.dumps(out))
+    """)
+    assert len(verdicts) >= 20
+    for name, (inline, bounded) in verdicts.items():
+        assert bounded == inline, (name, inline, bounded)
+
+
+def test_a_deferred_refusal_reaches_the_host_through_the_manager_and_is_then_refused_at_admission():
+    config = GuidedConfig(admission_budget_s=0.0)
+    manager = GuidedDecodingManager(
+        create_backend("auto", load_tokenizer("deepseek"), vocab_size=VOCAB, config=config), max_num_seqs=4
+    )
+    try:
+        bad = manager.validate(BAD_TYPE)  # not decided yet: admission had no time for it
+        good = manager.validate(GOOD)
+        assert bad is not None and bad.pending is not None and good is not None
+        add_ready(manager, 0, bad, prefill_done=True)
+        add_ready(manager, 1, good, prefill_done=True)
+        manager.begin_step([0, 1])
+        import paddle
+
+        logits = paddle.zeros([2, VOCAB], dtype="float32")
+        manager.apply(logits)
+        finishes = manager.accept([1, 1])
+        failed = [f for f in finishes if f.slot == 0]
+        assert [f.reason for f in failed] == ["error"]
+        assert "guided_json.properties.name.type" in failed[0].error
+        assert "not a valid JSON schema" in failed[0].error
+        assert 0 < int(paddle.isfinite(logits[1]).sum()) < VOCAB  # the other request stayed constrained
+        with pytest.raises(InvalidGrammarError, match="not a valid JSON schema") as again:
+            manager.validate(BAD_TYPE)
+        assert again.value.part == "guided_json.properties.name.type"
+    finally:
+        manager.close()
+
+
+def test_fastdeploys_checker_leaves_heavy_checks_to_the_runner_and_never_reads_the_schema_itself():
+    from fd_guided.integrations.fastdeploy.admission import SchemaChecker, schemata_key_of, spec_from_schemata_key
+
+    request = {"guided_json": BAD_TYPE["guided_json"]}
+    _, message = SchemaChecker(NO_BUDGET, defer_backend_check=False).schema_format(request)
+    assert message is None  # not decided on the engine's thread
+    key = schemata_key_of(request)
+    cache.PARSED.clear()  # the runner is another process
+    spec = spec_from_schemata_key(key, NO_BUDGET)
+    assert spec.pending is not None
+    with pytest.raises(InvalidGrammarError, match="not a valid JSON schema") as refused:
+        in_process_backend("llguidance").compile_checked(spec)
+    assert refused.value.part == "guided_json.properties.name.type"
