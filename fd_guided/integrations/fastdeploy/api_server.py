@@ -23,9 +23,9 @@ The API server loads ``FD_PLUGINS`` plugins too: ``load_engine`` and each worker
   no ``ParameterError`` with those names; only this check does), its ``type`` made OpenAI's
   ``invalid_request_error`` (``serving_completion`` writes ``invalid_request``).
 
-What is left to an upstream change (docs/fastdeploy-upstream.md): a refusal that only the engine or
-a worker makes (another API server without the plugin, a compile that fails in the worker) still
-reaches the client as 500, or inside a 200 stream.
+A refusal only the engine or a worker makes (a compile that fails in the worker, deferred schema
+checks) comes back as a result; `engine_results.py` answers those 400 too, for non-streaming
+requests. What is left to an upstream change is in docs/fastdeploy-upstream.md.
 
 With ``python -m fastdeploy.entrypoints.openai.api_server`` the routes' module is ``__main__``:
 `api_server_module` finds it by its spec's name.
@@ -58,6 +58,7 @@ ENGINE_FIELDS = (
 )
 # ``to_dict_for_infer`` copies these response_format types into guided_json / guided_json_object / structural_tag.
 RESPONSE_FORMAT_TYPES = ("json_schema", "json_object", "structural_tag")
+DERIVED_FIELDS = frozenset(("guided_json", "guided_json_object", "structural_tag"))
 GUIDED_PARAMS = frozenset((*ENGINE_FIELDS, "response_format"))
 CLIENT_ERROR_TYPES = ("invalid_request_error", "invalid_request")  # chat's and completion's spelling
 CHECKER_ATTRIBUTE = "_fd_guided_checker"
@@ -131,16 +132,20 @@ def guided_refusal(checker: SchemaChecker | None, task: Mapping[str, Any]) -> tu
     _, message = checker.schema_format(view)
     if message is None:
         return None
-    return _param_of(task, view), str(message)
+    return client_field(task) or next(iter(view)), str(message)
 
 
-def _param_of(task: Mapping[str, Any], view: Mapping[str, Any]) -> str:
-    """The field the client wrote: ``response_format`` when FastDeploy derived the guided field from it."""
-    response_format = task.get("response_format")
-    kind = read(response_format, "type")
-    if kind in RESPONSE_FORMAT_TYPES and set(view) <= {"guided_json", "guided_json_object", "structural_tag"}:
+def client_field(request: Any) -> str | None:
+    """The guided field the client wrote in `request` (FastDeploy's pydantic request or its dict).
+
+    ``response_format`` when FastDeploy derived the guided field from it (``to_dict_for_infer``
+    copies a json_schema into ``guided_json``), else the first guided field set; None if none is.
+    """
+    present = [name for name in ENGINE_FIELDS if read(request, name) is not None]
+    kind = read(read(request, "response_format"), "type")
+    if kind in RESPONSE_FORMAT_TYPES and set(present) <= DERIVED_FIELDS:
         return "response_format"
-    return next(iter(view))
+    return present[0] if present else None
 
 
 # ----- the status the routes answer with -----------------------------------------------------------

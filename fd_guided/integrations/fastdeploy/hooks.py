@@ -33,6 +33,9 @@ FastDeploy name                             change
                                             before it is tokenised or sent (``ParameterError``)
 ``api_server.JSONResponse``                 API server: that refusal is answered 400, not 500
                                             (`api_server.py`; ``__main__`` when run with ``-m``)
+``<Serving>.*_full_generator``,             API server: an engine's or worker's refusal result of a
+``DealerConnectionManager.get_connection``  non-streaming guided request becomes that 400 too
+                                            (`engine_results.py`)
 ==========================================  ===============================================================
 """
 
@@ -55,6 +58,14 @@ from .api_server import (
 )
 from .backend import ProcessorFuture, get_guided_backend
 from .config import as_bool, backend_name_for, read, serves
+from .engine_results import (
+    CONNECTIONS_MODULE,
+    SERVING_CHAT_MODULE,
+    SERVING_COMPLETION_MODULE,
+    install_connections,
+    install_serving_chat,
+    install_serving_completion,
+)
 from .mtp import install as install_mtp
 from .post_import import PostImportHook
 from .registration import install_patcher
@@ -122,6 +133,9 @@ def _patches() -> dict[str, Callable[[Any], None]]:
         "fastdeploy.output.token_processor": _patch_token_processor,
         ENGINE_CLIENT_MODULE: functools.partial(install_engine_client, mark=MARK),
         API_SERVER_MODULE: functools.partial(install_api_server, mark=MARK),
+        CONNECTIONS_MODULE: functools.partial(install_connections, mark=MARK),
+        SERVING_CHAT_MODULE: functools.partial(install_serving_chat, mark=MARK),
+        SERVING_COMPLETION_MODULE: functools.partial(install_serving_completion, mark=MARK),
     }
     patches.update({name: _patch_runner_module for name in RUNNER_MODULES})
     return patches

@@ -8,9 +8,9 @@ request goes through its routes over HTTP (httpx's ASGI transport).
 
 The engine's side is ours, built from FastDeploy's parts: the IPC signals the engine creates,
 its request socket (``ZmqIpcServer`` PULL: what reaches it is recorded) and its response router
-(``ZmqIpcServer`` ROUTER with its ``recv_result_handle`` thread), through which the engine's own
-``EngineService._send_error_response`` answers a request that reached it with an error result
-(``ENGINE_ANSWER``), as the engine does for a checker refusal.
+(``ZmqIpcServer`` ROUTER with its ``recv_result_handle`` thread), through which each request that
+reached it is answered with an error result (``ENGINE_ANSWERS``): by the engine's own
+``EngineService._send_error_response``, or as a ``RequestOutput`` that finishes with a token.
 
 stdin: a JSON list of ``{"path", "body"}``; stdout, last line: a JSON list of
 ``{"status", "body", "reached_engine"}`` (``reached_engine``: the guided fields of each task the
@@ -30,7 +30,14 @@ import numpy as np
 TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
                  "guided_json_object")
-ENGINE_ANSWER = {"error_code": 400, "error_msg": "invalid guided decoding request: refused by the engine"}
+# What the engine answers, by the task's guided_regex: (error_code, error_msg, with outputs). The first is
+# the engine checker's refusal (`_send_error_response`, outputs None), the second a worker's report on
+# the finishing result (it carries the stop token), the last FastDeploy's own failure of a plain request.
+ENGINE_ANSWERS = {
+    "[a-z]+": (400, "invalid guided decoding request: refused by the engine", False),
+    "[0-9]+": (400, "guided decoding failed: refused by the worker", True),
+    None: (500, "engine failure: no free blocks", False),
+}
 
 
 def create_engine_signals(suffix: int) -> list:
@@ -67,8 +74,25 @@ class EnginePeer:
                 return
             if task:
                 self.received.append(task)
-                self.engine._send_error_response(task["request_id"], ENGINE_ANSWER["error_msg"],
-                                                 ENGINE_ANSWER["error_code"])
+                self._answer(task)
+
+    def _answer(self, task: dict) -> None:
+        from fastdeploy.engine.request import CompletionOutput, RequestOutput
+
+        code, message, with_outputs = ENGINE_ANSWERS[task.get("guided_regex")]
+        if not with_outputs:
+            self.engine._send_error_response(task["request_id"], message, code)
+            return
+        outputs = CompletionOutput(index=0, send_idx=0, token_ids=[1])
+        result = RequestOutput(task["request_id"], outputs=outputs, finished=True, error_code=code, error_msg=message)
+        self.engine.send_response_server.send_response(task["request_id"], [result])
+
+    def remove_socket_files(self) -> None:
+        """Their /dev/shm files. The sockets themselves are left to the process's exit: closing one
+        while its thread waits on it aborts libzmq (``pfd.revents & POLLIN``)."""
+        for server in (self.requests, self.engine.send_response_server):
+            if os.path.exists(server.file_name):
+                os.remove(server.file_name)
 
     def reached(self, since: int) -> list[dict]:
         return [{name: task[name] for name in GUIDED_FIELDS if task.get(name) is not None}
@@ -100,6 +124,7 @@ def main() -> None:
             time.sleep(0.05 if response.status_code == 400 else 0)  # a task sent would have arrived
             results.append({"status": response.status_code, "body": _body(response),
                             "reached_engine": peer.reached(before)})
+    peer.remove_socket_files()
     for signal in signals:
         signal.clear()
     print(json.dumps(results))

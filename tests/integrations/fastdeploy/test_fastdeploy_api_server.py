@@ -38,25 +38,30 @@ REFUSED = [
      "response_format", "uniqueItems"),
     ("bad regex", {"guided_regex": "(unclosed"}, "guided_regex", "not a valid regular expression"),
 ]
-GOOD = {"guided_regex": "[a-z]+"}
-ENGINE_MESSAGE = "invalid guided decoding request: refused by the engine"  # api_server_peer.ENGINE_ANSWER
+# Answered by the engine peer (api_server_peer.ENGINE_ANSWERS), after our check let them through.
+ENGINE_REFUSES = {"guided_regex": "[a-z]+"}
+WORKER_REFUSES = {"guided_regex": "[0-9]+"}
+ENGINE_MESSAGE = "invalid guided decoding request: refused by the engine"
+WORKER_MESSAGE = "guided decoding failed: refused by the worker"
+ENGINE_FAILURE = "engine failure: no free blocks"
 
 
-def _cases():
-    cases = []
-    for _, fields, _, _ in REFUSED:
-        cases.append({"path": "/v1/chat/completions", "body": {"messages": MESSAGES, "max_tokens": 4, **fields}})
-        cases.append({"path": "/v1/completions", "body": {"prompt": "hi", "max_tokens": 4, **fields}})
-    cases.append({"path": "/v1/chat/completions",
-                  "body": {"messages": MESSAGES, "max_tokens": 4, "stream": True, **REFUSED[2][1]}})
-    cases.append({"path": "/v1/chat/completions", "body": {"messages": MESSAGES, "max_tokens": 4, **GOOD}})
-    cases.append({"path": "/v1/completions", "body": {"prompt": "hi", "max_tokens": 4, **GOOD}})
-    cases.append({"path": "/v1/chat/completions",
-                  "body": {"messages": MESSAGES, "max_tokens": 4, "reasoning_max_tokens": 0}})
-    return cases
+def _body(endpoint, **fields):
+    prompt = {"messages": MESSAGES} if endpoint == "chat" else {"prompt": "hi"}
+    return {"path": "/v1/chat/completions" if endpoint == "chat" else "/v1/completions",
+            "body": {**prompt, "max_tokens": 4, **fields}}
 
 
-STREAM, GOOD_CHAT, GOOD_COMPLETION, OTHER = range(2 * len(REFUSED), 2 * len(REFUSED) + 4)
+CASES = {}
+for _name, _fields, _, _ in REFUSED:
+    for _endpoint in ("chat", "completions"):
+        CASES[_name, _endpoint] = _body(_endpoint, **_fields)
+CASES["stream"] = _body("chat", stream=True, **REFUSED[2][1])
+for _endpoint in ("chat", "completions"):
+    CASES["engine refuses", _endpoint] = _body(_endpoint, **ENGINE_REFUSES)
+    CASES["worker refuses", _endpoint] = _body(_endpoint, **WORKER_REFUSES)
+    CASES["engine fails", _endpoint] = _body(_endpoint)
+CASES["other parameter error"] = _body("chat", reasoning_max_tokens=0)
 
 
 @pytest.fixture(scope="module")
@@ -73,18 +78,19 @@ def model_dir(tmp_path_factory):
 
 
 def _serve(model_dir, backend, source):
-    """One API server on `source` (a snapshot directory); every case of `_cases` posted to it, in order."""
+    """One API server on `source` (a snapshot directory); every case of `CASES` posted to it: name -> answer."""
     missing = [name for name in API_SERVER_NEEDS if importlib.util.find_spec(name) is None]
     if missing:
         pytest.skip(f"FastDeploy's api_server imports {', '.join(missing)} (its requirements.txt): not installed")
     env = {**os.environ, "FD_PLUGINS": "fd_guided", host.SNAPSHOT_ENV: source,
            "PYTHONPATH": os.pathsep.join([source, host.REPO, os.environ.get("PYTHONPATH", "")])}
     argv = [sys.executable, PEER, "--model", model_dir, "--max-model-len", "2048", "--guided-decoding-backend", backend]
-    done = subprocess.run(argv, input=json.dumps(_cases()), capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(argv, input=json.dumps(list(CASES.values())), capture_output=True, text=True, env=env,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(results) == len(_cases())
-    return results
+    assert len(results) == len(CASES)
+    return dict(zip(CASES, results))
 
 
 @pytest.fixture(scope="module", params=["auto", "xgrammar", "llguidance"])
@@ -109,11 +115,12 @@ def upstream_answers(model_dir, tmp_path_factory):
     return _serve(model_dir, "auto", source)
 
 
-@pytest.mark.parametrize("index", range(len(REFUSED)), ids=[name for name, *_ in REFUSED])
+@pytest.mark.parametrize("name, param, said", [case[0::2] + case[3:] for case in REFUSED],
+                         ids=[name for name, *_ in REFUSED])
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
-def test_a_refused_guided_request_is_http_400_naming_the_field_before_the_engine(answers, index, endpoint):
-    _, _, param, said = REFUSED[index]
-    answer = answers[2 * index + (endpoint == "completions")]
+def test_a_refused_guided_request_is_http_400_naming_the_field_before_the_engine(answers, name, param, said,
+                                                                                   endpoint):
+    answer = answers[name, endpoint]
     assert answer["status"] == 400, answer
     error = answer["body"]["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
@@ -123,43 +130,53 @@ def test_a_refused_guided_request_is_http_400_naming_the_field_before_the_engine
 
 
 def test_a_streaming_request_is_refused_before_its_stream_starts(answers):
-    answer = answers[STREAM]
+    answer = answers["stream"]
     assert answer["status"] == 400 and answer["body"]["error"]["param"] == "guided_regex", answer
     assert answer["reached_engine"] == []
 
 
-def test_a_good_request_reaches_the_engine_unchanged(answers):
-    assert answers[GOOD_CHAT]["reached_engine"] == [GOOD]  # the API server's check let it through
-    assert answers[GOOD_COMPLETION]["reached_engine"] == [GOOD]
+@pytest.mark.parametrize("case, fields, message", [("engine refuses", ENGINE_REFUSES, ENGINE_MESSAGE),
+                                                   ("worker refuses", WORKER_REFUSES, WORKER_MESSAGE)])
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_refusal_that_comes_back_from_the_engine_or_a_worker_is_400_too(answers, case, fields, message, endpoint):
+    """A good request reaches the engine unchanged; the engine's checker (``outputs=None``) or a
+    worker's report (on the finishing result) refuses it: 400, the message as they wrote it."""
+    answer = answers[case, endpoint]
+    assert answer["reached_engine"] == [fields]  # the API server's check let it through, unchanged
+    assert answer["status"] == 400, answer
+    assert answer["body"]["error"] == {"message": message, "type": "invalid_request_error",
+                                       "param": "guided_regex", "code": "400"}
 
 
-def test_the_engines_own_refusal_still_fails_in_fastdeploys_http_layer(answers):
-    """What only upstream can fix: the engine's ``error_code=400`` result (``_send_error_response``,
-    ``outputs=None``). Chat: the response processor reads ``outputs["token_ids"]`` before the error
-    check, so the client gets 500 with a TypeError, the engine's message lost. Completions: the
-    ValueError is logged and swallowed, ``None`` returned, and the route streams ``None``: 200, no body.
-    """
-    chat = answers[GOOD_CHAT]
-    assert chat["status"] == 500 and chat["body"]["error"]["type"] == "internal_error", chat
+def test_fastdeploys_own_engine_failure_still_breaks_its_http_layer(answers):
+    """What only upstream can fix: an engine error result for a plain request (``outputs=None``).
+    Chat: the response processor reads ``outputs["token_ids"]`` before the error check, so the client
+    gets 500 with a TypeError, the engine's message lost. Completions: the ValueError is logged and
+    swallowed, ``None`` returned, and the route streams ``None``: 200, no body."""
+    chat = answers["engine fails", "chat"]
+    assert chat["reached_engine"] == [{}] and chat["status"] == 500, chat
     assert "'NoneType' object is not subscriptable" in chat["body"]["error"]["message"], chat
-    assert "refused by the engine" not in chat["body"]["error"]["message"]
-    completion = answers[GOOD_COMPLETION]
+    assert ENGINE_FAILURE not in chat["body"]["error"]["message"]
+    completion = answers["engine fails", "completions"]
     assert completion["status"] == 200 and completion["body"] == "", completion
 
 
-def test_with_the_upstream_patch_the_engines_refusal_is_400_with_its_message(upstream_answers):
-    for index in (GOOD_CHAT, GOOD_COMPLETION):
-        answer = upstream_answers[index]
-        assert answer["reached_engine"] == [GOOD] and answer["status"] == 400, answer
-        assert answer["body"]["error"] == {"message": ENGINE_MESSAGE, "type": "invalid_request_error",
-                                           "param": None, "code": "400"}, answer
-    for index in range(2 * len(REFUSED)):  # the plugin's own refusals are unchanged by the patch
-        assert upstream_answers[index]["status"] == 400, upstream_answers[index]
-        assert upstream_answers[index]["body"]["error"]["type"] == "invalid_request_error"
+def test_with_the_upstream_patch_engine_failures_carry_their_message(upstream_answers):
+    for endpoint in ("chat", "completions"):
+        answer = upstream_answers["engine fails", endpoint]
+        assert answer["status"] == 500, answer
+        assert answer["body"]["error"] == {"message": ENGINE_FAILURE, "type": "internal_error", "param": None,
+                                           "code": "500"}, answer
+        for case, message in (("engine refuses", ENGINE_MESSAGE), ("worker refuses", WORKER_MESSAGE)):
+            assert upstream_answers[case, endpoint]["status"] == 400, upstream_answers[case, endpoint]
+            assert upstream_answers[case, endpoint]["body"]["error"]["message"] == message
+        for name, *_ in REFUSED:  # the plugin's own refusals are unchanged by the patch
+            assert upstream_answers[name, endpoint]["status"] == 400, upstream_answers[name, endpoint]
+            assert upstream_answers[name, endpoint]["body"]["error"]["type"] == "invalid_request_error"
 
 
 def test_fastdeploys_other_parameter_errors_keep_their_status(answers):
-    answer = answers[OTHER]
+    answer = answers["other parameter error"]
     assert answer["status"] == 500 and answer["body"]["error"]["param"] == "reasoning_max_tokens", answer
     assert answer["reached_engine"] == []
 
