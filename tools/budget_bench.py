@@ -1,19 +1,24 @@
 """Budget steering (fd_guided.budget): complete, valid outputs at tight max_tokens, and its cost.
 
     python tools/budget_bench.py docs/budget_bench.json [--seeds 4] [--backend xgrammar]
+    python tools/budget_bench.py docs/budget_bench_smollm2.json --model smollm2 --schemas person invoice
     python tools/budget_bench.py --plot docs/budget_bench.json docs/img   # needs matplotlib
 
-Quality: every JSON schema of tests/corpus.py, each at max_tokens = ceil(1.2 x) and ceil(2 x) its
-shortest document (in DeepSeek tokens, its stop token included: the manager's own plan at the
-start), with and without the feature (``guided_fit_budget``), decoded two ways: the reference
-engine's embedded random-weight model (preset ``small``, sampled, `--seeds` requests per schema),
-and the adversarial decoder of tests/budget (never ends a string). An output counts when it ends
-``stop`` and validates (jsonschema with format checking, `fd_guided.harness.validate`).
+Quality: every JSON schema of tests/corpus.py (or those `--schemas` names), each at max_tokens =
+ceil(1.2 x) and ceil(2 x) its shortest document (in the model's tokens, its stop token included:
+the manager's own plan at the start), with and without the feature (``guided_fit_budget``),
+decoded two ways: the reference engine on `--model` (`fd_guided.harness.bench.models`: the random
+preset ``small`` by default, prompted "Write NAME as JSON:"; or ``smollm2``, SmolLM2-135M-Instruct,
+asked for an example NAME record under its chat template; sampled at temperature 1, `--seeds`
+requests per schema), and the adversarial decoder of tests/budget (never ends a string). An output
+counts when it ends ``stop`` and validates (jsonschema with format checking,
+`fd_guided.harness.validate`).
 
 Cost: manager steps (begin_step + apply + accept timed; no model, the adversary chooses) at batch 32,
 every row in its closing phase (max_tokens = its shortest document + the headroom; a slot whose
 request ends takes a new one at once, so the batch stays full) against the same rows with the
-feature off; both interleaved in one process after a warm-up (start plans cached per schema).
+feature off; both interleaved in one process after a warm-up (start plans cached per schema). The
+model's tokenizer and vocabulary width are used; its weights are not.
 """
 
 from __future__ import annotations
@@ -33,28 +38,30 @@ import torch  # noqa: E402
 from adversary import pick  # noqa: E402
 from corpus import SCHEMAS  # noqa: E402
 
-from fd_guided import GuidedConfig, GuidedDecodingManager, parse_guided_request  # noqa: E402
+from fd_guided import GuidedDecodingManager, parse_guided_request  # noqa: E402
 from fd_guided.budget.steer import HEADROOM  # noqa: E402
+from fd_guided.harness.bench import models  # noqa: E402
+from fd_guided.harness.bench.prompts import schema_prompt  # noqa: E402
 from fd_guided.harness.validate import validate_output  # noqa: E402
 from fd_guided.registry import create_backend  # noqa: E402
-from fd_guided.tokenizer import load_tokenizer  # noqa: E402
 
-VOCAB = 129_280
 FACTORS = (1.2, 2.0)
 
 
-def shortest(manager, spec) -> int:
-    manager.add_request(0, spec, prefill_done=True, max_tokens=100_000)
+def shortest(manager, spec, vocab: int) -> int:
+    """The spec's shortest document in tokens (its stop included), as the manager's start plan has it.
+    The budget is the largest one searched at once (a larger one defers its search to a thread)."""
+    manager.add_request(0, spec, prefill_done=True, max_tokens=manager.budget.defer_start_above)
     manager.wait_ready([0], 120)
     manager.begin_step([0])
-    manager.apply(torch.zeros((1, VOCAB)))
+    manager.apply(torch.zeros((1, vocab)))
     need = manager.budget.need(0)
     manager.accept([0])
     manager.release(0)
     return need
 
 
-def adversary_run(manager, tokenizer, specs, budgets, fit: bool, timings: list | None = None):
+def adversary_run(manager, tokenizer, vocab: int, specs, budgets, fit: bool, timings: list | None = None):
     """Decode every spec with the adversary; (finish, text) each."""
     n = len(specs)
     for slot, (spec, budget) in enumerate(zip(specs, budgets)):
@@ -62,14 +69,14 @@ def adversary_run(manager, tokenizer, specs, budgets, fit: bool, timings: list |
     manager.wait_ready(list(range(n)), 120)
     outputs: dict[int, list[int]] = {s: [] for s in range(n)}
     finish: dict[int, str] = {}
-    logits = torch.zeros((n, VOCAB))
+    logits = torch.zeros((n, vocab))
     while len(finish) < n:
         rows = [s if s not in finish else None for s in range(n)]
         started = time.perf_counter()
         manager.begin_step(rows)
         manager.apply(logits)
         words = manager.bitmask.numpy()
-        tokens = [pick(tokenizer, words[r], VOCAB) if rows[r] is not None else 0 for r in range(n)]
+        tokens = [pick(tokenizer, words[r], vocab) if rows[r] is not None else 0 for r in range(n)]
         done = {f.slot: f for f in manager.accept(tokens)}
         if timings is not None and None not in rows:
             timings.append(time.perf_counter() - started - 0)
@@ -87,24 +94,26 @@ def adversary_run(manager, tokenizer, specs, budgets, fit: bool, timings: list |
     return [(finish[s], tokenizer.decode(outputs[s])) for s in range(n)]
 
 
-def quality(backend_name: str, seeds: int) -> dict:
+def quality(preset: str, backend_name: str, seeds: int, every: list[str]) -> dict:
     from fd_guided.harness.engine.engine import ReferenceEngine
 
-    tokenizer = load_tokenizer("deepseek")
-    config = GuidedConfig(backend=backend_name)
-    backend = create_backend(backend_name, tokenizer, vocab_size=VOCAB, config=config)
-    every = list(SCHEMAS)
+    model, tokenizer = models.load_model(preset)
+    vocab = model.cfg.vocab_size
+    config = models.guided_config(preset, backend=backend_name)
+    backend = create_backend(backend_name, tokenizer, vocab_size=vocab, config=config)
     manager = GuidedDecodingManager(backend, max_num_seqs=len(every))
-    planned = {name: shortest(manager, parse_guided_request({"guided_json": SCHEMAS[name]}, config)) for name in every}
+    planned = {
+        name: shortest(manager, parse_guided_request({"guided_json": SCHEMAS[name]}, config), vocab) for name in every
+    }
     names = [name for name in every if planned[name] is not None]  # None: its compile failed here (timed out)
     specs = [parse_guided_request({"guided_json": SCHEMAS[name]}, config) for name in names]
     needs = [planned[name] for name in names]
-    report = {"schemas": planned, "runs": []}
-    engine = ReferenceEngine.default(preset="small", guided_config=config, max_num_seqs=min(32, len(names) * seeds))
+    report = {"schemas": planned, "runs": [], "prompt_example": schema_prompt(preset, tokenizer, names[0])}
+    engine = ReferenceEngine(model, tokenizer, guided_config=config, max_num_seqs=min(32, len(names) * seeds))
     for factor in FACTORS:
         budgets = [math.ceil(need * factor) for need in needs]
         for fit in (False, True):
-            results = adversary_run(manager, tokenizer, specs, budgets, fit)
+            results = adversary_run(manager, tokenizer, vocab, specs, budgets, fit)
             good = sum(
                 reason == "stop" and validate_output(spec, text).valid for (reason, text), spec in zip(results, specs)
             )
@@ -113,7 +122,7 @@ def quality(backend_name: str, seeds: int) -> dict:
             )
             requests = [
                 {
-                    "prompt": f"Write {name} as JSON:",
+                    "prompt": schema_prompt(preset, tokenizer, name),
                     "guided_json": SCHEMAS[name],
                     "max_tokens": budget,
                     "seed": seed,
@@ -124,8 +133,19 @@ def quality(backend_name: str, seeds: int) -> dict:
             ]
             outs = engine.generate(requests)
             good = sum(out.finish_reason == "stop" and validate_output(out.spec, out.text).valid for out in outs)
+            tokens = sum(len(out.token_ids) for out in outs)
             report["runs"].append(
-                {"decoder": "model", "factor": factor, "fit_budget": fit, "valid": good, "total": len(outs)}
+                {
+                    "decoder": "model",
+                    "factor": factor,
+                    "fit_budget": fit,
+                    "valid": good,
+                    "total": len(outs),
+                    "output_tokens": tokens,
+                    "wall_s": engine.stats.wall_seconds,
+                    # Batched, prompts' prefill included: what a client of this engine sees.
+                    "tokens_per_s": tokens / engine.stats.wall_seconds,
+                }
             )
             print(report["runs"][-2], report["runs"][-1], flush=True)
     engine.close()
@@ -134,7 +154,7 @@ def quality(backend_name: str, seeds: int) -> dict:
     return report
 
 
-def full_batch_steps(manager, tokenizer, specs, budgets, fit: bool, steps: int) -> list[float]:
+def full_batch_steps(manager, tokenizer, vocab: int, specs, budgets, fit: bool, steps: int) -> list[float]:
     """Seconds per manager step (begin_step + apply + accept) with every slot busy: a slot whose
     request ends takes a new one of the same schema and budget at once (continuous batching)."""
     n = len(specs)
@@ -146,7 +166,7 @@ def full_batch_steps(manager, tokenizer, specs, budgets, fit: bool, steps: int) 
         start(slot)
     manager.wait_ready(list(range(n)), 120)
     generated = [0] * n
-    logits = torch.zeros((n, VOCAB))
+    logits = torch.zeros((n, vocab))
     times = []
     for _ in range(steps):
         rows = list(range(n))
@@ -155,7 +175,7 @@ def full_batch_steps(manager, tokenizer, specs, budgets, fit: bool, steps: int) 
         manager.apply(logits)
         masked = time.perf_counter()
         words = manager.bitmask.numpy()
-        tokens = [pick(tokenizer, words[r], VOCAB) for r in rows]  # the "model": not timed
+        tokens = [pick(tokenizer, words[r], vocab) for r in rows]  # the "model": not timed
         picked = time.perf_counter()
         done = {f.slot for f in manager.accept(tokens)}
         times.append(masked - started + time.perf_counter() - picked)
@@ -170,18 +190,18 @@ def full_batch_steps(manager, tokenizer, specs, budgets, fit: bool, steps: int) 
     return times
 
 
-def cost(backend_name: str, batch: int = 32, steps: int = 40, repeats: int = 3) -> dict:
-    tokenizer = load_tokenizer("deepseek")
-    config = GuidedConfig(backend=backend_name)
-    backend = create_backend(backend_name, tokenizer, vocab_size=VOCAB, config=config)
+def cost(preset: str, backend_name: str, batch: int = 32, steps: int = 40, repeats: int = 3) -> dict:
+    tokenizer, vocab = models.load_tokenizer_of(preset)
+    config = models.guided_config(preset, backend=backend_name)
+    backend = create_backend(backend_name, tokenizer, vocab_size=vocab, config=config)
     manager = GuidedDecodingManager(backend, max_num_seqs=batch)
     every = [parse_guided_request({"guided_json": SCHEMAS[name]}, config) for name in SCHEMAS]
-    needs = {spec: shortest(manager, spec) for spec in every}
+    needs = {spec: shortest(manager, spec, vocab) for spec in every}
     planned = [spec for spec in every if needs[spec] is not None]  # None: its compile failed (timed out)
     specs = [planned[i % len(planned)] for i in range(batch)]
     closing = [needs[spec] + HEADROOM for spec in specs]  # in the closing phase from the first step
     # Off: the same rows unsteered (far from any budget as far as the manager knows).
-    full_batch_steps(manager, tokenizer, specs, closing, True, 4)  # warm: plans cached, tables built
+    full_batch_steps(manager, tokenizer, vocab, specs, closing, True, 4)  # warm: plans cached, tables built
     off: list[float] = []
     on: list[float] = []
     # The steering's own time (BudgetSteering.steer, inside apply): steered requests also end
@@ -199,9 +219,9 @@ def cost(backend_name: str, batch: int = 32, steps: int = 40, repeats: int = 3) 
 
     manager.budget.steer = timed_steer
     for _ in range(repeats):  # interleaved, so both see the same machine
-        off.extend(full_batch_steps(manager, tokenizer, specs, closing, False, steps)[2:])
+        off.extend(full_batch_steps(manager, tokenizer, vocab, specs, closing, False, steps)[2:])
         collecting[0] = True
-        on.extend(full_batch_steps(manager, tokenizer, specs, closing, True, steps)[2:])
+        on.extend(full_batch_steps(manager, tokenizer, vocab, specs, closing, True, steps)[2:])
         collecting[0] = False
     steered = manager.metrics.value("budget_forced_tokens_total")
     manager.close()
@@ -225,6 +245,8 @@ def plot(report_path: str, out_dir: str) -> None:
     import matplotlib.pyplot as plt
 
     report = json.loads(Path(report_path).read_text())
+    preset = report.get("model", "small")
+    trained = models.is_trained(preset)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     for ax, decoder in zip(axes, ("model", "adversary")):
         runs = [r for r in report["quality"]["runs"] if r["decoder"] == decoder]
@@ -236,15 +258,15 @@ def plot(report_path: str, out_dir: str) -> None:
             ]
             ax.bar(xs, ys, 0.4, label="budget steering" if fit else "off (as every engine today)")
         ax.set_xticks(range(len(FACTORS)), [f"max_tokens {f:g}x shortest" for f in FACTORS])
-        ax.set_title(
-            {"model": "reference engine (random-weight model)", "adversary": "adversarial decoder"}[decoder], fontsize=9
-        )
+        engine = f"reference engine ({preset}, trained)" if trained else "reference engine (random-weight model)"
+        ax.set_title({"model": engine, "adversary": "adversarial decoder"}[decoder], fontsize=9)
         ax.set_ylim(0, 1.05)
     axes[0].set_ylabel("complete and valid outputs")
     axes[0].legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    fig.savefig(Path(out_dir) / "budget_valid_share.png", dpi=110)
+    suffix = "" if preset == "small" else f"_{preset}"  # the random preset's figure keeps its name
+    fig.savefig(Path(out_dir) / f"budget_valid_share{suffix}.png", dpi=110)
 
 
 def main() -> None:
@@ -255,17 +277,22 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--only", choices=("quality", "cost"))
+    parser.add_argument("--model", default="small", choices=models.CHOICES, help="fd_guided/harness/bench/models.py")
+    parser.add_argument("--schemas", nargs="+", choices=sorted(SCHEMAS), help="a subset of tests/corpus.py (quality)")
     args = parser.parse_args()
     if args.plot:
         plot(args.out, args.img or "docs/img")
         return
     report = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    if report.get("model", "small") != args.model:
+        report = {}  # another model's figures are not this model's
     report["backend"] = args.backend
+    report["model"] = args.model
     if args.only in (None, "cost"):
-        report["cost"] = cost(args.backend)
+        report["cost"] = cost(args.model, args.backend)
         print(report["cost"], flush=True)
     if args.only in (None, "quality"):
-        report["quality"] = quality(args.backend, args.seeds)
+        report["quality"] = quality(args.model, args.backend, args.seeds, args.schemas or list(SCHEMAS))
     Path(args.out).write_text(json.dumps(report, indent=1))
 
 

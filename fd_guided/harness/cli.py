@@ -199,7 +199,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run only these parts (spec and jump_forward run only when named)",
     )
     bench.add_argument("--spec-ks", type=int, nargs="+", default=[1, 3, 5, 7], help="draft lengths K for --only spec")
-    bench.add_argument("--preset", default="small")
+    bench.add_argument(
+        "--preset",
+        default="small",
+        help="the model: smollm2 (SmolLM2-135M-Instruct; TTFT prompts in its chat template; n-gram drafts only) "
+        "or a random preset tiny|small|base (default small); fd_guided/harness/bench/models.py",
+    )
     bench.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
     bench.add_argument("--rounds", type=int, default=3)
     bench.add_argument("--decode-steps", type=int, default=24)

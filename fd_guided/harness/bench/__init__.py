@@ -51,12 +51,11 @@ def run_bench(
     spec_ks=(1, 3, 5, 7),
     progress: Callable[[str], None] = print,
 ) -> dict:
-    """Run the chosen parts on the embedded default model; returns a JSON-ready dict."""
-    from fd_guided.harness.engine.engine import ReferenceEngine
+    """Run the chosen parts on `preset` (trained or random: `models.py`); returns a JSON-ready dict."""
+    from fd_guided.harness.bench.models import is_trained, load_model
 
     report: dict = {"machine": machine_info(), "preset": preset}
-    reference = ReferenceEngine.default(preset=preset, guided=False)
-    model, tokenizer = reference.model, reference.tokenizer
+    model, tokenizer = load_model(preset)
     report["model"] = {**model.cfg.__dict__, "tokenizer": tokenizer.name}
     if "steps" in parts:
         from fd_guided.harness.bench.steps import bench_steps, step_ratios
@@ -69,22 +68,36 @@ def run_bench(
         progress("mask kernels: ours vs xgrammar vs a copy of the logits")
         report["kernels"] = bench_kernels(batches=tuple(b for b in batches if b >= 8) or (8,), progress=progress)
     if "ttft" in parts:
+        from fd_guided.harness.bench.models import guided_config
+        from fd_guided.harness.bench.prompts import ttft_prompts
         from fd_guided.harness.bench.ttft import bench_ttft
 
         progress("time to first token: cold complex schema, async vs inline compile")
-        # TTFT varies more from run to run than step times: more rounds for the same confidence.
-        report["ttft"] = bench_ttft(model, tokenizer, rounds=max(rounds, 7), progress=progress)
+        # TTFT varies more from run to run than step times: more rounds for the same confidence. A
+        # trained model's prefill (seconds) dwarfs that noise and its rounds cost seconds each.
+        report["ttft"] = bench_ttft(
+            model,
+            tokenizer,
+            ttft_prompts(preset, tokenizer),
+            rounds=rounds if is_trained(preset) else max(rounds, 7),
+            config=guided_config(preset),
+            progress=progress,
+        )
     if "spec" in parts:
         from fd_guided.harness.bench.spec import bench_spec
 
         progress("speculative decoding: acceptance length unmasked vs masked drafts, guided vs unguided step")
+        from fd_guided.harness.bench.models import drafters
         from fd_guided.harness.bench.spec import DRAFTERS
-        from fd_guided.harness.engine.llama import REAL_PRESETS
 
-        # A trained preset has no draft model of its own here: its drafts are n-grams.
-        drafters = ("ngram",) if preset in REAL_PRESETS else DRAFTERS
         report["spec"] = bench_spec(
-            model, tokenizer, ks=spec_ks, drafters=drafters, batch=max(batches), rounds=rounds, progress=progress
+            model,
+            tokenizer,
+            ks=spec_ks,
+            drafters=drafters(preset, DRAFTERS),
+            batch=max(batches),
+            rounds=rounds,
+            progress=progress,
         )
     if "jump_forward" in parts:
         from fd_guided.harness.bench.jump_forward import bench_jump_forward
@@ -140,14 +153,15 @@ def format_report(report: dict) -> str:
     if "ttft" in report:
         lines.append(
             "\nttft from admission (ms)  prompt tokens  unguided  async  inline  compile (in run)  async-unguided  "
-            "async beyond max(prefill, compile)  admission"
+            "async beyond max(prefill, compile)  admission  prefill tokens/s  prompt"
         )
         for row in report["ttft"]:
             lines.append(
                 f"{'':25}{row['prompt_tokens']:>13}  {row['ttft_unguided_ms']:8.1f}  {row['ttft_async_ms']:5.1f}  "
                 f"{row['ttft_inline_ms']:6.1f}  "
                 f"{row['compile_in_run_ms']:16.1f}  {row['async_excess_ms']:14.1f}  "
-                f"{row['async_excess_over_bound_ms']:+34.1f}  {row['admission_ms']:9.1f}"
+                f"{row['async_excess_over_bound_ms']:+34.1f}  {row['admission_ms']:9.1f}  "
+                f"{row.get('prefill_tokens_per_s', float('nan')):16.0f}  {row.get('prompt', '')}"
             )
     if "spec" in report:
         lines.append(

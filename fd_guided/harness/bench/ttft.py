@@ -4,7 +4,10 @@ Async: the compile starts at admission and runs while the prompt is prefilled; t
 joins it. Inline: the host compiles before it schedules the prompt (what a synchronous engine
 does). Each run uses a schema never seen before (a fresh property name), so no cache helps.
 TTFT is counted from admission (the request validated), so it isolates the compile; admission
-itself (JSON-Schema meta-validation and the backend's check) is reported on its own.
+itself (JSON-Schema meta-validation and the backend's check) is reported on its own. The prompts
+come from `prompts.ttft_prompts`: synthetic lengths on a random preset, a support thread under the
+chat template on a trained one; ``prefill_tokens_per_s`` is prompt tokens over the unguided TTFT
+(the prefill and one sampled token).
 """
 
 from __future__ import annotations
@@ -54,13 +57,12 @@ def complex_schema(salt: str) -> dict:
     return {"type": "object", "properties": fields, "required": list(fields)[:20]}
 
 
-def _engine(model, tokenizer, manager_cls):
+def _engine(model, tokenizer, manager_cls, config: GuidedConfig):
     from fd_guided.harness.engine.engine import ReferenceEngine
     from fd_guided.registry import create_backend
 
     engine = ReferenceEngine(model, tokenizer, guided=False, max_num_seqs=1, max_num_batched_tokens=512)
     if manager_cls is not None:
-        config = GuidedConfig()
         backend = create_backend(config.backend, tokenizer, vocab_size=model.cfg.vocab_size, config=config)
         engine.manager = manager_cls(backend, 1)
         engine.runner.attach_guided(engine.manager)
@@ -74,23 +76,27 @@ def _cold_compile_seconds(engine) -> float:
     return time.perf_counter() - started
 
 
-def bench_ttft(model, tokenizer, prompt_tokens=(32, 512, 1024, 2048), rounds: int = 7, progress=print) -> list[dict]:
-    """Per prompt length, `rounds` interleaved rounds (after a warm-up) of the three engines.
+def bench_ttft(
+    model, tokenizer, prompts: dict[str, str], rounds: int = 7, config: GuidedConfig | None = None, progress=print
+) -> list[dict]:
+    """Per prompt (label -> text), `rounds` interleaved rounds (after a warm-up) of the three engines,
+    the guided two under `config` (default `GuidedConfig()`).
 
     Besides medians, every round is held to the design's promise: the async TTFT should be
     max(unguided TTFT, this round's own compile time) and no more. `compile_in_run_ms` is the
     compile as it ran during that prefill (read from the manager's compile histogram), and
     `async_excess_over_bound_ms` the median of (async TTFT - that bound) over the rounds.
+    `compiles_by_engine`: the async engine's compiles so far, per engine (``auto`` picks one per
+    schema and vocabulary, and the engines' compile times differ).
     """
+    config = config or GuidedConfig()
     engines = {
-        "unguided": _engine(model, tokenizer, None),
-        "async": _engine(model, tokenizer, GuidedDecodingManager),
-        "inline": _engine(model, tokenizer, InlineCompileManager),
+        "unguided": _engine(model, tokenizer, None, config),
+        "async": _engine(model, tokenizer, GuidedDecodingManager, config),
+        "inline": _engine(model, tokenizer, InlineCompileManager, config),
     }
-    word_ids = tokenizer.encode(" token")
     rows = []
-    for length in prompt_tokens:
-        prompt = tokenizer.decode(word_ids * length)
+    for label, prompt in prompts.items():
         samples = {mode: [] for mode in engines}
         compile_s, compile_in_run_s, admission_s = [], [], []
         for round_index in range(rounds + 1):
@@ -110,10 +116,19 @@ def bench_ttft(model, tokenizer, prompt_tokens=(32, 512, 1024, 2048), rounds: in
                         compile_in_run_s.append(_compile_seconds_so_far(engine) - compiled_before)
             if round_index:
                 compile_s.append(_cold_compile_seconds(engines["async"]))
-        rows.append(_ttft_row(tokenizer, prompt, samples, compile_s, compile_in_run_s, admission_s))
-        row = rows[-1]
+        row = _ttft_row(tokenizer, prompt, samples, compile_s, compile_in_run_s, admission_s)
+        # Which engine compiled (``auto`` picks per schema): compile times differ by engine.
+        rows.append(
+            {
+                "prompt": label,
+                **row,
+                "compiles_by_engine": engines["async"].manager.metrics.labelled("compiles_by_engine_total"),
+            }
+        )
         progress(
-            f"  ttft prompt={row['prompt_tokens']} tokens: unguided {row['ttft_unguided_ms']:.1f}ms, "
+            f"  ttft prompt {label} ({row['prompt_tokens']} tokens, "
+            f"prefill {row['prefill_tokens_per_s']:.0f} tokens/s): "
+            f"unguided {row['ttft_unguided_ms']:.1f}ms, "
             f"async {row['ttft_async_ms']:.1f}ms, "
             f"inline {row['ttft_inline_ms']:.1f}ms, cold compile {row['compile_ms']:.1f}ms "
             f"(in run {row['compile_in_run_ms']:.1f}ms), "
@@ -139,6 +154,7 @@ def _ttft_row(tokenizer, prompt, samples, compile_s, compile_in_run_s, admission
         "admission_ms": median_ms(admission_s),
     }
     row.update({f"ttft_{mode}_ms": median_ms(values) for mode, values in samples.items()})
+    row["prefill_tokens_per_s"] = row["prompt_tokens"] / statistics.median(samples["unguided"])
     row["async_over_unguided"] = row["ttft_async_ms"] / row["ttft_unguided_ms"]
     row["inline_over_unguided"] = row["ttft_inline_ms"] / row["ttft_unguided_ms"]
     row["async_excess_ms"] = row["ttft_async_ms"] - row["ttft_unguided_ms"]
