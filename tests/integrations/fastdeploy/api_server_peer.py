@@ -30,12 +30,14 @@ import numpy as np
 TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
                  "guided_json_object")
-# What the engine answers, by the task's guided_regex: (error_code, error_msg, with outputs). The first is
-# the engine checker's refusal (`_send_error_response`, outputs None), the second a worker's report on
-# the finishing result (it carries the stop token), the last FastDeploy's own failure of a plain request.
+# What the engine answers, by the task's guided_regex, else its user: (error_code, error_msg, with
+# outputs). The engine checker's refusal (`_send_error_response`, outputs None); a worker's report on the
+# finishing result (it carries the stop token); FastDeploy's own failures of a plain request, a 500 and
+# a 400 (token_processor.py sends 400 for a failed cache transfer).
 ENGINE_ANSWERS = {
     "[a-z]+": (400, "invalid guided decoding request: refused by the engine", False),
     "[0-9]+": (400, "guided decoding failed: refused by the worker", True),
+    "cache": (400, "failed to send cache", False),
     None: (500, "engine failure: no free blocks", False),
 }
 
@@ -79,7 +81,7 @@ class EnginePeer:
     def _answer(self, task: dict) -> None:
         from fastdeploy.engine.request import CompletionOutput, RequestOutput
 
-        code, message, with_outputs = ENGINE_ANSWERS[task.get("guided_regex")]
+        code, message, with_outputs = ENGINE_ANSWERS[task.get("guided_regex") or task.get("user")]
         if not with_outputs:
             self.engine._send_error_response(task["request_id"], message, code)
             return

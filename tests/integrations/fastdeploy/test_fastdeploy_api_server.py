@@ -44,6 +44,7 @@ WORKER_REFUSES = {"guided_regex": "[0-9]+"}
 ENGINE_MESSAGE = "invalid guided decoding request: refused by the engine"
 WORKER_MESSAGE = "guided decoding failed: refused by the worker"
 ENGINE_FAILURE = "engine failure: no free blocks"
+CACHE_FAILURE = "failed to send cache"  # FastDeploy's own 400 (token_processor.py), for user "cache"
 
 
 def _body(endpoint, **fields):
@@ -61,6 +62,7 @@ for _endpoint in ("chat", "completions"):
     CASES["engine refuses", _endpoint] = _body(_endpoint, **ENGINE_REFUSES)
     CASES["worker refuses", _endpoint] = _body(_endpoint, **WORKER_REFUSES)
     CASES["engine fails", _endpoint] = _body(_endpoint)
+    CASES["engine fails with 400", _endpoint] = _body(_endpoint, user="cache")
 CASES["other parameter error"] = _body("chat", reasoning_max_tokens=0)
 
 
@@ -148,16 +150,18 @@ def test_a_refusal_that_comes_back_from_the_engine_or_a_worker_is_400_too(answer
                                        "param": "guided_regex", "code": "400"}
 
 
-def test_fastdeploys_own_engine_failure_still_breaks_its_http_layer(answers):
-    """What only upstream can fix: an engine error result for a plain request (``outputs=None``).
-    Chat: the response processor reads ``outputs["token_ids"]`` before the error check, so the client
-    gets 500 with a TypeError, the engine's message lost. Completions: the ValueError is logged and
-    swallowed, ``None`` returned, and the route streams ``None``: 200, no body."""
-    chat = answers["engine fails", "chat"]
+@pytest.mark.parametrize("case, message", [("engine fails", ENGINE_FAILURE), ("engine fails with 400", CACHE_FAILURE)])
+def test_fastdeploys_own_engine_failure_still_breaks_its_http_layer(answers, case, message):
+    """What only upstream can fix: an engine error result for a plain request (``outputs=None``), left
+    to FastDeploy, a 400 included. Chat: the response processor reads ``outputs["token_ids"]`` before
+    the error check, so the client gets 500 with a TypeError, the engine's message lost. Completions:
+    the ValueError is logged and swallowed, ``None`` returned, and the route streams ``None``: 200, no
+    body."""
+    chat = answers[case, "chat"]
     assert chat["reached_engine"] == [{}] and chat["status"] == 500, chat
     assert "'NoneType' object is not subscriptable" in chat["body"]["error"]["message"], chat
-    assert ENGINE_FAILURE not in chat["body"]["error"]["message"]
-    completion = answers["engine fails", "completions"]
+    assert message not in chat["body"]["error"]["message"]
+    completion = answers[case, "completions"]
     assert completion["status"] == 200 and completion["body"] == "", completion
 
 
@@ -167,6 +171,10 @@ def test_with_the_upstream_patch_engine_failures_carry_their_message(upstream_an
         assert answer["status"] == 500, answer
         assert answer["body"]["error"] == {"message": ENGINE_FAILURE, "type": "internal_error", "param": None,
                                            "code": "500"}, answer
+        answer = upstream_answers["engine fails with 400", endpoint]  # the patch's own path, not the plugin's
+        assert answer["status"] == 400, answer
+        assert answer["body"]["error"] == {"message": CACHE_FAILURE, "type": "invalid_request_error",
+                                           "param": None, "code": "400"}, answer
         for case, message in (("engine refuses", ENGINE_MESSAGE), ("worker refuses", WORKER_MESSAGE)):
             assert upstream_answers[case, endpoint]["status"] == 400, upstream_answers[case, endpoint]
             assert upstream_answers[case, endpoint]["body"]["error"]["message"] == message
