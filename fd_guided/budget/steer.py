@@ -59,6 +59,10 @@ WINDOW = 16  # tokens before the closing zone from which the plan is followed st
 # search runs in the background on a matcher of its own and the request is steered from the
 # step it is done. Tighter budgets search at once (they may be in the closing zone already).
 DEFER_START_ABOVE = 128
+# Engines whose matcher accepts a token exactly when its filled row allows it, so a closing row may
+# be written from its candidates (closing.py). Not llguidance: its fill allows only the canonical
+# token of forced bytes, its validate_tokens any token spelling them (tests/budget/test_budget_closing.py).
+CANDIDATE_ENGINES = frozenset({"xgrammar"})
 
 
 @dataclass
@@ -72,6 +76,7 @@ class _Slot:
     overrun: bool = False
     gave_up: bool = False
     deferred: bool = False  # its first look waits for a background start-plan search
+    by_candidates: bool | None = None  # its engine's closing rows may be written from candidates
 
 
 @dataclass
@@ -87,6 +92,8 @@ class BudgetSteering:
     # Closing rows also allow the tokens that keep the plan while slack is left (a string may go
     # on growing): more freedom for the model, at a matcher walk per new state (docs/budget.md).
     slack_tokens: bool = False
+    # Closing rows written from their few candidates on the fill thread, not filled (closing.py).
+    closing_rows: bool = True
     _slots: dict[int, _Slot] = field(default_factory=dict)
     start_plans: StartPlans = field(default_factory=StartPlans)
 
@@ -119,6 +126,28 @@ class BudgetSteering:
 
     # ----- the step ------------------------------------------------------------------------------
 
+    def prepare(self, slot: int | None, state, entry) -> tuple[int, ...] | None:
+        """At the begin hook, before the fill: the candidates of `slot`'s only row when it is in
+        its closing zone (written from them on the fill thread, `closing.write_closing_row`, no
+        full fill), else None (filled as usual). Follows the plan up to the accepted tokens first."""
+        budget = self._slots.get(slot) if slot is not None else None
+        if budget is None or budget.plan is None or budget.gave_up or not budget.started or not self.closing_rows:
+            return None
+        if self.slack_tokens or entry.tree.num_nodes != 1 or state.in_reasoning or state.grammar is None:
+            return None
+        left = self._left(budget, state)
+        if left > budget.plan.need + self.headroom + self.window:
+            return None  # far from the budget
+        if budget.by_candidates is None:
+            budget.by_candidates = engine_of(state) in CANDIDATE_ENGINES
+        if not budget.by_candidates:
+            return None
+        self._follow(state.grammar, state.history, budget)
+        plan = budget.plan
+        if plan is None or not 0 <= left - plan.need <= self.headroom:
+            return None
+        return tuple(self._allowed(plan, left, self.backend.stop_token_ids))
+
     def steer(
         self,
         entries: Sequence[Any],
@@ -145,8 +174,7 @@ class BudgetSteering:
             state = get_state(entry.slot)
             if state is None or state.finish is not None or state.grammar is None:
                 continue
-            reasoning = state.reasoning
-            left = budget.max_tokens - len(state.history) - (reasoning.spent if reasoning is not None else 0)
+            left = self._left(budget, state)
             if state.in_reasoning:
                 self._reasoning(budget, state, left)
                 continue
@@ -175,6 +203,9 @@ class BudgetSteering:
             budget.overrun = True
             self.metrics.inc("budget_overruns_total")
         if left - plan.need <= self.headroom:
+            if entry.fill is not None and entry.fill.closed:  # written from its candidates (prepare)
+                self._count(budget)
+                return
             if not self._close(step, entry.first_row, plan, left, budget, state.grammar):
                 # The engine allows none of the plan's spellings here (llguidance keeps to canonical
                 # tokens of forced bytes): plan again from this very state, whose tokens it accepted.
@@ -314,8 +345,7 @@ class BudgetSteering:
         tokens (with `slack_tokens`, while slack is left, also the tokens that keep the plan:
         `slack.SlackTokens`); False (the row untouched) when the grammar allows none of them."""
         table, words = self.table, step.words
-        allowed = list(step.stop_ids)
-        allowed.extend(token for token, after in plan.spellings(table) if 1 + after + 1 <= left)
+        allowed = self._allowed(plan, left, step.stop_ids)
         current = words[row]
         if self.slack_tokens and left > plan.need:
             if self._slack is None:
@@ -337,11 +367,21 @@ class BudgetSteering:
             current.fill(0)
             for token in keep:
                 have[token >> 5] |= np.uint32(1 << (token & 31))
+        self._count(budget)
+        return True
+
+    def _allowed(self, plan: Plan, left: int, stop_ids) -> list[int]:
+        """A closing row's tokens: those spelling the plan's next bytes that leave a completion
+        within `left` (the token, what its rest then needs, the stop token), then the stop tokens."""
+        allowed = [token for token, after in plan.spellings(self.table) if 1 + after + 1 <= left]
+        allowed.extend(stop_ids)
+        return allowed
+
+    def _count(self, budget: _Slot) -> None:
         if not budget.steered:
             budget.steered = True
             self.metrics.inc("budget_steered_requests_total")
         self.metrics.inc("budget_forced_tokens_total")
-        return True
 
     def _reasoning(self, budget: _Slot, state, left: int) -> None:
         """Force the think-end marker while the budget still holds it and the shortest output."""
@@ -362,6 +402,12 @@ class BudgetSteering:
             self.metrics.inc("budget_reasoning_cut_total")
 
     # ----- helpers -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _left(budget: _Slot, state) -> int:
+        """The tokens `state`'s request may still generate (reasoning included)."""
+        reasoning = state.reasoning
+        return budget.max_tokens - len(state.history) - (reasoning.spent if reasoning is not None else 0)
 
     @property
     def table(self) -> TokenTable:

@@ -17,7 +17,9 @@ the root to node i. `plan_nodes` says, per node, what its row is:
 request's nodes in order, moving its matcher by `rollback` to the common prefix and `accept_tokens`
 for the rest, and fills the rows of every request's next node in one `fill_bitmasks` call (for
 chains that is one parallel fill per draft depth). Stop tokens are never pushed: a stop draft is
-valid when its parent's row allows it. Every matcher ends where it started.
+valid when its parent's row allows it. A root row in its budget's closing zone is written from
+its few candidate tokens instead (`TreeFill.candidates`, `fd_guided.budget.closing`), filled only
+when the matcher accepts none of them. Every matcher ends where it started.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..budget.closing import write_closing_row
 from ..interface import Grammar, GuidedBackend
 from ..reasoning import ReasoningState
 from .slot import allows
@@ -134,11 +137,19 @@ class TreeFill:
     invalid: set[int] = field(default_factory=set)
     stops: set[int] = field(default_factory=set)
     root_dead: bool = False
+    # A row in its budget's closing zone (fd_guided.budget.closing): the few tokens it may allow,
+    # checked one by one instead of a full fill; `closed` once its row was written from them.
+    candidates: tuple[int, ...] | None = None
+    closed: bool = False
 
 
 def fill_trees(backend: GuidedBackend, bitmask, words: np.ndarray, jobs: Sequence[TreeFill]) -> None:
     """Fill every job's rows, one node per job per batch fill (see the module docstring)."""
     stop_ids = frozenset(backend.stop_token_ids)
+    for job in jobs:
+        if job.candidates is not None:
+            job.closed = write_closing_row(job.grammar, job.candidates, words[job.first_row])
+    jobs = [job for job in jobs if not job.closed]
     walkers = [_walk(job, words, stop_ids) for job in jobs]
     started: list[tuple[Generator[int, bool, None], TreeFill, int | None]] = [
         (walker, job, next(walker, None)) for walker, job in zip(walkers, jobs)

@@ -178,6 +178,8 @@ class BatchStep:
         if not nodes or state.grammar is None:
             return None
         entry.fill = TreeFill(state.grammar, nodes, entry.first_row)
+        if len(nodes) == 1:  # a plain row near its budget: written from its few candidates (fd_guided.budget.closing)
+            entry.fill.candidates = self.budget.prepare(entry.slot, state, entry)
         return entry.fill
 
     def apply(self, logits) -> None:
