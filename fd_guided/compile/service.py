@@ -9,7 +9,9 @@ otherwise):
   - a job is looked up in the in-process LRU (keys ``(engine, spec)``, bounded by the bytes held,
     keys included), then in the optional shared L2 cache, then compiled by the runner;
   - identical jobs in flight are shared, identical tickets too; failed jobs are remembered;
-  - with ``GuidedConfig.auto_first_ready`` every engine's job starts at once and the ticket takes
+  - with ``GuidedConfig.auto_first_ready`` every engine's job starts at once (but a less preferred
+    engine that compiles slower than a preferred one is a hedge: it starts once that one failed or
+    ran past `compile_demote_after_s`, `_hedged`) and the ticket takes
     the first success in preference order among the jobs done (`tickets.Ticket.decide`): an
     uncached request starts on llguidance's millisecond compile as soon as it is ready, waiting
     for xgrammar only what xgrammar is measured to gain on it (`expected_gain_s`), and a request
@@ -155,7 +157,11 @@ class CompileService(CompileJobs):
                     continue
                 ticket.deferred.discard(engine)
                 earlier = [ticket.jobs.get(e) for e in ticket.engines[:index]]
-                if index == 0 or self.config.auto_first_ready or all(j is not None and failed(j) for j in earlier):
+                if (
+                    index == 0
+                    or all(j is not None and failed(j) for j in earlier)
+                    or (self.config.auto_first_ready and not self._hedged(ticket, index))
+                ):
                     ticket.jobs[engine] = self._job(engine, ticket.spec)
                     started.append(ticket.jobs[engine])
             outcome = ticket.decide(self.backend, self.config, self._advance)
@@ -163,6 +169,7 @@ class CompileService(CompileJobs):
             useless: list[tuple[str, GrammarSpec]] = []
             if outcome is not None:
                 ticket.settled = True
+                ticket.stop_timers()
                 # Engines preferred over the one that served it are worth compiling for the cache
                 # (the next request prefers them); less preferred ones never serve this constraint
                 # while the cache holds the winner, so their compiles stop.
@@ -209,6 +216,25 @@ class CompileService(CompileJobs):
         if any(composite.expected_gain_s(self.backend, engine, other) > 0 for other in later):
             return False
         return not all(other in ticket.jobs and failed(ticket.jobs[other]) for other in later)
+
+    def _hedged(self, ticket: Ticket, index: int) -> bool:
+        """Whether less preferred engine `index` holds back for now: a hedge, not a race. It could
+        only serve if a preferred engine still compiling fails, and it compiles slower than that
+        one (a higher `compile_cost_weight`: xgrammar behind llguidance), so started at once it
+        would take a core from the compile the request waits for, and be killed (its worker
+        re-forked, ~10 ms) as soon as that one succeeds: what a cold llguidance-first request
+        paid on every compile. It starts once the preferred engines failed (`_advance` runs
+        again then) or after `compile_demote_after_s`, when the pool too calls a compile slow."""
+        engine = ticket.engines[index]
+        weight = composite.engine(self.backend, engine).compile_cost_weight
+        slower = any(composite.engine(self.backend, e).compile_cost_weight < weight for e in ticket.engines[:index])
+        if not slower:
+            return False
+        remaining = ticket.started + self.config.compile_demote_after_s - time.monotonic()
+        if remaining <= 0:
+            return False
+        ticket.hedge(remaining, self._advance)
+        return True
 
     # ----- tools and lifetime --------------------------------------------------------------------
 

@@ -26,7 +26,19 @@ from .futures import failed
 class Ticket:
     """One request-level compile: its engines in preference order and their jobs."""
 
-    __slots__ = ("spec", "engines", "jobs", "deferred", "future", "lock", "settled", "started", "ready_at", "timer")
+    __slots__ = (
+        "spec",
+        "engines",
+        "jobs",
+        "deferred",
+        "future",
+        "lock",
+        "settled",
+        "started",
+        "ready_at",
+        "timer",
+        "hedge_timer",
+    )
 
     def __init__(self, spec: GrammarSpec, engines: tuple[str, ...]):
         self.spec, self.engines = spec, engines
@@ -38,6 +50,20 @@ class Ticket:
         self.started = time.monotonic()
         self.ready_at: float | None = None  # when a less preferred engine's job succeeded
         self.timer: threading.Timer | None = None
+        self.hedge_timer: threading.Timer | None = None  # starts a held-back engine (`hedge`)
+
+    def hedge(self, delay_s: float, recheck: Callable[[Ticket], Any]) -> None:
+        """Run `recheck(self)` in `delay_s` (once): a held-back engine's job may start then."""
+        if self.hedge_timer is None:
+            self.hedge_timer = threading.Timer(delay_s, recheck, (self,))
+            self.hedge_timer.daemon = True
+            self.hedge_timer.start()
+
+    def stop_timers(self) -> None:
+        """The ticket settled: its timers have nothing left to do (their threads end now)."""
+        for timer in (self.timer, self.hedge_timer):
+            if timer is not None:
+                timer.cancel()
 
     def decide(self, backend: GuidedBackend, config: GuidedConfig, recheck: Callable[[Ticket], Any]):
         """("ok", compiled) or ("error", why) once the outcome is known, else None.

@@ -88,3 +88,45 @@ def test_a_ready_request_waits_for_the_preferred_engine_only_what_it_is_expected
         assert service.submit(spec).result(timeout=120).backend_name == served_by
     finally:
         service.close()
+
+
+def bounded_strings(count: int, salt: str) -> dict:
+    """An object of bounded strings: auto prefers llguidance (xgrammar would narrow them), and
+    xgrammar could serve it only if llguidance failed."""
+    properties = {f"{salt}{i}": {"type": "string", "maxLength": 40} for i in range(count)}
+    return {"guided_json": {"type": "object", "properties": properties, "required": list(properties)}}
+
+
+def engines_started(service) -> list[str]:
+    """The engines whose jobs reach the runner, in order (a spy over the real pool)."""
+    started, submit = [], service._runner.submit
+
+    def recording(engine, spec):
+        started.append(engine)
+        return submit(engine, spec)
+
+    service._runner.submit = recording
+    return started
+
+
+@pytest.mark.parametrize("properties, demote_after_s, started", [
+    # llguidance ready in milliseconds: xgrammar is never started (before, it started at once,
+    # took a core from llguidance's compile, and its worker was killed and re-forked, ~10 ms).
+    (40, 0.5, ["llguidance"]),
+    # llguidance still compiling past compile_demote_after_s: xgrammar is started as a hedge.
+    (2_000, 0.02, ["llguidance", "xgrammar"]),
+])
+def test_a_slower_less_preferred_engine_is_a_hedge_not_a_race(tokenizer, properties, demote_after_s, started):
+    limits = AdmissionLimits(max_constraint_bytes=10**7)
+    config = GuidedConfig(backend="auto", compile_timeout_s=120, compile_demote_after_s=demote_after_s, limits=limits)
+    service = CompileService(create_backend("auto", tokenizer, vocab_size=VOCAB, config=config))
+    try:
+        service.compile_now(spec_of(light("warm")))
+        seen = engines_started(service)
+        spec = parse_guided_request(bounded_strings(properties, f"h{properties}_"), config)
+        assert service.backend.compile_engines(spec) == ("llguidance", "xgrammar")
+        assert service.submit(spec).result(timeout=60).backend_name == "llguidance"
+        time.sleep(0.2)  # a hedge timer still armed would start xgrammar now
+        assert seen == started
+    finally:
+        service.close()
