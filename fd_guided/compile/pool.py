@@ -2,7 +2,9 @@
 
 One *zygote* process per tokenizer (shared by every pool of this process that uses it) imports
 the engines and builds the tokenizer tables once; workers are forked from it on demand, ready in
-milliseconds. The pool's one loop thread owns every worker: it dispatches jobs (shortest expected
+milliseconds (~10 ms of zygote round trip on a 129k vocabulary, done on the pool's forker thread,
+so the loop never waits for a fork: a job goes to an idle worker first, and replies are read
+while a fork is under way). The pool's one loop thread owns every worker: it dispatches jobs (shortest expected
 first: constraint size times the engine's `compile_cost_weight`, so a quick compile is not queued
 behind a bomb, nor an llguidance job that serves a cold `auto` request behind xgrammar jobs that
 only fill the cache), polls each busy worker's memory,
@@ -27,6 +29,7 @@ import heapq
 import itertools
 import logging
 import os
+import queue
 import threading
 import time
 import weakref
@@ -94,12 +97,20 @@ class CompileProcessPool(WorkerSupervisor):
         self._incoming_lock = threading.Lock()
         self._cancelled: list[tuple[Future, BaseException, bool]] = []
         self._backgrounded: list[Future] = []
+        # Forks run on their own thread (a zygote round trip is ~10 ms): the loop never waits for
+        # one, so a job is sent to an idle worker and a reply received while a fork is under way.
+        self._forked: list[Any] = []  # (pid, conn) or None (the zygote is gone), from the forker
+        self._forking = 0  # forks asked of the forker and not yet taken in (loop thread only)
+        self._fork_failed = False  # no fork until a new job comes (the zygote is not respawned in a loop)
+        self._fork_requests: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
         self._closed = False
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
         self._thread = threading.Thread(target=self._loop, name="fd-guided-compile-pool", daemon=True)
         self._thread.start()
+        self._forker = threading.Thread(target=self._fork_loop, name="fd-guided-compile-fork", daemon=True)
+        self._forker.start()
         _live_pools.add(self)
 
     # ----- caller side -----
@@ -154,6 +165,7 @@ class CompileProcessPool(WorkerSupervisor):
             return
         self._closed = True
         self._wake()
+        self._fork_requests.put(False)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
         for worker in list(self._workers.values()):  # in case the loop is stuck
@@ -171,8 +183,8 @@ class CompileProcessPool(WorkerSupervisor):
         try:
             while not self._closed:
                 self._take_incoming()
+                self._dispatch()  # idle workers first: a job never waits for a fork another one needs
                 self._fork_workers()
-                self._dispatch()
                 busy = [w for w in self._workers.values() if w.job is not None]
                 ready = connection.wait([self._wake_read] + [w.conn for w in busy], _POLL_S if busy else None)
                 for item in ready:
@@ -192,6 +204,9 @@ class CompileProcessPool(WorkerSupervisor):
             jobs, self._incoming = self._incoming, []
             cancelled, self._cancelled = self._cancelled, []
             backgrounded, self._backgrounded = self._backgrounded, []
+            forked, self._forked = self._forked, []
+        self._take_forked(forked)
+        self._fork_failed = self._fork_failed and not jobs
         for job in jobs:
             if job.future.set_running_or_notify_cancel():
                 heapq.heappush(self._pending, self._queue_entry(job))
@@ -246,19 +261,41 @@ class CompileProcessPool(WorkerSupervisor):
         return len(self._pending) - background + min(background, lane)
 
     def _fork_workers(self) -> None:
+        """Ask the forker for the workers the queue needs beyond those idle or on their way."""
+        if self._fork_failed:
+            return
         foreground = self._foreground()
         idle = sum(w.job is None for w in foreground)
         wanted = min(self.max_workers, len(foreground) - idle + self._startable() + self.spare_workers)
-        for _ in range(wanted - len(foreground)):
-            forked = zygote_for(self._zygote_key, self._recipe).fork(self._config)
-            if forked is None:
-                self._fail_pending(
-                    InvalidGrammarError(
-                        f"the compile workers could not start: {zygote_for(self._zygote_key, self._recipe).error}"
-                    )
-                )
+        for _ in range(wanted - len(foreground) - self._forking):
+            self._forking += 1
+            self._fork_requests.put(True)
+
+    def _fork_loop(self) -> None:
+        """The forker thread: one zygote round trip per request, the result handed to the loop."""
+        while self._fork_requests.get() and not self._closed:
+            try:
+                forked = zygote_for(self._zygote_key, self._recipe).fork(self._config)
+            except Exception:  # noqa: BLE001 - reported as a zygote that could not fork
+                logger.exception("forking a compile worker failed")
+                forked = None
+            if forked is not None and self._closed:
+                kill(forked[0])
+                forked[1].close()
                 return
-            worker = Worker(*forked)
+            with self._incoming_lock:
+                self._forked.append(forked)
+            self._wake()
+
+    def _take_forked(self, forked: list[Any]) -> None:
+        for result in forked:
+            self._forking -= 1
+            if result is None:
+                self._fork_failed = True
+                error = zygote_for(self._zygote_key, self._recipe).error
+                self._fail_pending(InvalidGrammarError(f"the compile workers could not start: {error}"))
+                continue
+            worker = Worker(*result)
             self._workers[worker.pid] = worker
             self._on_event("forked")
 
@@ -295,6 +332,7 @@ class CompileProcessPool(WorkerSupervisor):
         closed = GuidedDecodingError("the compile service was closed before this compile finished")
         self._take_incoming()
         self._fail_pending(closed)
+        self._fork_requests.put(False)
         for worker in list(self._workers.values()):
             if worker.job is not None and not worker.job.future.done():
                 worker.job.future.set_exception(closed)
