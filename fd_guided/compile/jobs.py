@@ -177,7 +177,12 @@ class CompileJobs:
                 return future
             future = self._jobs[key] = Future()
         self.metrics.add_gauge("compiles_in_flight", 1)
-        self._loaders.submit(self._start_job, engine, spec, future)
+        if self.shared_cache is None:
+            # Nothing on the way to the runner can block (no L2 to ask): hand it over now. On a
+            # loader thread, a burst's jobs queued behind the rebuilds of the ones before them.
+            self._start_job(engine, spec, future)
+        else:
+            self._loaders.submit(self._start_job, engine, spec, future)
         return future
 
     def _start_job(self, engine: str, spec: GrammarSpec, future: Future) -> None:
