@@ -28,6 +28,7 @@ class StartPlans:
     def __init__(self, limit: int = START_PLANS):
         self.limit = limit
         self._plans: OrderedDict[Hashable, Plan | None] = OrderedDict()
+        self._needs: OrderedDict[Hashable, int] = OrderedDict()  # spec -> its start plan's need
         self._searches: dict[Hashable, Future] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -64,6 +65,33 @@ class StartPlans:
             self._searches[key] = self._pool.submit(self._run, key, search)
             return True
 
+    def need_of(self, spec: Hashable) -> int | None:
+        """The need of the last start plan found for `spec` (keys are (spec, engine)), or None."""
+        with self._lock:
+            return self._needs.get(spec)
+
+    def wait(self, key: Hashable) -> None:
+        """Wait for a background search of `key` in flight, if any (it is bounded)."""
+        with self._lock:
+            running = self._searches.get(key)
+        if running is not None:
+            running.exception()
+
+    def when_known(self, key: Hashable, search: Callable[[], Plan | None], then: Callable[[Plan | None], None]) -> None:
+        """Call `then(plan)` once `key`'s plan is known: now if it is, else after its background
+        search (started here if none is in flight), on the background thread."""
+        with self._lock:
+            known, plan = key in self._plans, self._plans.get(key)
+            running = None if known else self._searches.get(key)
+            if not known and running is None:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-guided-budget")
+                running = self._searches[key] = self._pool.submit(self._run, key, search)
+        if running is None:
+            then(plan)
+        else:
+            running.add_done_callback(lambda _: then(self.get(key)))
+
     def close(self) -> None:
         """Wait for a search in flight (it holds a matcher of its own)."""
         if self._pool is not None:
@@ -84,5 +112,10 @@ class StartPlans:
     def _remember(self, key: Hashable, plan: Plan | None) -> None:
         self._plans[key] = plan
         self._plans.move_to_end(key)
+        if plan is not None and isinstance(key, tuple) and key:
+            self._needs[key[0]] = plan.need
+            self._needs.move_to_end(key[0])
+            if len(self._needs) > self.limit:
+                self._needs.popitem(last=False)
         if len(self._plans) > self.limit:
             self._plans.popitem(last=False)

@@ -44,6 +44,7 @@ import numpy as np
 
 from ..bitmask_rows import token_row
 from ..interface import Grammar
+from .minimum import BudgetTooSmallError, StartPlanning
 from .plan import Plan, chain
 from .rows import StepRows, cut_drafts, engine_of, stop_entry
 from .search import Completion, TokenTable, shortest_completion, token_table
@@ -80,7 +81,7 @@ class _Slot:
 
 
 @dataclass
-class BudgetSteering:
+class BudgetSteering(StartPlanning):
     """The manager's budget steering (see the module docstring); one per manager."""
 
     backend: Any
@@ -214,41 +215,6 @@ class BudgetSteering:
                     budget.plan = Plan(completion.text, chain(completion, self.table))
                     self._close(step, entry.first_row, budget.plan, left, budget, state.grammar)
 
-    def _start_deferred(self, state, left: int, budget: _Slot) -> bool:
-        """Whether the first look waits for a background start-plan search (see DEFER_START_ABOVE)."""
-        if not budget.deferred and (state.history or left <= self.defer_start_above):
-            return False
-        key = (state.spec, engine_of(state))
-        if self.start_plans.known(key):
-            return False
-        if self.start_plans.searching(key):
-            budget.deferred = True
-            return True
-        if budget.deferred:
-            return False  # its search failed: the slot searches on its own matcher now
-        try:
-            compiled = state.ticket.result(timeout=0)
-        except Exception:  # noqa: BLE001 - no compiled grammar to copy: search on the slot's matcher
-            return False
-        _ = self.table  # built here, not raced for by the background thread
-        budget.deferred = self.start_plans.search_later(key, lambda: self._own_search(compiled))
-        return budget.deferred
-
-    def _own_search(self, compiled: Any) -> Plan | None:
-        """The start plan of `compiled`, on a matcher and scratch row of its own (any thread)."""
-        scratch = self.backend.allocate_bitmask(1)
-        words = scratch.numpy() if hasattr(scratch, "numpy") else np.asarray(scratch)
-        completion = shortest_completion(
-            self.backend.new_grammar(compiled),
-            self.table,
-            self.backend.stop_token_ids,
-            words[0],
-            scratch,
-            0,
-            max_expansions=self.max_expansions,
-        )
-        return Plan.of(completion, self.table) if completion is not None else None
-
     def _start(self, step: StepRows, entry, state, budget: _Slot, left: int) -> bool:
         """The first look: a plan from the current state; fail the request if it cannot fit."""
         if budget.deferred and state.history:
@@ -263,17 +229,19 @@ class BudgetSteering:
             return False
         budget.plan, budget.seen = plan, len(state.history)
         if plan.need > left:
-            self.metrics.inc("budget_refused_requests_total")
-            step.fail(
-                entry.slot,
-                state,
-                f"max_tokens={budget.max_tokens} cannot hold a complete output: the shortest "
-                f"valid {state.spec.kind} output from here needs {plan.need} tokens (its stop token included)"
-                + (f", and {budget.max_tokens - left} were generated already" if left < budget.max_tokens else ""),
+            spent = budget.max_tokens - left
+            refusal = BudgetTooSmallError(
+                budget.max_tokens, plan.need, state.spec.kind, generated=spent, from_start=not state.history
             )
-            stop_entry(step, entry)
-            return False
+            return self._refuse(step, entry, state, refusal)
         return True
+
+    def _refuse(self, step: StepRows, entry, state, refusal: BudgetTooSmallError) -> bool:
+        """Fail the request at its first look, before any of its output is sampled."""
+        self.metrics.inc("budget_refused_requests_total")
+        step.fail(entry.slot, state, str(refusal))
+        stop_entry(step, entry)
+        return False
 
     def _start_late(self, step: StepRows, entry, state, budget: _Slot, left: int) -> bool:
         """The first look of a request that generated tokens while its start plan was searched in
@@ -286,28 +254,8 @@ class BudgetSteering:
         plan = cached.fresh()
         budget.plan, budget.seen = plan, 0
         if plan.need > budget.max_tokens:
-            self.metrics.inc("budget_refused_requests_total")
-            step.fail(
-                entry.slot,
-                state,
-                f"max_tokens={budget.max_tokens} cannot hold a complete output: the shortest "
-                f"valid {state.spec.kind} output needs {plan.need} tokens (its stop token included)",
-            )
-            stop_entry(step, entry)
-            return False
+            return self._refuse(step, entry, state, BudgetTooSmallError(budget.max_tokens, plan.need, state.spec.kind))
         return True
-
-    def _start_plan(self, state) -> Plan | None:
-        """The plan from the grammar's start state, searched once per spec and engine (its matcher's
-        type: a plan is in that engine's tokens) and copied for every request after."""
-        key = (state.spec, engine_of(state))
-        if self.start_plans.known(key):
-            cached = self.start_plans.get(key)
-            return cached.fresh() if cached is not None else None
-        completion = self._search(state.grammar)
-        plan = Plan.of(completion, self.table) if completion is not None else None
-        self.start_plans.remember(key, plan)
-        return plan.fresh() if plan is not None else None
 
     def _follow(self, grammar: Grammar, history: Sequence[int], budget: _Slot) -> None:
         """Bring the plan up to the tokens the grammar accepted since the last look."""

@@ -312,6 +312,8 @@ class ReferenceEngine:
             admitted_at=admitted_at,
         )
         if spec is not None:
+            # A budget below the schema's shortest output, when a start plan already says so: the 400 now.
+            self.manager.budget.check(spec, seq.max_tokens, seq.fit_budget)
             self.manager.prefetch(spec)  # compiles while the request waits for a slot, too
         return seq
 

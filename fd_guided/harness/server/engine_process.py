@@ -32,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import zmq
 
+from fd_guided.budget import fit_budget_requested
 from fd_guided.errors import InvalidGrammarError
 from fd_guided.harness.server import ipc
 from fd_guided.harness.server.bounds import PromptBound, longest_token_bytes
@@ -184,7 +185,14 @@ class EngineServer:
         if ticket is None:
             self.send(ipc.Admitted(message.id))
         else:
-            ticket.add_done_callback(lambda done: self._settled(message, done))
+            # Compiled, then the budget: a max_tokens below the shortest output is a 400 (fd_guided.budget).
+            budget = self.engine.manager.budget.refusal_when_compiled(
+                spec,
+                ticket,
+                min(int(request.get("max_tokens") or 0) for request in message.requests) or None,
+                fit_budget_requested(message.requests[0]),
+            )
+            budget.add_done_callback(lambda done: self._settled(message, ticket, done.result()))
 
     def _tokenize(self, requests: list[dict]) -> dict[tuple, list[int]]:
         """Each distinct (prompt, max_tokens) tokenised once, bounded by the context (`PromptBound`):
@@ -196,8 +204,8 @@ class EngineServer:
                 ids[prompt, max_tokens] = self.prompts.tokenize(prompt, int(max_tokens or 0))
         return ids
 
-    def _settled(self, message: ipc.Submit, ticket: Future) -> None:
-        error = ticket.exception()
+    def _settled(self, message: ipc.Submit, ticket: Future, refusal: BaseException | None = None) -> None:
+        error = ticket.exception() or refusal
         if error is not None:
             self._drop(message.indices)
         self.send(ipc.Admitted(message.id, None if error is None else _error_info(error)))
