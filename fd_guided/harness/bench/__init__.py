@@ -163,6 +163,15 @@ def format_report(report: dict) -> str:
                 f"{row['async_excess_over_bound_ms']:+34.1f}  {row['admission_ms']:9.1f}  "
                 f"{row.get('prefill_tokens_per_s', float('nan')):16.0f}  {row.get('prompt', '')}"
             )
+        lines.append(
+            "paired per round, over unguided (ms): "
+            + "; ".join(
+                f"{row.get('prompt', row['prompt_tokens'])}: async {row['async_minus_unguided_paired_ms']:+.1f}, "
+                f"inline {row['inline_minus_unguided_paired_ms']:+.1f}"
+                for row in report["ttft"]
+                if "async_minus_unguided_paired_ms" in row
+            )
+        )
     if "spec" in report:
         lines.append(
             "\nspeculative  drafter      k  acceptance unmasked  masked  guided/unguided step  guided ms  "

@@ -86,7 +86,8 @@ def bench_ttft(
     max(unguided TTFT, this round's own compile time) and no more. `compile_in_run_ms` is the
     compile as it ran during that prefill (read from the manager's compile histogram), and
     `async_excess_over_bound_ms` the median of (async TTFT - that bound) over the rounds.
-    `compiles_by_engine`: the async engine's compiles so far, per engine (``auto`` picks one per
+    `async_minus_unguided_paired_ms` / `inline_minus_unguided_paired_ms`: medians of the per-round
+    differences. `compiles_by_engine`: the async engine's compiles so far, per engine (``auto`` picks one per
     schema and vocabulary, and the engines' compile times differ).
     """
     config = config or GuidedConfig()
@@ -133,7 +134,9 @@ def bench_ttft(
             f"inline {row['ttft_inline_ms']:.1f}ms, cold compile {row['compile_ms']:.1f}ms "
             f"(in run {row['compile_in_run_ms']:.1f}ms), "
             f"async beyond max(prefill, compile) {row['async_excess_over_bound_ms']:+.1f}ms, "
-            f"admission {row['admission_ms']:.1f}ms"
+            f"admission {row['admission_ms']:.1f}ms; "
+            f"paired per round: async {row['async_minus_unguided_paired_ms']:+.1f}ms, "
+            f"inline {row['inline_minus_unguided_paired_ms']:+.1f}ms over unguided"
         )
     for engine in engines.values():
         engine.close()
@@ -158,6 +161,13 @@ def _ttft_row(tokenizer, prompt, samples, compile_s, compile_in_run_s, admission
     row["async_over_unguided"] = row["ttft_async_ms"] / row["ttft_unguided_ms"]
     row["inline_over_unguided"] = row["ttft_inline_ms"] / row["ttft_unguided_ms"]
     row["async_excess_ms"] = row["ttft_async_ms"] - row["ttft_unguided_ms"]
+    # Paired within each round (the three engines run back to back): a host that slows down or
+    # speeds up between rounds moves all three alike, so these differences are steadier than
+    # differences of medians when the prefill takes seconds (a trained model on shared cores).
+    for mode in ("async", "inline"):
+        row[f"{mode}_minus_unguided_paired_ms"] = median_ms(
+            [guided - unguided for guided, unguided in zip(samples[mode], samples["unguided"])]
+        )
     # The bound the design promises: guidance adds at most the compile time that exceeds prefill.
     row["compile_beyond_prefill_ms"] = max(0.0, row["compile_in_run_ms"] - row["ttft_unguided_ms"])
     prefill_s = statistics.median(samples["unguided"])

@@ -71,6 +71,9 @@ def test_ttft_rows_name_their_prompt_engine_and_prefill_speed():
     # Two guided runs per round (async and inline) plus the warm-up's two: xgrammar compiled all.
     assert row["compiles_by_engine"] == {"xgrammar": 2}  # the async engine's own: warm-up + 1 round
     assert row["prefill_tokens_per_s"] == pytest.approx(16 / (row["ttft_unguided_ms"] / 1e3))
+    # One round: the paired differences are that round's, the medians its values.
+    assert row["async_minus_unguided_paired_ms"] == pytest.approx(row["ttft_async_ms"] - row["ttft_unguided_ms"])
+    assert row["inline_minus_unguided_paired_ms"] == pytest.approx(row["ttft_inline_ms"] - row["ttft_unguided_ms"])
 
 
 def test_budget_bench_tool_runs_on_a_chosen_model():
