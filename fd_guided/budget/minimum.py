@@ -113,8 +113,13 @@ class StartPlanning:
         if self.start_plans.known(key):
             return False
         if self.start_plans.searching(key):
-            budget.deferred = True
-            return True
+            if left > self.defer_start_above:
+                budget.deferred = True
+                return True
+            # Close enough that its plan may matter: wait for the (bounded) search, so the step at
+            # which steering starts does not depend on the search's timing (ranks of a TP group agree).
+            self.start_plans.wait(key)
+            return False
         if budget.deferred:
             return False  # its search failed: the slot searches on its own matcher now
         try:
