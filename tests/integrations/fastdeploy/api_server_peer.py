@@ -38,8 +38,11 @@ ENGINE_ANSWERS = {
     "[a-z]+": (400, "invalid guided decoding request: refused by the engine", False),
     "[0-9]+": (400, "guided decoding failed: refused by the worker", True),
     "cache": (400, "failed to send cache", False),
+    "[ab]+": (200, None, True),  # a finished answer: ANSWER_TEXT's tokens, then EOS (1)
     None: (500, "engine failure: no free blocks", False),
 }
+
+ANSWER_TEXT = "ab"
 
 
 def create_engine_signals(suffix: int) -> list:
@@ -54,14 +57,17 @@ def create_engine_signals(suffix: int) -> list:
 class EnginePeer:
     """The engine's two sockets: requests recorded, each answered with the engine's error result."""
 
-    def __init__(self, name: int):
+    def __init__(self, name: int, model_dir: str):
         import zmq
+        from tokenizers import Tokenizer
 
         from fastdeploy.engine.common_engine import EngineService
         from fastdeploy.inter_communicator import ZmqIpcServer
         from fastdeploy.utils import llm_logger
 
         self.received: list[dict] = []
+        tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+        self.answer_ids = tokenizer.encode(ANSWER_TEXT, add_special_tokens=False).ids + [1]
         self.engine = EngineService.__new__(EngineService)  # only its response path is used
         self.engine.llm_logger = llm_logger
         self.engine.send_response_server = ZmqIpcServer(name=name, mode=zmq.ROUTER)
@@ -85,8 +91,11 @@ class EnginePeer:
         if not with_outputs:
             self.engine._send_error_response(task["request_id"], message, code)
             return
-        outputs = CompletionOutput(index=0, send_idx=0, token_ids=[1])
-        result = RequestOutput(task["request_id"], outputs=outputs, finished=True, error_code=code, error_msg=message)
+        from fastdeploy.engine.request import RequestMetrics
+
+        outputs = CompletionOutput(index=0, send_idx=0, token_ids=self.answer_ids if code == 200 else [1])
+        result = RequestOutput(task["request_id"], outputs=outputs, finished=True, error_code=code, error_msg=message,
+                               metrics=RequestMetrics(arrival_time=time.time()))
         self.engine.send_response_server.send_response(task["request_id"], [result])
 
     def remove_socket_files(self) -> None:
@@ -112,7 +121,7 @@ def main() -> None:
     os.environ["INFERENCE_MSG_QUEUE_ID"] = str(queue_id)
     sys.argv = ["api_server", *sys.argv[1:], "--port", str(port)]
     signals = create_engine_signals(queue_id)
-    peer = EnginePeer(port)
+    peer = EnginePeer(port, sys.argv[sys.argv.index("--model") + 1])
     from fastapi.testclient import TestClient
 
     from fastdeploy.entrypoints.openai import api_server

@@ -39,6 +39,7 @@ REFUSED = [
     ("bad regex", {"guided_regex": "(unclosed"}, "guided_regex", "not a valid regular expression"),
 ]
 # Answered by the engine peer (api_server_peer.ENGINE_ANSWERS), after our check let them through.
+ANSWERED = {"guided_regex": "[ab]+"}  # answered "ab", then EOS
 ENGINE_REFUSES = {"guided_regex": "[a-z]+"}
 WORKER_REFUSES = {"guided_regex": "[0-9]+"}
 ENGINE_MESSAGE = "invalid guided decoding request: refused by the engine"
@@ -59,6 +60,7 @@ for _name, _fields, _, _ in REFUSED:
         CASES[_name, _endpoint] = _body(_endpoint, **_fields)
 CASES["stream"] = _body("chat", stream=True, **REFUSED[2][1])
 for _endpoint in ("chat", "completions"):
+    CASES["answered", _endpoint] = _body(_endpoint, **ANSWERED)
     CASES["engine refuses", _endpoint] = _body(_endpoint, **ENGINE_REFUSES)
     CASES["worker refuses", _endpoint] = _body(_endpoint, **WORKER_REFUSES)
     CASES["engine fails", _endpoint] = _body(_endpoint)
@@ -135,6 +137,15 @@ def test_a_streaming_request_is_refused_before_its_stream_starts(answers):
     answer = answers["stream"]
     assert answer["status"] == 400 and answer["body"]["error"]["param"] == "guided_regex", answer
     assert answer["reached_engine"] == []
+
+
+def test_a_good_request_is_answered_through_the_watch_unchanged(answers):
+    chat, completion = answers["answered", "chat"], answers["answered", "completions"]
+    assert chat["reached_engine"] == [ANSWERED] and completion["reached_engine"] == [ANSWERED]
+    assert chat["status"] == 200 and completion["status"] == 200, (chat, completion)
+    assert chat["body"]["choices"][0]["message"]["content"] == "ab", chat
+    assert completion["body"]["choices"][0]["text"] == "ab", completion
+    assert chat["body"]["choices"][0]["finish_reason"] == "stop" == completion["body"]["choices"][0]["finish_reason"]
 
 
 @pytest.mark.parametrize("case, fields, message", [("engine refuses", ENGINE_REFUSES, ENGINE_MESSAGE),
