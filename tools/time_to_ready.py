@@ -55,6 +55,8 @@ def build(args, backend_name: str, **overrides):
     from fd_guided import GuidedConfig, GuidedDecodingManager, load_tokenizer
     from fd_guided.registry import create_backend
 
+    if args.compile_workers:
+        overrides.setdefault("compile_workers", args.compile_workers)
     config = GuidedConfig(backend=backend_name, compile_timeout_s=args.timeout, **overrides)
     backend = create_backend(backend_name, load_tokenizer(args.tokenizer), vocab_size=VOCAB, config=config)
     manager = GuidedDecodingManager(backend, max_num_seqs=max(args.burst, 1))
@@ -77,7 +79,66 @@ def admit(manager, schema: dict):
         return None, (time.perf_counter() - started) * 1e3, str(error)[:200]
 
 
-def run_group(manager, group: list, poll_s: float) -> list[dict]:
+class Trace:
+    """`--trace`: monotonic stamps along one request's path to ready, for the engine that served it.
+
+    add_request called -> returned (ticket made, job handed to the pool) / the pool's loop took
+    it -> sent to a worker -> the worker compiled (its own clock) -> reply read -> rebuild started
+    on a loader thread -> rebuilt (the matcher built here from the worker's grammar) -> ticket
+    done -> first `is_ready` poll that saw it. Wraps the pool's and the jobs' private methods in
+    this process (a measurement, not part of the library); costs ~10 us a request."""
+
+    STAGES = ("submitted", "pool_took", "sent", "replied", "rebuild_start", "rebuilt", "ticket_done", "is_ready")
+
+    def __init__(self):
+        from fd_guided.compile import jobs, pool, supervisor
+
+        self.stamps: dict = {}  # (engine, spec) -> {stage: monotonic}
+        self.compile_s: dict = {}  # (engine, spec) -> the worker's own compile seconds
+        stamp = self.stamp
+
+        def wrap(cls, name, before):
+            original = getattr(cls, name)
+
+            def wrapped(this, *args):
+                before(this, *args)
+                return original(this, *args)
+
+            setattr(cls, name, wrapped)
+
+        def took(this):
+            with this._incoming_lock:
+                incoming = list(this._incoming)
+            for job in incoming:
+                stamp(job.engine, job.spec, "pool_took")
+
+        def replied(this, worker):
+            job = worker.job
+            stamp(job.engine, job.spec, "sent", job.started)
+            stamp(job.engine, job.spec, "replied")
+            job.future.add_done_callback(
+                lambda f: f.exception() is None and self.compile_s.setdefault((job.engine, job.spec), f.result()[1])
+            )
+
+        wrap(pool.CompileProcessPool, "_take_incoming", took)
+        wrap(supervisor.WorkerSupervisor, "_receive", replied)
+        wrap(jobs.CompileJobs, "_after_run", lambda this, engine, spec, *_: stamp(engine, spec, "rebuild_start"))
+        wrap(jobs.CompileJobs, "_finish_job", lambda this, engine, spec, *_: stamp(engine, spec, "rebuilt"))
+
+    def stamp(self, engine, spec, stage, at=None):
+        self.stamps.setdefault((engine, spec), {}).setdefault(stage, time.monotonic() if at is None else at)
+
+    def record(self, record: dict, spec, engine: str, added: float, submitted: float, done: float, ready: float):
+        """When each stage was reached, ms after ``add_request`` was called, into `record["trace"]`
+        (offsets, not durations: the pool may take the job before ``add_request`` returns)."""
+        stamps = dict(self.stamps.pop((engine, spec), {}), submitted=submitted, ticket_done=done, is_ready=ready)
+        trace = {stage: round((stamps[stage] - added) * 1e3, 3) for stage in self.STAGES if stage in stamps}
+        if (engine, spec) in self.compile_s:
+            trace["worker_compile"] = round(self.compile_s.pop((engine, spec)) * 1e3, 3)
+        record["trace"] = trace
+
+
+def run_group(manager, group: list, poll_s: float, trace: Trace | None = None) -> list[dict]:
     """Admit every schema of `group`, add them all, poll until each is ready; one record each."""
     records, slots = [], {}
     for name, schema in group:
@@ -88,8 +149,12 @@ def run_group(manager, group: list, poll_s: float) -> list[dict]:
             record["refused"] = refused
             continue
         slot = len(slots)
-        record["_slot"], record["_t0"] = slot, time.perf_counter()
+        record["_slot"], record["_t0"], record["_spec"] = slot, time.perf_counter(), spec
+        record["_added"] = time.monotonic()
         manager.add_request(slot, spec)
+        record["_submitted"] = time.monotonic()
+        ticket = manager.slots[slot].ticket
+        ticket.add_done_callback(lambda _, record=record: record.setdefault("_done", time.monotonic()))
         slots[slot] = record
     waiting = dict(slots)
     while waiting:
@@ -101,12 +166,23 @@ def run_group(manager, group: list, poll_s: float) -> list[dict]:
             record["engine"] = ticket.result().backend_name if ticket.exception() is None else "error"
             if ticket.exception() is not None:
                 record["error"] = str(ticket.exception())[:200]
+            elif trace is not None:
+                trace.record(
+                    record,
+                    record["_spec"],
+                    record["engine"],
+                    record["_added"],
+                    record["_submitted"],
+                    record.get("_done", now),
+                    time.monotonic(),
+                )
         if waiting:
             time.sleep(poll_s)
     for slot in slots:
         manager.release(slot)
     for record in records:
-        record.pop("_slot", None)
+        for key in ("_slot", "_spec", "_added", "_submitted", "_done"):
+            record.pop(key, None)
     return records
 
 
@@ -135,7 +211,11 @@ def calibrate(args, items: list, engines: list[str]) -> dict[str, dict[str, floa
 
 def summarise(records: list[dict], quick: set[str]) -> dict:
     served = [r for r in records if "ready_ms" in r]
+    traced = [r["trace"] for r in served if "trace" in r]
+    stages = [stage for stage in (*Trace.STAGES, "worker_compile") if any(stage in t for t in traced)]
+    stage_ms = {stage: percentiles([t[stage] for t in traced if stage in t]) for stage in stages}
     return {
+        **({"trace_ms": stage_ms} if traced else {}),
         "all": percentiles([r["ready_ms"] for r in served]),
         "quick": percentiles([r["ready_ms"] for r in served if r["name"] in quick]),
         "admission": percentiles([r["admit_ms"] for r in records]),
@@ -188,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         "--alone-from", type=Path, help="take the engines' alone times from an earlier --json of the same schemas"
     )
     parser.add_argument("--phases", default="sequential,burst")
+    parser.add_argument("--compile-workers", type=int, help="GuidedConfig.compile_workers (default: the config's)")
+    parser.add_argument("--trace", action="store_true", help="time each stage of the path to ready (`Trace`)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args(argv)
@@ -198,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     phases = [p for p in args.phases.split(",") if p]
     items = schema_stream.corpus(args.corpus, args.schemas * len(phases), args.seed)
     groups = {phase: items[i * args.schemas : (i + 1) * args.schemas] for i, phase in enumerate(phases)}
+    trace = Trace() if args.trace else None
     manager = build(args, args.backend)
     report: dict = {
         "corpus": args.corpus,
@@ -213,11 +296,15 @@ def main(argv: list[str] | None = None) -> int:
         size = 1 if phase == "sequential" else args.burst
         records = []
         for start in range(0, len(group), size):
-            records += run_group(manager, group[start : start + size], poll_s)
+            records += run_group(manager, group[start : start + size], poll_s, trace)
         report["phases"][phase] = records
     report["service"] = manager.compiler.stats()
     report["metrics"] = (
-        {k: v for k, v in manager.metrics.snapshot().items() if "background" in k or "served_by" in k}
+        {
+            k: v
+            for k, v in manager.metrics.snapshot().items()
+            if "background" in k or "served_by" in k or "worker_events" in k
+        }
         if hasattr(manager.metrics, "snapshot")
         else {}
     )
@@ -245,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{'':10s} admission {summary['admission']}; refused {summary['refused']}, errors {summary['errors']}, "
             f"served by {summary['engines']}"
         )
+        for stage, figures in summary.get("trace_ms", {}).items():
+            print(f"{'':10s} stage {stage:15s} ms {figures}")
     slow = [r for records in report["phases"].values() for r in records if "ready_ms" in r and r["name"] not in quick]
     for record in sorted(slow, key=lambda r: -r["ready_ms"])[:15]:
         print(
