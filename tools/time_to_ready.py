@@ -225,17 +225,21 @@ def summarise(records: list[dict], quick: set[str]) -> dict:
     }
 
 
-def plot(report: dict, path: Path) -> None:
+def plot(report: dict, path: Path, before: dict | None = None) -> None:
+    """The CDF of time to ready per phase; with `before` (an earlier report), its curves dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for phase in ("sequential", "burst"):
-        values = sorted(r["ready_ms"] for r in report["phases"][phase] if "ready_ms" in r)
-        if values:
-            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=f"{phase} (n={len(values)})")
+    runs = [(report, "-", "")] + ([(before, "--", "before, ")] if before else [])
+    for run, style, prefix in runs:
+        for color, phase in zip(("C0", "C1"), ("sequential", "burst")):
+            values = sorted(r["ready_ms"] for r in run["phases"].get(phase, []) if "ready_ms" in r)
+            if values:
+                cdf = [(i + 1) / len(values) for i in range(len(values))]
+                ax.plot(values, cdf, style, color=color, label=f"{prefix}{phase} (n={len(values)})")
     for target, style in ((10, ":"), (150, "--")):
         ax.axvline(target, color="grey", linestyle=style, linewidth=1)
     ax.set_xscale("log")
@@ -271,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-workers", type=int, help="GuidedConfig.compile_workers (default: the config's)")
     parser.add_argument("--trace", action="store_true", help="time each stage of the path to ready (`Trace`)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot-before", type=Path, help="an earlier --json to draw beside (dashed)")
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args(argv)
 
@@ -343,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     if args.plot:
-        plot(report, args.plot)
+        plot(report, args.plot, json.loads(args.plot_before.read_text()) if args.plot_before else None)
     return 0
 
 
