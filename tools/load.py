@@ -27,7 +27,10 @@ behind its SSE parsing of 136 streams. `--probe-shared` adds a second probe in t
 side by side (`probe_shared`). `--phases` runs one phase only. Bounded: `--max-requests` in all
 and `--phase-timeout-s` per phase; loopback addresses only.
 
-Side by side: ``--server LABEL=DIR`` (repeatable) starts each server from its own checkout in turn,
+Side by side: ``--server LABEL=DIR`` (repeatable) starts each server from its own checkout in turn
+(``LABEL=DIR;pythonpath=P`` puts P first on the server's path, e.g. uvloop and httptools, which
+uvicorn then uses; ``;engine-nice=N`` sets the engine process's scheduler autogroup to nice N once
+it is up),
 `--rounds` times (A B A B ...), and adds `comparison`: per phase and request kind, TTFT/TPOT
 percentiles over the samples each server got in all rounds, their ratios (first server / each
 other), and each round's ratio of medians (the spread). Each run records the load average.
@@ -313,7 +316,7 @@ def check_loopback(url: str) -> None:
         raise SystemExit(f"refusing to load {host!r}: this tool talks to loopback addresses only")
 
 
-def start_server(args, directory: str | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(args, directory: str | None = None, pythonpath: str | None = None) -> tuple[subprocess.Popen, str]:
     """`fd-guided serve` from `directory` (a checkout; this tool's own by default), in a session of its own."""
     url = f"http://127.0.0.1:{args.port}"
     command = [sys.executable, "-m", "fd_guided.harness.cli", "serve", "--port", str(args.port), "--preset", args.preset,
@@ -321,8 +324,9 @@ def start_server(args, directory: str | None = None) -> tuple[subprocess.Popen, 
                "--log-level", "warning", "--loop-priority", args.loop_priority]
     print("+ " + (f"(cd {directory}) " if directory else "") + " ".join(command), flush=True)
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-    if directory:
-        env["PYTHONPATH"] = os.path.abspath(directory) + os.pathsep + env.get("PYTHONPATH", "")
+    for path in (directory, pythonpath):
+        if path:
+            env["PYTHONPATH"] = os.path.abspath(path) + os.pathsep + env.get("PYTHONPATH", "")
     process = subprocess.Popen(command, env=env, cwd=directory, start_new_session=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -405,9 +409,15 @@ def format_phase(name: str, phase: dict) -> str:
     return "\n".join(lines)
 
 
-def run_once(args, directory: str | None = None) -> dict:
-    """One run: against --url, or a server started from `directory` and stopped after."""
-    process, url = start_server(args, directory) if args.start_server else (None, args.url)
+def run_once(args, directory: str | None = None, options: dict | None = None) -> dict:
+    """One run: against --url, or a server started from `directory` (with `options`, see the
+    docstring) and stopped after."""
+    options = options or {}
+    process, url = start_server(args, directory, options.get("pythonpath")) if args.start_server else (None, args.url)
+    if "engine-nice" in options:
+        engine_pid = httpx.get(url + "/health", timeout=10).json()["engine_pid"]
+        with open(f"/proc/{engine_pid}/autogroup", "w") as autogroup:  # its session's share of the CPU
+            autogroup.write(options["engine-nice"])
     load_before = os.getloadavg()
     try:
         report = asyncio.run(run(args, url))
@@ -423,9 +433,12 @@ def compare_servers(args, servers: list[tuple[str, str]]) -> dict:
     """Each server in turn, `args.rounds` times; their runs and `comparison` (see the docstring)."""
     runs = []
     for round_index in range(args.rounds):
-        for label, directory in servers:
-            print(f"round {round_index + 1}/{args.rounds}: {label} ({directory})", flush=True)
-            runs.append({"server": label, "round": round_index, "directory": directory, **run_once(args, directory)})
+        for label, spec in servers:
+            directory, *pairs = spec.split(";")
+            options = dict(pair.split("=", 1) for pair in pairs)
+            print(f"round {round_index + 1}/{args.rounds}: {label} ({spec})", flush=True)
+            runs.append({"server": label, "round": round_index, "directory": directory, "options": options,
+                         **run_once(args, directory, options)})
     return {"config": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs,
             "comparison": comparison(runs, [label for label, _ in servers])}
 
