@@ -52,7 +52,18 @@ DEMO = [
     "gguf>=0.17",  # GGUFReader field contents(), numpy dequantize of Q4_1 and Q8_0 (tested: 0.19)
 ]
 # `fd-guided serve`: the OpenAI-compatible server on the reference engine.
-SERVE = DEMO + ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20", "pyzmq>=25", "msgspec>=0.18"]
+# uvloop + httptools: uvicorn picks them up when installed; measured, they take the API process's
+# loop lag p99 from 1.8 to 1.0 ms and a cheap request under 128 cold streams under 5 ms p99
+# (docs/benchmarks.md, issue #26).
+SERVE = DEMO + [
+    "fastapi>=0.110",
+    "uvicorn>=0.29",
+    "uvloop>=0.19; sys_platform != 'win32'",
+    "httptools>=0.6",
+    "prometheus-client>=0.20",
+    "pyzmq>=25",
+    "msgspec>=0.18",
+]
 REDIS = ["redis>=5.0"]
 # `fd-guided bench` and tools/ (plots).
 BENCH = DEMO + ["matplotlib>=3.7"]
