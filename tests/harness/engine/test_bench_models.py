@@ -94,3 +94,14 @@ def test_budget_bench_tool_runs_on_a_chosen_model():
     assert len(runs) == 8
     assert all(r["valid"] == r["total"] for r in runs if r["fit_budget"])
     assert all(r["total"] == 4 and r["tokens_per_s"] > 0 for r in runs if r["decoder"] == "model")
+
+
+def test_report_text_names_each_prompt_with_its_prefill_speed_and_paired_differences():
+    from fd_guided.harness.bench import format_report
+
+    report = json.loads((ROOT / "docs" / "bench_ttft_smollm2.json").read_text())
+    lines = format_report(report).splitlines()
+    support_1 = next(line for line in lines if line.endswith("support_1"))
+    assert support_1.split()[0] == "209" and support_1.split()[-2] == "143"  # tokens, prefill tokens/s
+    paired = next(line for line in lines if line.startswith("paired per round"))
+    assert "support_4: async -58.2, inline +18.9" in paired
