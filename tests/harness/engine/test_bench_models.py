@@ -76,17 +76,13 @@ def test_ttft_rows_name_their_prompt_engine_and_prefill_speed():
     assert row["inline_minus_unguided_paired_ms"] == pytest.approx(row["ttft_inline_ms"] - row["ttft_unguided_ms"])
 
 
-def test_budget_bench_tool_runs_on_a_chosen_model():
-    """tools/budget_bench.py --model tiny, quality only, one schema: steering makes every output valid."""
-    out = ROOT / "tests" / ".budget_bench_tiny.json"
-    out.unlink(missing_ok=True)
-    try:
-        command = [sys.executable, str(ROOT / "tools" / "budget_bench.py"), str(out), "--model", "tiny"]
-        command += ["--schemas", "enum_status", "person", "--seeds", "2", "--only", "quality"]
-        subprocess.run(command, check=True, capture_output=True, timeout=300, cwd=ROOT)
-        report = json.loads(out.read_text())
-    finally:
-        out.unlink(missing_ok=True)
+def test_budget_bench_tool_runs_on_a_chosen_model(tmp_path):
+    """tools/budget_bench.py --model tiny, quality only, two schemas: steering makes every output valid."""
+    out = tmp_path / "budget_bench_tiny.json"
+    command = [sys.executable, str(ROOT / "tools" / "budget_bench.py"), str(out), "--model", "tiny"]
+    command += ["--schemas", "enum_status", "person", "--seeds", "2", "--only", "quality"]
+    subprocess.run(command, check=True, capture_output=True, timeout=300, cwd=ROOT)
+    report = json.loads(out.read_text())
     jsonschema.validate(report["quality"]["schemas"], {"additionalProperties": {"type": "integer", "minimum": 2}})
     assert report["model"] == "tiny" and set(report["quality"]["schemas"]) == {"enum_status", "person"}
     assert report["quality"]["prompt_example"] == "Write enum_status as JSON:"
