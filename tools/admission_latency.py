@@ -10,13 +10,16 @@ warm. ``--hostile`` adds the hostile-input sets of tests/admission/test_hostile_
 tests/schema/test_hostile_schemas.py. Prints p50/p90/p99/max per set, and the slowest cold ones.
 ``--budget-ms`` sets `GuidedConfig.admission_budget_s` (default: the config's default; ``inline``:
 every verdict at admission, as before issue #22); a verdict left to the compile worker shows as
-``deferred`` (admitted here; the worker decides).
+``deferred`` (admitted here; the worker decides). Python's garbage collector pauses whatever
+thread allocates when it runs (a full pass over this process's heap: ~0.1 s on a loaded 2-core
+host); the time each admission spent in such pauses is reported too, and the percentiles without it.
 Times are wall clock on whatever machine runs it: wrap it in ``flock /tmp/fd_bench.lock`` on a shared one.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -26,7 +29,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "schema"), str(REPO / "tests" / "admission")]
 
 from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request  # noqa: E402
-from fd_guided.admission import cache, deferred  # noqa: E402
+from fd_guided.admission import cache  # noqa: E402
+
+try:  # a tree before issue #22's bounded admission has none: everything is inline there
+    from fd_guided.admission.deferred import STATS as DEFERRALS  # noqa: E402
+except ImportError:
+    DEFERRALS = {"deferred": 0}
 
 
 def _percentiles(values: list[float]) -> dict:
@@ -43,12 +51,29 @@ def _percentiles(values: list[float]) -> dict:
     }
 
 
+class _GcClock:
+    """Seconds spent in garbage collection since `start` (gc.callbacks)."""
+
+    def __init__(self):
+        self.total, self._began = 0.0, 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._began
+
+
+GC = _GcClock()
+
+
 def _admit(fields, config) -> tuple[float, str]:
-    before = deferred.STATS["deferred"]
+    before = DEFERRALS["deferred"]
     started = time.perf_counter()
     try:
         parse_guided_request(fields, config)
-        verdict = "deferred" if deferred.STATS["deferred"] > before else "admitted"
+        verdict = "deferred" if DEFERRALS["deferred"] > before else "admitted"
     except InvalidGrammarError as error:
         verdict = f"refused: {str(error)[:80]}"
     return time.perf_counter() - started, verdict
@@ -65,11 +90,17 @@ def _fresh(fields: dict) -> dict:
 
 def measure(items: list[tuple[str, dict]], config) -> dict:
     cold, warm, slowest, verdicts = [], [], [], {"admitted": 0, "deferred": 0, "refused": 0}
+    cold_no_gc, gc_pauses = [], []
     for name, fields in items:
         cache.PARSED.clear()
         cache.CHECKED.clear()
+        in_gc = GC.total
         seconds, verdict = _admit(fields, config)
+        in_gc = GC.total - in_gc
         cold.append(seconds)
+        cold_no_gc.append(seconds - in_gc)
+        if in_gc > 1e-3:
+            gc_pauses.append(round(in_gc * 1e3, 1))
         slowest.append((seconds, name, verdict))
         verdicts[verdict.split(":")[0]] += 1
         # A new request brings new objects: text whose hash Python has not cached yet.
@@ -80,6 +111,8 @@ def measure(items: list[tuple[str, dict]], config) -> dict:
         "warm": _percentiles(warm),
         "slowest_cold": [(round(s * 1e3, 1), n, v) for s, n, v in slowest[:8]],
         "cold_verdicts": verdicts,
+        "cold_without_gc": _percentiles(cold_no_gc),
+        "cold_gc_pauses_over_1ms": gc_pauses,
     }
 
 
@@ -115,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         budget = None if args.budget_ms == "inline" else float(args.budget_ms) / 1e3
         config = config.replace(admission_budget_s=budget)
     parse_guided_request({"guided_json": {"type": "object"}}, config)  # imports and first-use costs
+    try:  # what an engine pays at start-up (a tree before issue #22 has no warm_up)
+        from fd_guided.admission.parse import warm_up
+
+        warm_up(config)
+    except ImportError:
+        pass
     report = {}
     if args.folders:
         report["schemas"] = measure(schema_items(args.folders), config)
@@ -124,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: cold {json.dumps({k: round(v, 2) for k, v in result['cold'].items()})}")
         print(f"{name}: warm {json.dumps({k: round(v, 3) for k, v in result['warm'].items()})}")
         print(f"{name}: cold verdicts {json.dumps(result['cold_verdicts'])}")
+        print(f"{name}: cold without GC {json.dumps({k: round(v, 2) for k, v in result['cold_without_gc'].items()})}")
+        print(f"{name}: GC pauses over 1 ms during cold admissions {result['cold_gc_pauses_over_1ms']}")
         for row in result["slowest_cold"]:
             print("   ", row)
     if args.json:

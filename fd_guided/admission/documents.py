@@ -136,17 +136,22 @@ def schema_and_source(value: Any, part: str, written: str | None = None) -> tupl
 
 
 def check_depth(value: Any, part: str, *, keys: bool = False) -> None:
-    """Refuse a document nested deeper than `MAX_NESTING` (iterative; only containers visited);
-    with `keys`, an object key that is not a string too."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
+    """Refuse a document nested deeper than `MAX_NESTING`, level by level (iterative; only
+    containers are kept, no per-node bookkeeping); with `keys`, an object key that is not a
+    string too."""
+    level, depth = [value], 1
+    while level:
         if depth > MAX_NESTING:
             raise InvalidGrammarError(f"nested more than {MAX_NESTING} levels deep", part=part)
-        if isinstance(node, dict):
-            if keys and not all(isinstance(key, str) for key in node):
-                raise InvalidGrammarError("object keys must be strings", part=part)
-            children: Any = node.values()
-        else:
-            children = node
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, tuple)))
+        below: list = []
+        for node in level:
+            if isinstance(node, dict):
+                if keys and not all(isinstance(key, str) for key in node):
+                    raise InvalidGrammarError("object keys must be strings", part=part)
+                below += [child for child in node.values() if isinstance(child, _CONTAINERS)]
+            else:
+                below += [child for child in node if isinstance(child, _CONTAINERS)]
+        level, depth = below, depth + 1
+
+
+_CONTAINERS = (dict, list, tuple)

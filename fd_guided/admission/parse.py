@@ -34,7 +34,7 @@ from ..errors import InvalidGrammarError
 from ..limits import AdmissionLimits, check_choices, check_grammar, check_size
 from ..registry import get_backend_class
 from ..schema.deadline import Overrun, checkpoint, until
-from .cache import CHECKED, PARSED, canonical_key
+from .cache import CHECKED, PARSED, VerdictCache, canonical_key
 from .deferred import Pending, check_schema_document, count
 from .documents import as_dict, check_text, schema_and_source
 from .spec import FIELD_OF_KIND, GrammarSpec, JsonFormat
@@ -56,6 +56,10 @@ OPTION_FIELDS = (
 CACHED_FIELDS = (*KIND_FIELDS, "response_format", *OPTION_FIELDS)  # every field a spec depends on
 COMPACT_SEPARATORS = (",", ":")
 UNKNOWN_FORMAT_POLICIES = ("refuse", "annotate")
+
+# (backend class, spec) whose check ran out of admission's budget once: under a budget it is left
+# to the compile worker at once (a lookup), not retried until the budget is spent again.
+LEFT_TO_WORKER = VerdictCache()
 
 # This thread's admission in progress: `deadline` (a perf_counter value, or None) while the fields
 # are parsed; `last` = (the spec returned, that deadline) for a `check_with_backend` right after.
@@ -123,6 +127,36 @@ def _parse(fields: Mapping[str, Any], config: GuidedConfig) -> GrammarSpec | Non
 FIT_BUDGET_FIELD = "guided_fit_budget"
 
 
+# Requests whose first admission in a process would pay one-time costs (the imports of both
+# engines' checkers, Python's exact \d \w \s sets built over every code point: ~0.1 s).
+_WARM_UP_REQUESTS = (
+    {"guided_json": {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[\\w.-]+@\\S+$"}}}},
+    {"guided_json": {"type": "object", "patternProperties": {"^\\w+$": {"type": "integer"}}}},
+    {"guided_regex": "(?a)\\d+\\s\\w+\\D\\W\\S"},
+    {"guided_regex": "\\d+\\s\\w+\\D\\W\\S[^\\w\\d\\s]"},
+)
+
+
+_warmed: set[str] = set()
+
+
+def warm_up(config: GuidedConfig | None = None) -> None:
+    """Pay admission's one-time costs now (engine start-up, a compile zygote), not in the first
+    requests' admissions: a few representative requests admitted inline, their verdicts dropped.
+    Once per process and backend (~1-2 s the first time)."""
+    config = (config or GuidedConfig()).replace(admission_budget_s=None)
+    if config.backend in _warmed:
+        return
+    _warmed.add(config.backend)
+    for fields in _WARM_UP_REQUESTS:
+        try:
+            parse_guided_request(fields, config)
+        except InvalidGrammarError:  # a backend that refuses one of them: its costs are paid too
+            pass
+    PARSED.clear()
+    CHECKED.clear()
+
+
 def fit_budget_requested(fields: Mapping[str, Any]) -> bool:
     """Whether the guided output is steered to end complete within the request's ``max_tokens``
     (`fd_guided.budget`): ``guided_fit_budget``, default true. Raises InvalidGrammarError for a
@@ -152,11 +186,16 @@ def check_with_backend(backend_class, spec: GrammarSpec) -> None:
     deadline_at = last[1] if last is not None and last[0] is spec else None
     if spec.pending is not None and not spec.pending.schema_checked:
         return  # the worker runs the schema checks first, then the engine's
+    key = (backend_class, spec)
+    if deadline_at is not None and not CHECKED.known(key) and LEFT_TO_WORKER.known(key):
+        count("deferred")
+        return
     try:
         with until(deadline_at):
-            CHECKED.verdict((backend_class, spec), len(spec.source), lambda: _check(backend_class, spec))
+            CHECKED.verdict(key, len(spec.source), lambda: _check(backend_class, spec))
     except Overrun:
         count("deferred")
+        LEFT_TO_WORKER.verdict(key, len(spec.source), lambda: None)
 
 
 def check_if_known(backend_class, spec: GrammarSpec) -> bool:

@@ -61,9 +61,11 @@ def _next_message(conn: Connection, serving_pid: int):
 
 def _warm_up(backend) -> None:
     """Pay every lazy first-use cost (imports, token tries) once here; forked workers inherit it."""
+    from ..admission.parse import warm_up
     from ..spec import GrammarSpec, parse_guided_request
 
     backend.warm_up()
+    warm_up(backend.config)  # the checks a worker runs before compiling: their one-time costs
     json_object = parse_guided_request({"guided_json_object": True}, check_backend=False)
     assert json_object is not None  # None only for a request with no guided field
     specs = [GrammarSpec("regex", "[a-z]{1,3}"), json_object]

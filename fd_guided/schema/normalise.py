@@ -84,6 +84,7 @@ class Normaliser(Context):
         return self._closed[key]
 
     def accepts(self, u: U, value: Any) -> bool:
+        checkpoint()  # admission's deadline: enums are filtered value by value
         return accepts(u, value, self.expand, self._format_ok)
 
     def _format_ok(self, value: str, fmt: str) -> bool:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from .deadline import checkpoint
 from .formats import FORMAT_PATTERNS, format_pattern
 from .intersection import array_max
 from .leaves import ANY, Leaf, U, item_at, json_key
@@ -329,6 +330,7 @@ def _open_string(kw: dict) -> bool:
 
 def _domain(u: U, ctx) -> list | None:
     """The values of `u` when every alternative (through $refs) is an enum, boolean or null."""
+    checkpoint()  # admission's deadline: asked once per position of a long tuple
     leaves = _concrete_leaves(u, ctx, 0)
     if leaves is None:
         return None
@@ -377,5 +379,8 @@ def _enumerate(domains, minimum, current, seen, out, location, visits=None) -> N
 
 def _distinct_left(domains, seen) -> int:
     """At most how many more distinct values the positions `domains` can add beside `seen`."""
-    unused = {json_key(value) for domain in domains for value in domain} - seen
-    return min(len(domains), len(unused))
+    unused: set = set()
+    for domain in domains:
+        checkpoint()  # admission's deadline: the domains can hold ~10^6 values in all
+        unused.update(json_key(value) for value in domain)
+    return min(len(domains), len(unused - seen))

@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ...admission.parse import check_if_known
+from ...admission.parse import check_if_known, warm_up
 from ...config import GuidedConfig
 from ...errors import InvalidGrammarError
 from ...registry import get_backend_class
@@ -86,6 +86,7 @@ def schema_checker(backend_name: str, **kwargs) -> SchemaChecker:
         if disable is not None:
             config = config.replace(any_whitespace=not as_bool(disable, "disable_any_whitespace"))
     get_backend_class(config.backend)
+    warm_up(config)  # engine start-up pays admission's one-time costs, not its first requests
     return SchemaChecker(config)
 
 
