@@ -168,9 +168,16 @@ class BudgetSteering(StartPlanning):
         if not self._slots:
             return
         step = StepRows(fail, words, masked, stop_rows, stop_ids)
+        closed = 0
         for entry in entries:
             budget = self._slots.get(entry.slot) if entry.slot is not None else None
             if budget is None or budget.gave_up or entry.plans is None:
+                continue
+            if entry.fill is not None and entry.fill.closed:  # written from its candidates (prepare)
+                closed += 1
+                if not budget.steered:
+                    budget.steered = True
+                    self.metrics.inc("budget_steered_requests_total")
                 continue
             state = get_state(entry.slot)
             if state is None or state.finish is not None or state.grammar is None:
@@ -181,6 +188,8 @@ class BudgetSteering(StartPlanning):
                 continue
             if entry.first_row in masked:
                 self._row(step, entry, state, budget, left)
+        if closed:
+            self.metrics.inc("budget_forced_tokens_total", closed)
 
     def _row(self, step: StepRows, entry, state, budget: _Slot, left: int) -> None:
         if not budget.started:
@@ -204,9 +213,6 @@ class BudgetSteering(StartPlanning):
             budget.overrun = True
             self.metrics.inc("budget_overruns_total")
         if left - plan.need <= self.headroom:
-            if entry.fill is not None and entry.fill.closed:  # written from its candidates (prepare)
-                self._count(budget)
-                return
             if not self._close(step, entry.first_row, plan, left, budget, state.grammar):
                 # The engine allows none of the plan's spellings here (llguidance keeps to canonical
                 # tokens of forced bytes): plan again from this very state, whose tokens it accepted.
