@@ -38,6 +38,12 @@ typedef struct {
     const int64_t *ids; /* the tokens of some classes, ascending (TokenClasses.ids) */
     Py_ssize_t size;
     int classes;
+    /* the same tokens' bytes and flags packed in list order (TokenClasses.id_pointer): walking
+     * the list reads memory in order, where the whole table's bytes, offsets and flags (~2 MB)
+     * cost a cache miss or three per token (~30 ns each, 10 us a row for 334 tokens) */
+    const char *flat;
+    const int64_t *offsets; /* size + 1 */
+    const uint8_t *flags;
 } Candidates;
 
 typedef struct {
@@ -158,10 +164,8 @@ static int feed(const Row *row, const unsigned char *d, Py_ssize_t n) {
     return KEEP;
 }
 
-static int decide(const Row *row, const Table *table, int64_t token) {
-    if (token < 0 || token >= table->num_tokens) return UNDECIDED;
-    const unsigned char *d = (const unsigned char *)table->flat + table->offsets[token];
-    const Py_ssize_t n = (Py_ssize_t)(table->offsets[token + 1] - table->offsets[token]);
+/* Token bytes d[0:n] with class flags `flags` (see `try_token` for where they are read). */
+static int decide(const Row *row, const Table *table, const unsigned char *d, Py_ssize_t n, uint8_t flags) {
     if (row->written != NULL) {
         const unsigned char *q = memchr(d, '"', (size_t)n);
         const Py_ssize_t quote = q ? q - d : -1;
@@ -170,7 +174,7 @@ static int decide(const Row *row, const Table *table, int64_t token) {
             if (!backslash && quote < 0) return KEEP;
             if (!backslash && quote == n - 1)
                 return is_used(row, row->written, row->written_size, (const char *)d, quote) ? DUPLICATE : KEEP;
-        } else if (!(table->flags[token] & table->after_quote)) {
+        } else if (!(flags & table->after_quote)) {
             if (quote < 0) return KEEP;
             if (!memchr(d, '\\', (size_t)quote))
                 return is_used(row, row->written, row->written_size, (const char *)d, quote) ? DUPLICATE : KEEP;
@@ -191,11 +195,12 @@ static int prefix_of_used(const Row *row) {
            memcmp(row->used[lo].data, row->written, (size_t)row->written_size) == 0;
 }
 
-static void try_token(Row *row, const Table *table, int64_t token) {
+static void try_token(Row *row, const Table *table, int64_t token, const unsigned char *d, Py_ssize_t n,
+                      uint8_t flags) {
     uint32_t *word = &row->words[token >> 5];
     const uint32_t bit = 1u << (token & 31);
     if (!(*word & bit)) return;
-    switch (decide(row, table, token)) {
+    switch (decide(row, table, d, n, flags)) {
     case DUPLICATE: *word &= ~bit; break;
     case UNDECIDED: row->undecided[row->num_undecided++] = token; break;
     default: break;
@@ -205,17 +210,29 @@ static void try_token(Row *row, const Table *table, int64_t token) {
 static void run_row(Row *row, const Table *table) {
     const Candidates *c = row->written != NULL && !prefix_of_used(row) ? &row->after_quote : &row->between;
     row->num_undecided = 0;
-    Py_ssize_t allowed = 0;
-    for (Py_ssize_t w = 0; w < table->row_words; w++) allowed += __builtin_popcount(row->words[w]);
-    if (allowed < c->size) { /* few tokens allowed (between items): walk the row's bits */
+    /* Walk whichever is shorter without counting the row's bits first: a popcount over a 129k
+     * row (4,040 words, a libgcc call each without -mpopcnt) cost ~7 us a row, more than the
+     * engine's own fill inside a string. A short class list (inside a string: the tokens that
+     * end it, a few dozen to a few hundred) is walked in order, its bytes packed beside it; a
+     * long one (between items: most tokens hold a structural byte) by the row's set bits, which
+     * are few there, reading the whole table's bytes. */
+    if (c->size > table->row_words / 4) {
         for (Py_ssize_t w = 0; w < table->row_words; w++)
             for (uint32_t bits = row->words[w]; bits; bits &= bits - 1) {
                 const int64_t token = (int64_t)w * 32 + __builtin_ctz(bits);
-                if (token < table->num_tokens && (table->flags[token] & c->classes)) try_token(row, table, token);
+                if (token >= table->num_tokens || !(table->flags[token] & c->classes)) continue;
+                const int64_t at = table->offsets[token];
+                try_token(row, table, token, (const unsigned char *)table->flat + at,
+                          (Py_ssize_t)(table->offsets[token + 1] - at), table->flags[token]);
             }
-    } else { /* most allowed (inside a string): walk the class's tokens */
-        for (Py_ssize_t k = 0; k < c->size; k++)
-            if (c->ids[k] < table->row_words * 32) try_token(row, table, c->ids[k]);
+    } else {
+        const Py_ssize_t limit = table->row_words * 32 < table->num_tokens ? table->row_words * 32 : table->num_tokens;
+        for (Py_ssize_t k = 0; k < c->size; k++) {
+            if (c->ids[k] < 0 || c->ids[k] >= limit) continue;
+            const int64_t at = c->offsets[k];
+            try_token(row, table, c->ids[k], (const unsigned char *)c->flat + at,
+                      (Py_ssize_t)(c->offsets[k + 1] - at), c->flags[k]);
+        }
     }
 }
 
@@ -229,28 +246,63 @@ static void free_rows(Row *rows, Py_ssize_t n) {
     PyMem_RawFree(rows);
 }
 
-static int read_row(PyObject *item, Row *row, char *base, Py_ssize_t row_stride) {
-    Py_ssize_t index, n_between, n_after;
-    unsigned long long between, after;
-    PyObject *written, *used;
-    int phase_comma, kind, no_guarded_ancestor, c_between, c_after;
-    if (!PyArg_ParseTuple(item, "nOiiiO!KniKni", &index, &written, &phase_comma, &kind, &no_guarded_ancestor,
-                          &PyTuple_Type, &used, &between, &n_between, &c_between, &after, &n_after, &c_after))
+/* One candidate list as `TokenClasses.id_pointer` packs it: six little-endian int64 (the ids'
+ * address, their count, the classes, and the addresses of their packed bytes, offsets, flags). */
+typedef struct {
+    int64_t ids, size, classes, flat, offsets, flags;
+} PackedCandidates;
+
+static int read_candidates(PyObject *packed, Candidates *out) {
+    PackedCandidates p;
+    if (!PyBytes_Check(packed) || PyBytes_GET_SIZE(packed) != (Py_ssize_t)sizeof p) {
+        PyErr_SetString(PyExc_TypeError, "a candidate list must be 48 packed bytes (TokenClasses.id_pointer)");
         return -1;
+    }
+    memcpy(&p, PyBytes_AS_STRING(packed), sizeof p);
+    *out = (Candidates){(const int64_t *)(uintptr_t)p.ids, (Py_ssize_t)p.size, (int)p.classes,
+                        (const char *)(uintptr_t)p.flat, (const int64_t *)(uintptr_t)p.offsets,
+                        (const uint8_t *)(uintptr_t)p.flags};
+    return 0;
+}
+
+/* A row read straight from its 8-tuple (no format string: PyArg_ParseTuple's 19 fields cost
+ * ~0.4 us a row, a quarter of llguidance's own fill of one). */
+static int read_row(PyObject *item, Row *row, char *base, Py_ssize_t row_stride, Py_ssize_t num_rows) {
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 8) {
+        PyErr_SetString(PyExc_TypeError, "a row must be (row, written, phase_comma, kind, no_guarded_ancestor, "
+                                         "used, between, after_quote)");
+        return -1;
+    }
+    const Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 0));
+    const long phase_comma = PyLong_AsLong(PyTuple_GET_ITEM(item, 2));
+    const long kind = PyLong_AsLong(PyTuple_GET_ITEM(item, 3));
+    const long no_guarded_ancestor = PyLong_AsLong(PyTuple_GET_ITEM(item, 4));
+    if (PyErr_Occurred()) return -1;
+    if (index < 0 || index >= num_rows) {
+        PyErr_SetString(PyExc_IndexError, "row index outside the bitmask");
+        return -1;
+    }
+    PyObject *written = PyTuple_GET_ITEM(item, 1), *used = PyTuple_GET_ITEM(item, 5);
     if (written != Py_None && !PyBytes_Check(written)) {
         PyErr_SetString(PyExc_TypeError, "written must be bytes or None");
         return -1;
     }
+    if (!PyTuple_Check(used)) {
+        PyErr_SetString(PyExc_TypeError, "used must be a tuple of bytes");
+        return -1;
+    }
+    if (read_candidates(PyTuple_GET_ITEM(item, 6), &row->between) < 0 ||
+        read_candidates(PyTuple_GET_ITEM(item, 7), &row->after_quote) < 0)
+        return -1;
     row->words = (uint32_t *)(base + index * row_stride);
-    row->between = (Candidates){(const int64_t *)(uintptr_t)between, n_between, c_between};
-    row->after_quote = (Candidates){(const int64_t *)(uintptr_t)after, n_after, c_after};
     row->written = written == Py_None ? NULL : PyBytes_AS_STRING(written);
     row->written_size = written == Py_None ? 0 : PyBytes_GET_SIZE(written);
-    row->phase_comma = phase_comma, row->kind = kind, row->no_guarded_ancestor = no_guarded_ancestor;
+    row->phase_comma = (int)phase_comma, row->kind = (int)kind, row->no_guarded_ancestor = (int)no_guarded_ancestor;
     row->num_used = PyTuple_GET_SIZE(used);
     row->used = PyMem_RawMalloc(sizeof(Text) * (size_t)(row->num_used + 1));
     /* a token is tried only if it is in the chosen class list (walked, or smaller than the row's
      * allowed tokens when the bits are walked): at most the larger list's size */
+    const Py_ssize_t n_between = row->between.size, n_after = row->after_quote.size;
     const Py_ssize_t most = n_between > n_after ? n_between : n_after;
     row->undecided = PyMem_RawMalloc(sizeof(int64_t) * (size_t)((most > 0 ? most : 0) + 1));
     if (row->used == NULL || row->undecided == NULL) {
@@ -271,14 +323,15 @@ static int read_row(PyObject *item, Row *row, char *base, Py_ssize_t row_stride)
 
 PyDoc_STRVAR(restrict_doc,
     "restrict(flat, offsets_ptr, num_tokens, flags_ptr, after_quote, words_ptr, row_stride, row_words,\n"
-    "         rows) -> list[list[int]]\n"
+    "         num_rows, rows) -> list[list[int]]\n"
     "--\n\n"
     "Clear, in each row of the bitmask (uint32 words at words_ptr, row_stride words apart, row_words\n"
     "each), the allowed candidate tokens that finish a duplicate item; return per row the candidates\n"
     "it could not decide (the caller asks the Python tracker). flat: every token's bytes joined;\n"
     "offsets_ptr: int64[num_tokens + 1]; flags_ptr: uint8 token classes; rows: (row, written,\n"
-    "phase_comma, kind, no_guarded_ancestor, used, between_ids_ptr, n, classes, after_quote_ids_ptr,\n"
-    "n, classes) with `used` the used strings sorted. Pointers must stay valid (the caller holds\n"
+    "phase_comma, kind, no_guarded_ancestor, used, between, after_quote) with `used` the used strings\n"
+    "sorted and each candidate list six packed int64 (ids_ptr, n, classes, flat_ptr, offsets_ptr,\n"
+    "flags_ptr): the ids and their bytes and flags in list order. Pointers must stay valid (the caller holds\n"
     "the arrays). The GIL is released over the rows.");
 
 static PyObject *restrict_rows(PyObject *self, PyObject *args) {
@@ -286,11 +339,11 @@ static PyObject *restrict_rows(PyObject *self, PyObject *args) {
     Py_ssize_t flat_size, num_tokens;
     unsigned long long offsets, flags;
     unsigned long long words;
-    Py_ssize_t row_stride, row_words;
+    Py_ssize_t row_stride, row_words, num_rows;
     int after_quote;
     PyObject *items;
-    if (!PyArg_ParseTuple(args, "y#KnKiKnnO!", &flat, &flat_size, &offsets, &num_tokens, &flags, &after_quote,
-                          &words, &row_stride, &row_words, &PyList_Type, &items))
+    if (!PyArg_ParseTuple(args, "y#KnKiKnnnO!", &flat, &flat_size, &offsets, &num_tokens, &flags, &after_quote,
+                          &words, &row_stride, &row_words, &num_rows, &PyList_Type, &items))
         return NULL;
     const Table table = {row_words, flat, (const int64_t *)(uintptr_t)offsets, num_tokens,
                          (const uint8_t *)(uintptr_t)flags, (uint8_t)after_quote};
@@ -298,7 +351,7 @@ static PyObject *restrict_rows(PyObject *self, PyObject *args) {
     Row *rows = PyMem_RawCalloc((size_t)(n + 1), sizeof(Row));
     if (rows == NULL) return PyErr_NoMemory();
     for (Py_ssize_t r = 0; r < n; r++) {
-        if (read_row(PyList_GET_ITEM(items, r), &rows[r], (char *)(uintptr_t)words, row_stride * 4) < 0) {
+        if (read_row(PyList_GET_ITEM(items, r), &rows[r], (char *)(uintptr_t)words, row_stride * 4, num_rows) < 0) {
             free_rows(rows, n);
             return NULL;
         }

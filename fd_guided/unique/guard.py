@@ -61,6 +61,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import struct
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -111,7 +112,8 @@ class TokenClasses:
         )
         self._ids: dict[int, np.ndarray] = {}
         self._table: native.TokenTable | None = None
-        self._pointers: dict[int, tuple[int, int, int]] = {}
+        self._pointers: dict[int, bytes] = {}
+        self._packed: dict[int, tuple[np.ndarray, ...]] = {}  # held while `_pointers` points into them
 
     def ids_of(self, texts: Sequence[bytes]) -> np.ndarray:
         """The ids of the tokens spelled exactly as one of `texts`."""
@@ -133,12 +135,21 @@ class TokenClasses:
     def size(self) -> int:
         return len(self._texts)
 
-    def id_pointer(self, classes: int) -> tuple[int, int, int]:
-        """(address, count, classes) of `ids(classes)`, for the C loop (the array is cached)."""
+    def id_pointer(self, classes: int) -> bytes:
+        """`ids(classes)` for the C loop: six packed int64, the ids' address and count, `classes`,
+        and the addresses of their bytes joined, int64 offsets into those and uint8 flags, all in
+        the ids' order (walked in order: no cache miss per token). Cached with its arrays."""
         pointer = self._pointers.get(classes)
         if pointer is None:
             ids = self.ids(classes)
-            pointer = self._pointers[classes] = (ids.ctypes.data, int(ids.size), classes)
+            texts = [self._texts[token] for token in ids.tolist()]
+            flat = np.frombuffer(b"".join(texts) or b"\0", dtype=np.uint8)
+            offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+            np.cumsum([len(text) for text in texts], out=offsets[1:])
+            flags = np.ascontiguousarray(self.flags[ids])
+            self._packed[classes] = (ids, flat, offsets, flags)
+            fields = (ids.ctypes.data, ids.size, classes, flat.ctypes.data, offsets.ctypes.data, flags.ctypes.data)
+            pointer = self._pointers[classes] = struct.pack("<6q", *fields)
         return pointer
 
     def ids(self, classes: int) -> np.ndarray:
@@ -170,7 +181,7 @@ class UniqueItemsGrammar(Grammar):
     `restrict_rows` for the rows of guarded grammars.
     """
 
-    __slots__ = ("inner", "tracker", "token_bytes", "classes", "vocab_size", "_scratch")
+    __slots__ = ("inner", "tracker", "token_bytes", "classes", "vocab_size", "_scratch", "matcher")
 
     def __init__(
         self, inner: Grammar, paths: UniquePaths, token_bytes: Sequence[bytes | None], vocab_size: int | None = None
@@ -181,12 +192,11 @@ class UniqueItemsGrammar(Grammar):
         self.classes = token_classes(token_bytes)
         self.vocab_size = vocab_size if vocab_size is not None else len(token_bytes)
         self._scratch = None  # a one-row bitmask for `_comma_allowed`
-
-    @property
-    def matcher(self):
         # `Grammar` has no `matcher`; the engines' grammars that batch their fills natively
-        # (xgrammar's, llguidance's) do, and only their backends ask a guard for it.
-        return self.inner.matcher  # type: ignore[attr-defined]
+        # (xgrammar's, llguidance's) set it once, and only their backends ask a guard for it
+        # (twice a row per batched fill: a slot, not a property). Left unset otherwise.
+        if hasattr(inner, "matcher"):
+            self.matcher = inner.matcher
 
     def _bytes(self, token_id: int) -> bytes:
         return self.token_bytes[token_id] or b"" if 0 <= token_id < len(self.token_bytes) else b""
@@ -201,6 +211,10 @@ class UniqueItemsGrammar(Grammar):
             self.tracker.rollback(1)
             self.inner.rollback(1)
             return False
+        # The fill's plan for the new state, made now: a batched fill then reads one attribute
+        # per row instead of walking the tracker's state (~1.5 us a row: as much as llguidance's
+        # whole fill of a row inside a string).
+        self.tracker.fill_plan = self._make_plan()
         return True
 
     def _comma_allowed(self) -> bool:
@@ -235,16 +249,32 @@ class UniqueItemsGrammar(Grammar):
         """Clear the bits of allowed tokens that would finish a duplicate item."""
         restrict_rows((self,), bitmask, (row,))
 
-    def _native_plan(self, row: int) -> tuple | None:
-        """The row's entry for the C loop when it decides this state (`native.row_plan`). Candidates
-        beside the classes (`counted_candidates`) never finish an item in the states it takes: a
-        language that never runs out keeps every item live."""
-        if not native.ENABLED:
-            return None
-        plan = native.row_plan(self.tracker)
+    def _native_plan(self, row: int) -> tuple | bool:
+        """The row's entry for the C loop when it decides this state (`native.row_plan`), True when
+        the Python reference must (`_restrict_words`), False outside every guarded array (nothing
+        to restrict). Read from the plan `accept_token` made (`_make_plan`), or made now where the
+        tracker moved since (`JsonTracker.fill_plan` is cleared whenever its state moves)."""
+        plan: Any = self.tracker.fill_plan
         if plan is None:
-            return None
-        return (row,) + plan + native.candidates(self.classes, self.tracker.mode, not plan[3])
+            plan = self.tracker.fill_plan = self._make_plan()
+        if plan.__class__ is tuple:
+            return (row,) + plan if native.ENABLED else True
+        return bool(plan)
+
+    def _make_plan(self) -> tuple | bool:
+        """False outside every guarded array; else the C loop's plan for this state (`row_plan`
+        and the candidate lists), or True when it does not take the state. Candidates beside
+        the classes (`counted_candidates`) never finish an item in the states it takes: a
+        language that never runs out keeps every item live."""
+        tracker = self.tracker
+        if not tracker.guarded():
+            return False
+        if not native.AVAILABLE:
+            return True
+        plan = native.row_plan(tracker)
+        if plan is None:
+            return True
+        return plan + native.candidates(self.classes, tracker.mode, not plan[3])
 
     def _restrict_words(self, words: np.ndarray) -> None:
         """The Python reference: every candidate through `JsonTracker.finishes_duplicate`."""
@@ -322,27 +352,30 @@ def unguarded(grammar: Grammar) -> Grammar:
 def restrict_rows(grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> None:
     """After a batched native fill: apply the guards of the guarded grammars among `grammars`.
     Rows in the state the C loop takes (`native`) go through it together, the GIL released; the
-    rest, and the candidates it leaves undecided, through the Python tracker."""
-    words = table = None
+    rest, and the candidates it leaves undecided, through the Python tracker. Per row this reads
+    the plan `accept_token` made: a few hundred nanoseconds of Python."""
+    words = None
+    classes: TokenClasses | None = None  # the C loop's rows share one token table
     batch, entries = [], []
     for grammar, row in zip(grammars, rows):
-        if not isinstance(grammar, UniqueItemsGrammar) or not grammar.tracker.guarded():
+        if grammar.__class__ is not UniqueItemsGrammar:
             continue
+        entry = grammar._native_plan(row)
+        if entry is False:
+            continue  # outside every guarded array
         if words is None:
             words = host_words(bitmask).view(np.uint32)
-        entry = grammar._native_plan(row)
-        if (
-            entry is not None
-            and table in (None, grammar.classes.native_table())
-            and words.shape[1] * 32 >= grammar.classes.size
+        if entry is not True and (
+            grammar.classes is classes or (classes is None and words.shape[1] * 32 >= grammar.classes.size)
         ):
-            table = grammar.classes.native_table()
+            classes = grammar.classes
             batch.append(grammar)
             entries.append(entry)
         else:
             grammar._restrict_words(words[row])
     if batch:
-        assert table is not None and words is not None  # both set when the first row joined `batch`
+        assert classes is not None and words is not None  # both set when the first row joined `batch`
+        table = classes.native_table()
         for grammar, entry, undecided in zip(batch, entries, native.restrict(table, words, entries)):
             if undecided:
                 grammar._decide(words[entry[0]], undecided, False)

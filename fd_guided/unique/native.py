@@ -45,6 +45,9 @@ class TokenTable:
         np.cumsum(lengths, out=self.offsets[1:])
         self.flags = np.ascontiguousarray(flags, dtype=np.uint8)
         self.num_tokens = len(texts)
+        # numpy's `.ctypes.data` costs ~1 us a read: read once (the arrays live as long as the table)
+        self.offsets_pointer = self.offsets.ctypes.data
+        self.flags_pointer = self.flags.ctypes.data
 
 
 def row_plan(tracker: JsonTracker) -> tuple | None:
@@ -81,9 +84,10 @@ def row_plan(tracker: JsonTracker) -> tuple | None:
 def candidates(classes, mode: int, ancestors: bool) -> tuple:
     """The two candidate lists the C loop picks from as `JsonTracker.finishing_classes` does (the
     mode's classes, or only the tokens that end a string and go on when no used string begins
-    with the item), each (ids pointer, count, classes); `classes` is the `TokenClasses`."""
+    with the item), each `TokenClasses.id_pointer` (the ids, their bytes and flags packed in
+    order); `classes` is the `TokenClasses`."""
     close = CLOSE if ancestors else 0
-    return classes.id_pointer(MODE_CLASS[mode] | close) + classes.id_pointer(AFTER_QUOTE | close)
+    return classes.id_pointer(MODE_CLASS[mode] | close), classes.id_pointer(AFTER_QUOTE | close)
 
 
 @functools.lru_cache(maxsize=256)
@@ -106,12 +110,13 @@ def restrict(table: TokenTable, words: np.ndarray, rows: list[tuple]) -> list[li
     plan..., candidates...) per row; returns the undecided ids per row."""
     return _native.restrict(
         table.flat,
-        table.offsets.ctypes.data,
+        table.offsets_pointer,
         table.num_tokens,
-        table.flags.ctypes.data,
+        table.flags_pointer,
         AFTER_QUOTE,
         words.ctypes.data,
         words.strides[0] // 4,
         words.shape[1],
+        words.shape[0],
         rows,
     )

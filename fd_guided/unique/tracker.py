@@ -59,6 +59,9 @@ class JsonTracker:
         # the guard then asks the engine whether anything but the close may follow (`unique_guard`).
         self.closing = False
         self._history: list[tuple] = []
+        # The guard's plan for filling a row in this state (`UniqueItemsGrammar._make_plan`), kept
+        # here so that every move of the state (`push`, `restore`) clears it: None until made.
+        self.fill_plan: object = None
 
     # ----- snapshots --------------------------------------------------------------------------
 
@@ -70,6 +73,7 @@ class JsonTracker:
         del self.buffer[length:]
         self.duplicate = False
         self.closing = False
+        self.fill_plan = None
 
     def push(self, data: bytes) -> bool:
         """Advance by one token's bytes; False (state unchanged) if it finishes a duplicate item."""
@@ -78,6 +82,7 @@ class JsonTracker:
             self.restore(before)
             return False
         self._history.append(before)
+        self.fill_plan = None
         return True
 
     def rollback(self, tokens: int) -> None:

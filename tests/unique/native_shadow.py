@@ -21,7 +21,7 @@ _restrict = native.restrict
 
 def _shadow_plan(self, row):
     entry = _plan(self, row)
-    if entry is not None:
+    if entry.__class__ is tuple:  # the C loop's row (else True: the reference's; False: unguarded)
         _pending[id(entry)] = (self, entry)
     return entry
 
