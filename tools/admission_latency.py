@@ -13,6 +13,8 @@ every verdict at admission, as before issue #22); a verdict left to the compile 
 ``deferred`` (admitted here; the worker decides). Python's garbage collector pauses whatever
 thread allocates when it runs (a full pass over this process's heap: ~0.1 s on a loaded 2-core
 host); the time each admission spent in such pauses is reported too, and the percentiles without it.
+``--check-deferred``: no timing; for every request, the verdict it finally gets with no budget at all
+(admission, then the checks left to the worker) against the inline verdict, message included.
 Times are wall clock on whatever machine runs it: wrap it in ``flock /tmp/fd_bench.lock`` on a shared one.
 """
 
@@ -116,6 +118,35 @@ def measure(items: list[tuple[str, dict]], config) -> dict:
     }
 
 
+def check_deferred(items: list[tuple[str, dict]], backend: str) -> dict:
+    """Inline verdict vs the eventual one with a budget of 0 (every check left to the worker)."""
+    from fd_guided.admission.deferred import finish_schema_checks
+    from fd_guided.registry import get_backend_class
+    from fd_guided.spec import check_with_backend
+
+    def eventual(fields: dict, config) -> str:
+        try:
+            spec = parse_guided_request(fields, config)
+            if spec is not None:
+                finish_schema_checks(spec)
+                check_with_backend(get_backend_class(config.backend), spec)
+        except InvalidGrammarError as error:
+            return str(error)
+        return "admitted"
+
+    inline = GuidedConfig(backend=backend, admission_budget_s=None)
+    differ = []
+    for name, fields in items:
+        verdicts = []
+        for config in (inline, inline.replace(admission_budget_s=0.0)):
+            cache.PARSED.clear()
+            cache.CHECKED.clear()
+            verdicts.append(eventual(fields, config))
+        if verdicts[0] != verdicts[1]:
+            differ.append((name, verdicts[0][:160], verdicts[1][:160]))
+    return {"requests": len(items), "same": len(items) - len(differ), "differ": differ}
+
+
 def schema_items(folders: list[str]) -> list[tuple[str, dict]]:
     items = []
     for folder in folders:
@@ -141,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--hostile", action="store_true")
     parser.add_argument("--budget-ms", help="admission budget in ms, or 'inline' (default: the config's)")
+    parser.add_argument("--check-deferred", action="store_true", help="compare verdicts, no timing")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     config = GuidedConfig(backend=args.backend)
@@ -155,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     report = {}
+    if args.check_deferred:
+        items = (schema_items(args.folders) if args.folders else []) + (hostile_items() if args.hostile else [])
+        result = check_deferred(items, args.backend)
+        print(json.dumps(result, indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+        return 0 if not result["differ"] else 1
     if args.folders:
         report["schemas"] = measure(schema_items(args.folders), config)
     if args.hostile:
