@@ -72,7 +72,8 @@ from ..interface import Grammar
 from ..kernels import allocate_pinned_bitmask
 from ..schema.unique_paths import UniquePaths
 from . import native
-from .tracker import AFTER_QUOTE, CLASS_BYTES, LITERAL_START, QUOTE, JsonTracker
+from .native import MODE_CLASS
+from .tracker import AFTER_QUOTE, CLASS_BYTES, CLOSE, LITERAL_START, QUOTE, JsonTracker
 
 
 def needs_guard(spec) -> bool:
@@ -169,7 +170,15 @@ def token_classes(token_bytes: Sequence[bytes | None]) -> TokenClasses:
         if entry is None or entry[0] is not token_bytes:
             if len(_classes_by_tokenizer) >= 8:  # a server has one tokenizer; tests build a few
                 _classes_by_tokenizer.pop(next(iter(_classes_by_tokenizer)))
-            entry = (token_bytes, TokenClasses(token_bytes))
+            classes = TokenClasses(token_bytes)
+            if native.AVAILABLE:
+                # Made here, on the first guarded request's grammar, not in its first fill: the
+                # table and the structural class's packed list cost ~5-6 ms each, once.
+                classes.native_table()
+                for listed in (MODE_CLASS[native.MODE_NONE], MODE_CLASS[native.MODE_STRING], AFTER_QUOTE):
+                    classes.id_pointer(listed)  # the lists `native.candidates` hands the C loop
+                    classes.id_pointer(listed | CLOSE)
+            entry = (token_bytes, classes)
             _classes_by_tokenizer[id(token_bytes)] = entry
         return entry[1]
 

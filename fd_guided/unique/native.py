@@ -32,7 +32,8 @@ AVAILABLE = _native is not None
 ENABLED = AVAILABLE  # tests and benchmarks switch it off to run the Python reference alone
 
 KIND_OPEN, KIND_LANGUAGE = 0, 1
-_NONE, _STRING = 0, 1  # JsonTracker.mode values
+_NONE, _STRING = 0, 1  # JsonTracker.mode values: the two the C loop takes
+MODE_NONE, MODE_STRING = _NONE, _STRING
 
 
 class TokenTable:
