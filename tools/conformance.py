@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fd_guided import conformance  # noqa: E402
+from fd_guided.harness import conformance  # noqa: E402
 from fd_guided.schema.capabilities import markdown_table  # noqa: E402
 from fd_guided.schema.formats import SUBSET_NOTES, UNSUPPORTED_FORMATS  # noqa: E402
 
