@@ -145,6 +145,13 @@ class StartPlanning:
         )
         return Plan.of(completion, self.table) if completion is not None else None
 
+    def _start_searched(self, state) -> bool:
+        """Whether the start plan of `state`'s spec and engine was searched to the end (found or
+        not): a start search that found nothing is not run again on the slot's matcher (the same
+        grammar from the same state: the same result, another `max_expansions` fills on the host's
+        thread, 0.4 s on a 129k vocabulary)."""
+        return self.start_plans.known((state.spec, engine_of(state)))
+
     def _start_plan(self, state) -> Plan | None:
         """The plan from the grammar's start state, searched once per spec and engine (its matcher's
         type: a plan is in that engine's tokens) and copied for every request after. A search of it

@@ -226,8 +226,8 @@ class BudgetSteering(StartPlanning):
         if budget.deferred and state.history:
             return self._start_late(step, entry, state, budget, left)
         plan = self._start_plan(state) if not state.history else None
-        if plan is None:
-            completion = self._search(state.grammar)  # replayed tokens (or the start search failed)
+        if plan is None and (state.history or not self._start_searched(state)):
+            completion = self._search(state.grammar)  # replayed tokens (or no start search ran)
             plan = Plan.of(completion, self.table) if completion is not None else None
         if plan is None:
             budget.gave_up = True
