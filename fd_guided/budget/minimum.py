@@ -56,6 +56,8 @@ class StartPlanning:
     they allow (see the module docstring). Mixed into `steer.BudgetSteering`."""
 
     backend: Any
+    _slots: dict[int, Any]
+    _plan_asked: dict[int, Hashable]  # slot -> the start-plan key `plan_ready` searched for it
     max_expansions: int
     defer_start_above: int
     start_plans: StartPlans
@@ -144,6 +146,35 @@ class StartPlanning:
             max_expansions=self.max_expansions,
         )
         return Plan.of(completion, self.table) if completion is not None else None
+
+    def plan_ready(self, slot: int, state) -> bool:
+        """False while `slot`'s first sample should wait for its grammar's start plan: a budget close
+        enough that its first look needs the plan (<= `defer_start_above`, where `steer` would
+        otherwise wait for the search on the step's thread), its grammar compiled, the plan not
+        known yet. The search is started here, on the background thread; a host that holds the
+        request's first sample until this is True (`GuidedDecodingManager.is_budget_ready`) has no
+        step wait for anyone's search (a burst of cold schemas queued their searches behind one
+        another on the step thread: steps of seconds for every request)."""
+        budget = self._slots.get(slot)
+        if budget is None or budget.started or budget.gave_up or budget.max_tokens > self.defer_start_above:
+            return True
+        if state.finish is not None or state.pending_tokens or state.history or state.reasoning is not None:
+            return True  # no start-state first look (replayed tokens, reasoning)
+        if not state.ticket.done():
+            return True  # is_ready's turn
+        try:
+            compiled = state.ticket.result(timeout=0)
+        except Exception:  # noqa: BLE001 - a failed compile: the request fails at its first step
+            return True
+        key = (state.spec, str(compiled.backend_name))
+        if self.start_plans.known(key):
+            return True
+        if self._plan_asked.get(slot) == key:  # searched for this request: done (or it raised)
+            return not self.start_plans.searching(key)
+        self._plan_asked[slot] = key
+        _ = self.table  # built on this thread, not raced for by the background one
+        self.start_plans.search_later(key, lambda: self._own_search(compiled))
+        return False
 
     def _start_searched(self, state) -> bool:
         """Whether the start plan of `state`'s spec and engine was searched to the end (found or

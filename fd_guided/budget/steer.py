@@ -102,6 +102,7 @@ class BudgetSteering(StartPlanning):
         self._table: TokenTable | None = None
         self._slack: SlackTokens | None = None
         self._scratch: tuple[Any, np.ndarray] | None = None
+        self._plan_asked = {}
 
     # ----- lifecycle -----------------------------------------------------------------------------
 

@@ -252,6 +252,14 @@ class GuidedDecodingManager:
         scheduler holds a guided request's first sampling step until then; `apply` never waits."""
         return self.slots.is_ready(slot)
 
+    def is_budget_ready(self, slot: int) -> bool:
+        """True unless `slot`'s first sample waits for its budget's start plan (a budget close enough
+        that the first step needs it, `fd_guided.budget`), searched on the background thread from
+        here. A host that holds a request's first sample until `is_ready` and this are both True
+        never has a step wait for a budget search; one that does not has the step wait for it."""
+        state = self.slots.get(slot)
+        return state is None or self.step.budget.plan_ready(slot, state)
+
     def wait_ready(self, slots: Sequence[int], timeout_s: float | None = None) -> bool:
         """Block until every slot in `slots` `is_ready` (for simple hosts); False on timeout."""
         return self.slots.wait_ready(slots, timeout_s)

@@ -5,6 +5,8 @@ before any output token, for a host that calls neither."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from guided_helpers import in_process_backend
 from test_budget import REQUESTS, minimum
@@ -60,3 +62,29 @@ def test_reference_engine_refuses_at_submit_once_known_and_at_the_first_step_bef
         assert fits.finish_reason == "stop"
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_first_sample_waits_for_its_own_start_plan_not_the_step(backend_name):
+    """A tight budget's first look needs the start plan: `is_budget_ready` starts its search on the
+    background thread once compiled and says False until it is known, so a host holding the first
+    sample on it never has the step search or wait (a far budget and an unbudgeted slot never wait)."""
+    fields = REQUESTS[1]
+    need = minimum(backend_name, fields)
+    manager = GuidedDecodingManager(in_process_backend(backend_name), max_num_seqs=3)
+    spec = parse_guided_request(fields, GuidedConfig(backend=backend_name))
+    try:
+        manager.add_request(0, spec, max_tokens=need + 4)
+        manager.add_request(1, spec, max_tokens=100_000)  # far: its search is deferred, never waited for
+        manager.add_request(2, spec, max_tokens=need + 4, fit_budget=False)
+        assert manager.wait_ready([0, 1, 2], timeout_s=60)
+        assert manager.is_budget_ready(1) and manager.is_budget_ready(2)
+        deadline = 200
+        while not manager.is_budget_ready(0) and deadline:
+            deadline -= 1
+            threading.Event().wait(0.05)
+        assert manager.is_budget_ready(0), "the start plan search never finished"
+        key = (spec, backend_name)
+        assert manager.budget.start_plans.known(key) and manager.budget.start_plans.get(key).need == need
+    finally:
+        manager.close()

@@ -221,7 +221,8 @@ class ReferenceEngine:
         if not chunks:
             if running and self.manager is not None:
                 # Every running request holds its last prompt token until its grammar is ready.
-                self.manager.wait_ready(list(running), timeout_s=0.05)
+                if self.manager.wait_ready(list(running), timeout_s=0.05):
+                    time.sleep(0.002)  # compiled: what is awaited is a budget start plan (a background search)
             return updates
         step_started = tick = time.perf_counter()
         seqs = [running[slot] for slot in slots]
@@ -362,7 +363,8 @@ class ReferenceEngine:
             remaining = len(seq.prompt_ids) - seq.prefilled
             if remaining == 0 or budget <= 0:
                 continue
-            schedulable = remaining if self.manager is None or self.manager.is_ready(slot) else remaining - 1
+            ready = self.manager is None or (self.manager.is_ready(slot) and self.manager.is_budget_ready(slot))
+            schedulable = remaining if ready else remaining - 1
             if schedulable <= 0:
                 continue
             take = min(schedulable, budget)
