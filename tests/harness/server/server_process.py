@@ -62,3 +62,19 @@ class ServerProcess:
                 self.process.wait()
         self.log.close()
         os.unlink(self.log.name)
+
+
+def openai_client(server: ServerProcess):
+    """The real openai client for `server` (no retries: a failure shows as it happened)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def check_json(schema: dict, text: str) -> None:
+    """Assert `text` is a valid instance of `schema` (fd_guided's validator, formats checked)."""
+    from fd_guided.harness.validate import validate_output
+    from fd_guided.spec import parse_guided_request
+
+    verdict = validate_output(parse_guided_request({"guided_json": schema}), text)
+    assert verdict.valid, f"{text!r}: {verdict.reason}"

@@ -10,10 +10,8 @@ import re
 
 import openai
 import pytest
-from server_process import ServerProcess
+from server_process import ServerProcess, check_json, openai_client
 
-from fd_guided.harness.validate import validate_output
-from fd_guided.spec import parse_guided_request
 
 pytestmark = pytest.mark.cpu
 
@@ -54,12 +52,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def check_json(schema: dict, text: str) -> None:
-    verdict = validate_output(parse_guided_request({"guided_json": schema}), text)
-    assert verdict.valid, f"{text!r}: {verdict.reason}"
+    return openai_client(server)
 
 
 def refused_minimum(create, **kwargs) -> int:

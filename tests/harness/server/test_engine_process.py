@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_process import ServerProcess
+from server_process import ServerProcess, openai_client
 
 pytestmark = pytest.mark.cpu
 
@@ -36,7 +36,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def health(server) -> httpx.Response:

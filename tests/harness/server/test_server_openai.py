@@ -18,10 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
-from fd_guided.spec import parse_guided_request
-from fd_guided.harness.validate import validate_output
 
-from server_process import ServerProcess
+from server_process import ServerProcess, check_json, openai_client
 
 pytestmark = pytest.mark.cpu
 
@@ -57,12 +55,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def check_json(schema: dict, text: str) -> None:
-    verdict = validate_output(parse_guided_request({"guided_json": schema}), text)
-    assert verdict.valid, f"{text!r}: {verdict.reason}"
+    return openai_client(server)
 
 
 def check_tool_calls(calls, allowed=SCHEMAS) -> None:
