@@ -3,14 +3,8 @@
 
 from __future__ import annotations
 
-from .admission.parse import (
-    COMPACT_SEPARATORS,
-    KIND_FIELDS,
-    UNKNOWN_FORMAT_POLICIES,
-    check_with_backend,
-    grammar_is_lark,
-    parse_guided_request,
-)
+from .admission.fields import COMPACT_SEPARATORS, KIND_FIELDS, UNKNOWN_FORMAT_POLICIES, grammar_is_lark
+from .admission.parse import check_with_backend, parse_guided_request
 from .admission.spec import FIELD_OF_KIND, JSON_KINDS, KINDS, GrammarSpec, JsonFormat
 
 __all__ = [

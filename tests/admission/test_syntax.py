@@ -11,7 +11,7 @@ import xgrammar as xgr
 from llguidance import LLMatcher
 
 from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
-from fd_guided.admission.parse import grammar_is_lark
+from fd_guided.admission.fields import grammar_is_lark
 from fd_guided.admission.syntax import check_syntax
 from fd_guided.integrations.fastdeploy.admission import SchemaChecker
 
