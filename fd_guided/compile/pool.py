@@ -99,7 +99,7 @@ class CompileProcessPool(WorkerSupervisor):
         self._backgrounded: list[Future] = []
         # Forks run on their own thread (a zygote round trip is ~10 ms): the loop never waits for
         # one, so a job is sent to an idle worker and a reply received while a fork is under way.
-        self._forked: list[Any] = []  # (pid, conn) or None (the zygote is gone), from the forker
+        self._forked: list[Any] = []  # (pid, conn), or why the fork failed (str), from the forker
         self._forking = 0  # forks asked of the forker and not yet taken in (loop thread only)
         self._fork_failed = False  # no fork until a new job comes (the zygote is not respawned in a loop)
         self._fork_requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -274,26 +274,27 @@ class CompileProcessPool(WorkerSupervisor):
     def _fork_loop(self) -> None:
         """The forker thread: one zygote round trip per request, the result handed to the loop."""
         while self._fork_requests.get() and not self._closed:
+            forked: tuple | str
             try:
-                forked = zygote_for(self._zygote_key, self._recipe).fork(self._config)
-            except Exception:  # noqa: BLE001 - reported as a zygote that could not fork
+                zygote = zygote_for(self._zygote_key, self._recipe)
+                forked = zygote.fork(self._config) or str(zygote.error or "the zygote could not fork")
+            except Exception as error:  # noqa: BLE001 - reported as a zygote that could not fork
                 logger.exception("forking a compile worker failed")
-                forked = None
-            if forked is not None and self._closed:
+                forked = repr(error)
+            if not isinstance(forked, str) and self._closed:
                 kill(forked[0])
                 forked[1].close()
                 return
             with self._incoming_lock:
-                self._forked.append(forked)
+                self._forked.append(forked)  # (pid, connection), or why it failed
             self._wake()
 
     def _take_forked(self, forked: list[Any]) -> None:
         for result in forked:
             self._forking -= 1
-            if result is None:
+            if isinstance(result, str):
                 self._fork_failed = True
-                error = zygote_for(self._zygote_key, self._recipe).error
-                self._fail_pending(InvalidGrammarError(f"the compile workers could not start: {error}"))
+                self._fail_pending(InvalidGrammarError(f"the compile workers could not start: {result}"))
                 continue
             worker = Worker(*result)
             self._workers[worker.pid] = worker

@@ -35,10 +35,13 @@ class Zygote:
         )
         child.close()
         self.conn = Connection(parent.detach())
-        self.conn.send((recipe, os.getpid()))
         self._lock = threading.Lock()
         self._ready: bool | None = None
         self.error: str | None = None
+        try:
+            self.conn.send((recipe, os.getpid()))
+        except OSError as error:  # it died at start-up (e.g. it could not import us): not alive, said why
+            self._ready, self.error = False, f"the zygote exited while starting ({error!r})"
 
     def wait_ready(self) -> bool:
         """Block until the zygote has built its backend (seconds, once). False if it failed."""

@@ -384,3 +384,26 @@ def test_thread_isolation_still_compiles_and_times_out(tokenizer):
 
 def test_a_crash_error_type_is_an_invalid_grammar_error():
     assert issubclass(GrammarCompileCrash, InvalidGrammarError) and issubclass(GrammarCompileTimeout, InvalidGrammarError)
+
+
+def test_a_zygote_that_cannot_start_fails_its_jobs_naming_why_and_the_pool_goes_on():
+    """A zygote whose backend cannot be built fails every pending job with its own reason (not
+    "None"), and the pool's loop survives it: a later job fails the same way instead of hanging."""
+    from fd_guided.compile.pool import CompileProcessPool
+    from fd_guided.compile.zygote import zygote_key
+
+    recipe = ("fd_guided_no_such_module:factory", {})
+    pool = CompileProcessPool(
+        zygote_key(recipe), recipe, GuidedConfig(), max_workers=1, timeout_s=30,
+        memory_limit_bytes=1 << 30, demote_after_s=5,
+    )
+    try:
+        for _ in range(2):
+            future = pool.submit("llguidance", parse_guided_request({"guided_regex": "a+"}))
+            with pytest.raises(InvalidGrammarError) as caught:
+                future.result(timeout=120)
+            message = str(caught.value)
+            assert "the compile workers could not start" in message and "None" not in message
+            assert "fd_guided_no_such_module" in message
+    finally:
+        pool.close()
