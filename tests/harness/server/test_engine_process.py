@@ -169,6 +169,21 @@ def test_a_client_that_goes_away_aborts_its_engine_requests(server, client):
     assert health(server).json()["requests_in_flight"] == 0
 
 
+def drain_until_error(stream, text_of, started: threading.Barrier, outcomes: list[str]) -> None:
+    """Read `stream` to its end, meeting the others at `started` once its first text (`text_of(choice)`)
+    arrived; record "finished" or the error it ended with."""
+    announced = False
+    try:
+        for chunk in stream:
+            if not announced and chunk.choices and text_of(chunk.choices[0]):
+                announced = True
+                started.wait(timeout=60)
+    except openai.APIError as error:
+        outcomes.append(f"error: {error.message}")
+        return
+    outcomes.append("finished")
+
+
 def test_the_engine_process_dying_mid_stream_fails_every_client_and_the_server_recovers(server, client):
     first = health(server).json()
     engine_pid = first["engine_pid"]
@@ -180,16 +195,7 @@ def test_the_engine_process_dying_mid_stream_fails_every_client_and_the_server_r
     def stream_until_error(seed: int) -> None:
         stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3000, stream=True, seed=seed,
                                                 extra_body={"ignore_eos": True})
-        announced = False
-        try:
-            for chunk in stream:
-                if not announced and chunk.choices and chunk.choices[0].delta.content:
-                    announced = True
-                    started.wait(timeout=60)
-        except openai.APIError as error:
-            outcomes.append(f"error: {error.message}")
-            return
-        outcomes.append("finished")
+        drain_until_error(stream, lambda choice: choice.delta.content, started, outcomes)
 
     def plain() -> None:
         started.wait(timeout=60)
@@ -249,16 +255,7 @@ def test_a_hung_engine_process_is_killed_every_client_gets_the_error_and_the_ser
     def stream_until_error(seed: int) -> None:
         stream = client.completions.create(model=MODEL, prompt="go", max_tokens=3000, stream=True, seed=seed,
                                            extra_body={"ignore_eos": True})
-        announced = False
-        try:
-            for chunk in stream:
-                if not announced and chunk.choices and chunk.choices[0].text:
-                    announced = True
-                    started.wait(timeout=60)
-        except openai.APIError as error:
-            outcomes.append(f"error: {error.message}")
-            return
-        outcomes.append("finished")
+        drain_until_error(stream, lambda choice: choice.text, started, outcomes)
 
     threads = [threading.Thread(target=stream_until_error, args=(seed,)) for seed in range(3)]
     for thread in threads:
