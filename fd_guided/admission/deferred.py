@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidGrammarError
 from ..limits import AdmissionLimits, check_schema
 from ..schema.deadline import afford, unbounded
-from .cache import _Refused
+from .cache import CHECKED, _Refused
 from .meta import check_json_schema
 
 if TYPE_CHECKING:
@@ -125,3 +125,20 @@ def learned(spec: GrammarSpec, error: InvalidGrammarError) -> tuple[InvalidGramm
     if spec.pending is not None:
         spec.pending.remember(cleaned)
     return cleaned, True
+
+
+def remember_refusal(backend_class, spec: GrammarSpec, error: InvalidGrammarError) -> None:
+    """A refusal of `backend_class`'s checks decided after admission (in a compile worker, where
+    admission left them): remembered where the next identical request's admission finds it, on
+    `spec`'s `Pending` (`parse_guided_request` raises it) or else in the backend checks' cache."""
+    if spec.pending is not None:
+        spec.pending.remember(error)
+        return
+
+    def refuse() -> None:
+        raise error
+
+    try:
+        CHECKED.verdict((backend_class, spec), len(spec.source), refuse)
+    except InvalidGrammarError:
+        pass

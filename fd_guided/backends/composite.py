@@ -12,19 +12,31 @@ Two small protocols, kept out of the base interface (which a third-party engine 
 The functions below (`compile_engines`, `engine`, `engine_names`, `static_refusals`,
 `expected_gain_s`, `worker_recipe`, `with_config`, `from_recipe`) are the one place the compile service, its pool
 and its workers ask these questions, for any backend.
+
+Which engines may compile a spec is itself work to run off the caller's thread: each engine's check
+is the schema normaliser (pure Python, up to hundreds of ms on a large schema). `CHECKS` names a
+pseudo-engine whose "compile" is that decision (`EngineChecks`, its outcome an `EngineChoice`), so
+the compile service runs it as a job like any other: in a killable compile worker, its outcome cached
+beside the grammars and its refusal remembered.
 """
 
 from __future__ import annotations
 
 import abc
 import importlib
+import json
 from typing import Any, Protocol, runtime_checkable
 
 from ..config import GuidedConfig
-from ..interface import GuidedBackend
+from ..errors import InvalidGrammarError, error_class
+from ..interface import CompiledGrammar, Grammar, GuidedBackend
 from ..spec import GrammarSpec
 
 Recipe = tuple[str, dict]
+
+# The pseudo-engine of `EngineChecks` (job keys, worker messages, "the engine-checks compile ran
+# past its budget" when a check runs away).
+CHECKS = "engine-checks"
 
 
 class CompositeBackend(GuidedBackend):
@@ -33,7 +45,8 @@ class CompositeBackend(GuidedBackend):
     @classmethod
     @abc.abstractmethod
     def compile_engines(cls, spec: GrammarSpec) -> tuple[str, ...]:
-        """The engines that may compile `spec`, preferred first. Admission-cheap (pure Python).
+        """The engines that may compile `spec`, preferred first: their checks, pure Python (the
+        compile service runs it in a compile worker, `EngineChecks`, never on the caller's thread).
         Raises InvalidGrammarError when none can enforce `spec`."""
 
     @classmethod
@@ -87,6 +100,8 @@ def engine_names(backend: GuidedBackend) -> tuple[str, ...]:
 
 
 def engine(backend: GuidedBackend, name: str) -> GuidedBackend:
+    if name == CHECKS:
+        return engine_checks(backend)
     if isinstance(backend, CompositeBackend):
         return backend.engine(name)
     if name != backend.name:
@@ -124,3 +139,96 @@ def from_recipe(recipe: Recipe) -> GuidedBackend:
     module_name, _, attribute = path.partition(":")
     factory = getattr(importlib.import_module(module_name), attribute)
     return factory(**kwargs)
+
+
+class EngineChoice(CompiledGrammar):
+    """The outcome of a backend's checks on one spec, as the compile service keeps it: `engines`
+    that may compile it, preferred first (`compile_engines`), and `refusals`, what each other
+    engine's check refused (`static_refusals`: named beside the compile errors if every candidate
+    fails). Immutable; `to_bytes`/`from_bytes` carry it out of a compile worker."""
+
+    backend_name = CHECKS
+
+    def __init__(
+        self, spec: GrammarSpec, engines: tuple[str, ...], refusals: tuple[tuple[str, InvalidGrammarError], ...] = ()
+    ):
+        self.spec, self.engines, self.refusals = spec, tuple(engines), tuple(refusals)
+
+    @property
+    def memory_bytes(self) -> int:
+        return 64 * len(self.engines) + sum(len(str(error)) for _, error in self.refusals)
+
+    def to_bytes(self) -> bytes:
+        refusals = [
+            [name, type(error).__name__, _unprefixed(error), error.part, error.feature] for name, error in self.refusals
+        ]
+        return json.dumps({"engines": list(self.engines), "refusals": refusals}).encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, spec: GrammarSpec, data: bytes) -> EngineChoice | None:
+        """The choice `to_bytes` wrote, or None for bytes it did not write."""
+        try:
+            document = json.loads(data)
+            engines = tuple(str(name) for name in document["engines"])
+            refusals = tuple(
+                (str(name), error_class(class_name)(message, part=part, feature=feature))
+                for name, class_name, message, part, feature in document["refusals"]
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+        return cls(spec, engines, refusals) if engines else None
+
+
+class EngineChecks(GuidedBackend):
+    """The `CHECKS` pseudo-engine of `backend`: its compile of a spec runs the backend's admission
+    checks and returns the `EngineChoice`, or raises the refusal naming what each engine cannot
+    enforce (auto: "no backend can enforce this constraint faithfully (xgrammar: ...; llguidance:
+    ...)"). A compile worker runs it before any engine compiles the spec (its own `check` is empty:
+    the checks are the compile), so the checks never run on the thread that adds a request, a
+    runaway one is killed at the compile budget, and the serving process's GIL is not held."""
+
+    name = CHECKS
+
+    def __init__(self, backend: GuidedBackend):
+        super().__init__(
+            backend.tokenizer,
+            vocab_size=backend.vocab_size,
+            config=backend.config,
+            stop_token_ids=backend.stop_token_ids,
+        )
+        self.backend = backend
+
+    @classmethod
+    def check(cls, spec: GrammarSpec) -> None:
+        """Nothing: the checks are this engine's compile."""
+
+    def compile(self, spec: GrammarSpec) -> EngineChoice:
+        engines = compile_engines(self.backend, spec)
+        return EngineChoice(spec, engines, tuple(static_refusals(self.backend, spec)))
+
+    def compile_checked(self, spec: GrammarSpec) -> EngineChoice:
+        return self.compile(spec)  # a choice has no language to find empty
+
+    def new_grammar(self, compiled: CompiledGrammar) -> Grammar:
+        raise TypeError("an engine choice is not a grammar")
+
+    def serialize(self, compiled: CompiledGrammar) -> bytes | None:
+        return compiled.to_bytes() if isinstance(compiled, EngineChoice) else None
+
+    def deserialize(self, spec: GrammarSpec, data: bytes) -> EngineChoice | None:
+        return EngineChoice.from_bytes(spec, data)
+
+
+def engine_checks(backend: GuidedBackend) -> EngineChecks:
+    """`backend`'s `EngineChecks`, made once per backend object."""
+    checks = vars(backend).get("_engine_checks")
+    if checks is None:
+        checks = backend._engine_checks = EngineChecks(backend)  # type: ignore[attr-defined]
+    return checks
+
+
+def _unprefixed(error: InvalidGrammarError) -> str:
+    """The message `InvalidGrammarError(message, part=...)` was built with (str() prefixes the part)."""
+    text = str(error)
+    prefix = f"{error.part}: " if error.part else ""
+    return text[len(prefix) :] if prefix and text.startswith(prefix) else text

@@ -177,7 +177,7 @@ class CompileJobs:
                 return future
             future = self._jobs[key] = Future()
         self.metrics.add_gauge("compiles_in_flight", 1)
-        if self.shared_cache is None:
+        if self.shared_cache is None or engine == composite.CHECKS:
             # Nothing on the way to the runner can block (no L2 to ask): hand it over now. On a
             # loader thread, a burst's jobs queued behind the rebuilds of the ones before them.
             self._start_job(engine, spec, future)
@@ -229,8 +229,9 @@ class CompileJobs:
             compiled = backend.deserialize(spec, data) if data is not None else result
             if compiled is None:
                 raise InvalidGrammarError(f"the {engine} grammar compiled in a worker could not be loaded here")
-            self.metrics.observe("compile_seconds", compile_seconds)
-            self.metrics.inc_labelled("compiles_by_engine_total", "engine", engine)
+            if engine != composite.CHECKS:  # the engines' checks (a choice) are not a compile
+                self.metrics.observe("compile_seconds", compile_seconds)
+                self.metrics.inc_labelled("compiles_by_engine_total", "engine", engine)
             self._to_shared_cache(engine, spec, compiled, data)
             self._finish_job(engine, spec, future, compiled, None)
         except BaseException as error:  # noqa: BLE001 - every failure travels in the future
@@ -253,8 +254,11 @@ class CompileJobs:
             self.metrics.set_gauge("cache_bytes", self.cache.size_bytes)
             self._maybe_trim(compiled.memory_bytes)
         elif isinstance(error, InvalidGrammarError):
+            # Each job of the spec (its engines' and its `composite.CHECKS` job) runs the deferred
+            # checks first: the refusal is counted once, when first remembered.
+            known = spec.pending is not None and spec.pending.refused
             error, deferred = learned(spec, error)  # a deferred admission refusal: remembered for admission
-            if deferred:
+            if deferred and not known:
                 self.metrics.inc("deferred_admission_refusals_total")
             self.metrics.inc("compile_errors_total")
             self.errors.put(key, error, transient=isinstance(error, CompileBudgetError))
@@ -283,7 +287,8 @@ class CompileJobs:
             _TRIM(0)  # a few ms, on a loader thread, off every request's path
 
     def _from_shared_cache(self, engine: str, spec: GrammarSpec) -> CompiledGrammar | None:
-        if self.shared_cache is None:
+        # The L2 holds compiled grammars; an engine choice is recomputed in a worker, not shared.
+        if self.shared_cache is None or engine == composite.CHECKS:
             return None
         backend = composite.engine(self.backend, engine)
         data = self.shared_cache.get(spec, backend)
@@ -292,7 +297,7 @@ class CompileJobs:
         return compiled
 
     def _to_shared_cache(self, engine: str, spec: GrammarSpec, compiled: CompiledGrammar, data: bytes | None) -> None:
-        if self.shared_cache is None:
+        if self.shared_cache is None or engine == composite.CHECKS:
             return
         backend = composite.engine(self.backend, engine)
         data = data if data is not None else backend.serialize(compiled)

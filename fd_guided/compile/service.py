@@ -1,10 +1,18 @@
 """The compile service: per-request tickets over per-engine jobs, bounded caches, killable workers.
 
-`CompileService.submit(spec)` never blocks. It returns a *ticket*, a `Future` that resolves with
+`CompileService.submit(spec)` never blocks, and does only bounded work on the caller's thread:
+lookups, cache probes, ticket bookkeeping. It returns a *ticket*, a `Future` that resolves with
 the `CompiledGrammar` the request will run, or fails with the `InvalidGrammarError` that explains
 why no engine could compile it. Behind a ticket are *jobs*, one per engine that may compile the spec
 (`fd_guided.backends.composite.compile_engines`: xgrammar then llguidance for ``auto``, one engine
-otherwise):
+otherwise). Which engines those are is decided by the engines' checks (the schema normaliser: up
+to hundreds of ms of Python on a large schema), so for a spec this service has not decided before
+that decision is a job too (`composite.CHECKS`), run in a compile worker beside the compiles: killable,
+off this process's GIL, cached like a grammar, its refusal failing the ticket, counted
+(``deferred_admission_refusals_total``) and remembered for admission (`_chosen`). Meanwhile the job of
+the engine every choice starts at once (llguidance for ``auto``) starts too; its worker checks that
+engine before compiling, so nothing is compiled unchecked and a cold request does not wait for the
+choice before its compile starts.
 
   - a job is looked up in the in-process LRU (keys ``(engine, spec)``, bounded by the bytes held,
     keys included), then in the optional shared L2 cache, then compiled by the runner;
@@ -39,8 +47,10 @@ import time
 import weakref
 from concurrent.futures import Future
 
+from ..admission.deferred import remember_refusal
 from ..backends import composite
-from ..errors import GuidedDecodingError, InvalidGrammarError
+from ..backends.composite import CHECKS, EngineChoice
+from ..errors import CompileBudgetError, GuidedDecodingError, InvalidGrammarError
 from ..interface import CompiledGrammar, GuidedBackend
 from ..metrics import GuidedMetrics
 from ..spec import GrammarSpec
@@ -105,7 +115,7 @@ class CompileService(CompileJobs):
             demote_after_s=self.config.compile_demote_after_s,
             cost_weights={
                 name: composite.engine(self.backend, name).compile_cost_weight
-                for name in composite.engine_names(self.backend)
+                for name in (*composite.engine_names(self.backend), CHECKS)
             },
             on_event=lambda name: self.metrics.inc_labelled("compile_worker_events_total", "event", name),
         )
@@ -114,14 +124,16 @@ class CompileService(CompileJobs):
     # ----- tickets ------------------------------------------------------------------------------
 
     def submit(self, spec: GrammarSpec) -> Future:
-        """The ticket (a Future of the CompiledGrammar) of `spec`; never blocks on compiling."""
+        """The ticket (a Future of the CompiledGrammar) of `spec`. Never blocks, never checks or
+        compiles here: a spec decided before is probed in the caches (a hit answered at once), an
+        identical one in flight is joined, anything else gets a ticket whose engines are chosen
+        off this thread (`_choose`)."""
         self.metrics.inc("compile_requests_total")
-        try:
-            engines = composite.compile_engines(self.backend, spec)
-        except InvalidGrammarError as error:
-            return failed_with(error)
-        hits = [self.cache.get((engine, spec)) for engine in engines]
-        if hits[0] is not None:
+        choice = self._known_choice(spec)
+        if isinstance(choice, BaseException):
+            return failed_with(choice)
+        hits = [self.cache.get((engine, spec)) for engine in choice.engines] if choice is not None else []
+        if hits and hits[0] is not None:
             self.metrics.inc("cache_hits_total")
             return resolved(hits[0])
         with self._lock:
@@ -130,24 +142,104 @@ class CompileService(CompileJobs):
                 self.metrics.inc("inflight_joins_total")
                 return ticket.future
             if not self._closed and not any(hits):
-                ticket = self._tickets[spec] = Ticket(spec, engines)
+                ticket = self._tickets[spec] = Ticket(spec, choice)
         if ticket is None:
             if self._closed:
                 return failed_with(GuidedDecodingError("the compile service is closed"))
+            assert choice is not None  # hits come from a known choice
             # A later engine has it cached: serve that now, and compile the preferred one for next time.
             self.metrics.inc("cache_hits_total")
-            self._job(engines[0], spec)
-            self._to_background([(engines[0], spec)])
+            self._job(choice.engines[0], spec)
+            self._to_background([(choice.engines[0], spec)])
             return resolved(next(hit for hit in hits if hit is not None))
         self.metrics.inc("cache_misses_total")
-        self._advance(ticket)
+        if choice is None:
+            self._choose(ticket)
+        else:
+            self._advance(ticket)
         return ticket.future
+
+    def _known_choice(self, spec: GrammarSpec) -> EngineChoice | BaseException | None:
+        """What is known of `spec`'s engines without checking it (lookups only): the refusal
+        remembered for it (by admission's deferred checks or an earlier choice), its cached
+        `EngineChoice`, or None: the checks have to run (`_choose`)."""
+        if spec.pending is not None and spec.pending.refused:
+            try:
+                spec.pending.raise_if_refused()
+            except InvalidGrammarError as refused:
+                return refused
+        choice = self.cache.get((CHECKS, spec))
+        if choice is not None:
+            return choice
+        return self.errors.get((CHECKS, spec))
+
+    def _choose(self, ticket: Ticket) -> None:
+        """Start the `CHECKS` job that chooses `ticket`'s engines (`_chosen` takes its outcome),
+        and the job of the engine that starts at once under every choice (`_eager_engine`)."""
+        self._job(CHECKS, ticket.spec).add_done_callback(lambda done: self._chosen(ticket, done))
+        eager = self._eager_engine()
+        if eager is None:
+            return
+        with ticket.lock:
+            if ticket.settled or ticket.chosen or eager in ticket.jobs:
+                return  # chosen already (the choice was known by the time its job was asked for)
+            job = ticket.jobs[eager] = self._job(eager, ticket.spec)
+        job.add_done_callback(lambda _: self._advance(ticket))
+
+    def _eager_engine(self) -> str | None:
+        """The engine whose job `_advance` starts at once whatever the choice: the only engine, or
+        with `auto_first_ready` the cheapest to compile (llguidance for auto: the preferred engine
+        never defers it, `_deferred`, and it is never a hedge, `_hedged`). None otherwise."""
+        names = composite.engine_names(self.backend)
+        if len(names) == 1:
+            return names[0]
+        if not self.config.auto_first_ready:
+            return None
+        return min(names, key=lambda name: composite.engine(self.backend, name).compile_cost_weight)
+
+    def _chosen(self, ticket: Ticket, done: Future) -> None:
+        """`ticket`'s `CHECKS` job is done. Chosen: a job started early for an engine not chosen
+        stops, and the policy starts the others (`_advance`). Refused (or the checks ran out of
+        budget): the ticket fails with that error alone, its jobs stop; a refusal is counted and
+        remembered for admission, so the next identical request is refused there."""
+        error = done.exception()
+        if error is None:
+            choice = done.result()
+            with ticket.lock:
+                if ticket.settled:
+                    return
+                ticket.choose(choice)
+                unchosen = [engine for engine in ticket.jobs if engine not in choice.engines]
+                for engine in unchosen:
+                    del ticket.jobs[engine]
+            self._cancel([(engine, ticket.spec) for engine in unchosen])
+            self._advance(ticket)
+            return
+        with ticket.lock:
+            if ticket.settled:
+                return
+            ticket.settled = True
+            ticket.stop_timers()
+            started, ticket.jobs = list(ticket.jobs), {}
+        with self._lock:
+            if self._tickets.get(ticket.spec) is ticket:
+                del self._tickets[ticket.spec]
+        self._cancel([(engine, ticket.spec) for engine in started])
+        if isinstance(error, InvalidGrammarError) and not isinstance(error, CompileBudgetError):
+            # Admission's deferred schema checks were counted and remembered where the job ended
+            # (`CompileJobs._finish_job`); the engines' refusal is counted and remembered here.
+            pending = ticket.spec.pending
+            if pending is None or not pending.refused:
+                self.metrics.inc("deferred_admission_refusals_total")
+                remember_refusal(type(self.backend), ticket.spec, error)
+        if not ticket.future.done():
+            ticket.future.set_exception(error)
 
     def _advance(self, ticket: Ticket) -> None:
         """Start the jobs the policy allows, and settle the ticket once its outcome is known."""
         started: list[Future] = []
         with ticket.lock:
-            if ticket.settled:
+            if ticket.settled or not ticket.chosen:
                 return
             for index, engine in enumerate(ticket.engines):
                 if engine in ticket.jobs:

@@ -182,7 +182,10 @@ class ThreadCompileRunner:
 
         def work():
             started = time.perf_counter()
-            return composite.engine(self.backend, engine).compile_checked(spec), time.perf_counter() - started
+            engine_backend = composite.engine(self.backend, engine)
+            # As a compile worker does: the engine's own check first (the caller's thread never runs it).
+            type(engine_backend).check(spec)
+            return engine_backend.compile_checked(spec), time.perf_counter() - started
 
         timer = threading.Timer(
             self.timeout_s,

@@ -1,10 +1,12 @@
 """Tickets: one request-level compile over per-engine jobs, and which engine's outcome settles it.
 
 A ticket holds its engines in preference order and their job futures (`CompileService` starts the
-jobs). `Ticket.decide` says when the request has its grammar: the first success in preference
-order, where a less preferred engine that is ready waits for a preferred one still compiling only
-as long as that engine is expected to gain on it over the request, or its errors once every
-engine failed.
+jobs). The engines are the backend's `EngineChoice` for the spec: known at once when the service
+decided the spec before, else chosen later off the caller's thread (`Ticket.choose`; until then
+only the job of an engine every choice starts at once may run). `Ticket.decide` says when the
+request has its grammar: the first success in preference order, where a less preferred engine
+that is ready waits for a preferred one still compiling only as long as that engine is expected
+to gain on it over the request, or its errors once every engine failed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..backends import composite
+from ..backends.composite import EngineChoice
 from ..config import GuidedConfig
 from ..errors import combine_engine_errors
 from ..interface import GuidedBackend
@@ -29,6 +32,8 @@ class Ticket:
     __slots__ = (
         "spec",
         "engines",
+        "refusals",
+        "chosen",
         "jobs",
         "deferred",
         "future",
@@ -40,8 +45,13 @@ class Ticket:
         "hedge_timer",
     )
 
-    def __init__(self, spec: GrammarSpec, engines: tuple[str, ...]):
-        self.spec, self.engines = spec, engines
+    def __init__(self, spec: GrammarSpec, choice: EngineChoice | None):
+        self.spec = spec
+        self.engines: tuple[str, ...] = ()
+        self.refusals: tuple[tuple[str, Any], ...] = ()
+        self.chosen = False  # the engines are known (`choose`); nothing settles before
+        if choice is not None:
+            self.choose(choice)
         self.jobs: dict[str, Future] = {}
         self.deferred: set[str] = set()  # engines whose job starts once the later ones are done
         self.future: Future = Future()
@@ -51,6 +61,11 @@ class Ticket:
         self.ready_at: float | None = None  # when a less preferred engine's job succeeded
         self.timer: threading.Timer | None = None
         self.hedge_timer: threading.Timer | None = None  # starts a held-back engine (`hedge`)
+
+    def choose(self, choice: EngineChoice) -> None:
+        """The spec's engines are known: `choice.engines`, preferred first, and the other engines'
+        check refusals (named in the error if every candidate fails). Under `lock` once shared."""
+        self.engines, self.refusals, self.chosen = choice.engines, choice.refusals, True
 
     def hedge(self, delay_s: float, recheck: Callable[[Ticket], Any]) -> None:
         """Run `recheck(self)` in `delay_s` (once): a held-back engine's job may start then."""
@@ -71,9 +86,13 @@ class Ticket:
         - the first success in preference order among finished jobs wins; a later engine's success
           waits for a pending earlier one, with `auto_first_ready` only as long as that engine is
           expected to gain on it over the request (`_waited_enough`; `recheck(self)` runs then);
-        - every engine failed: the errors combined.
+        - every engine failed: the errors combined, after the other engines' check refusals;
+        - the engines not chosen yet: None (a job started early may be done already).
         """
-        errors, pending_earlier = [], []
+        if not self.chosen:
+            return None
+        errors: list[tuple[str, Any]] = []
+        pending_earlier = []
         for engine in self.engines:
             job = self.jobs.get(engine)
             if job is None and engine not in self.deferred:
@@ -91,7 +110,7 @@ class Ticket:
             return "ok", job.result()
         if len(errors) < len(self.engines):
             return None
-        return "error", combine_engine_errors(composite.static_refusals(backend, self.spec) + errors)
+        return "error", combine_engine_errors(list(self.refusals) + errors)
 
     def _waited_enough(
         self,

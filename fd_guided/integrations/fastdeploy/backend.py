@@ -155,7 +155,7 @@ class FDGuidedBackend:
         skipped admission (FastDeploy's offline path) is still refused cleanly.
         """
         try:
-            spec = self._specs.get_or_parse(schemata_key, self._parse_checked)
+            spec = self._specs.get_or_parse(schemata_key, self._parse)
         except GuidedDecodingError as error:
             return ProcessorFuture.failed(self, error, enable_thinking)
         except Exception as error:  # never raise into the runner's insert loop
@@ -168,10 +168,11 @@ class FDGuidedBackend:
         """Blocking variant (FastDeploy's name): compile, wait, return the processor."""
         return self.get_logits_processor(schemata_key, enable_thinking).result(timeout=self.config.compile_timeout_s)
 
-    def _parse_checked(self, schemata_key) -> GrammarSpec:
-        spec = spec_from_schemata_key(schemata_key, self.config)
-        type(self.guided_backend).check(spec)
-        return spec
+    def _parse(self, schemata_key) -> GrammarSpec:
+        # Admission's bounded parse only: the runner's insertion thread never runs the backend's
+        # check (the schema normaliser); the compile service runs it in a worker with the choice of
+        # engines, and its refusal fails the future (`CompileService.submit`).
+        return spec_from_schemata_key(schemata_key, self.config)
 
     def allocate_token_bitmask(self, rows: int | None = None):
         return self.guided_backend.allocate_bitmask(rows or self.max_num_seqs)
