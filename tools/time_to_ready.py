@@ -85,8 +85,10 @@ class Trace:
     add_request called -> returned (ticket made, job handed to the pool) / the pool's loop took
     it -> sent to a worker -> the worker compiled (its own clock) -> reply read -> rebuild started
     on a loader thread -> rebuilt (the matcher built here from the worker's grammar) -> ticket
-    done -> first `is_ready` poll that saw it. Wraps the pool's and the jobs' private methods in
-    this process (a measurement, not part of the library); costs ~10 us a request."""
+    done -> first `is_ready` poll that saw it; ``checks_done``: when the job that ran the engines'
+    checks and chose them was done (trees where `add_request` leaves them to a worker). Wraps the
+    pool's and the jobs' private methods in this process (a measurement, not part of the library);
+    costs ~10 us a request."""
 
     STAGES = ("submitted", "pool_took", "sent", "replied", "rebuild_start", "rebuilt", "ticket_done", "is_ready")
 
@@ -135,6 +137,11 @@ class Trace:
         trace = {stage: round((stamps[stage] - added) * 1e3, 3) for stage in self.STAGES if stage in stamps}
         if (engine, spec) in self.compile_s:
             trace["worker_compile"] = round(self.compile_s.pop((engine, spec)) * 1e3, 3)
+        # The job that runs the engines' checks and chooses them (issue #22), in trees that have one.
+        checks = self.stamps.pop(("engine-checks", spec), {})
+        self.compile_s.pop(("engine-checks", spec), None)
+        if "rebuilt" in checks:
+            trace["checks_done"] = round((checks["rebuilt"] - added) * 1e3, 3)
         record["trace"] = trace
 
 
@@ -212,7 +219,7 @@ def calibrate(args, items: list, engines: list[str]) -> dict[str, dict[str, floa
 def summarise(records: list[dict], quick: set[str]) -> dict:
     served = [r for r in records if "ready_ms" in r]
     traced = [r["trace"] for r in served if "trace" in r]
-    stages = [stage for stage in (*Trace.STAGES, "worker_compile") if any(stage in t for t in traced)]
+    stages = [stage for stage in (*Trace.STAGES, "worker_compile", "checks_done") if any(stage in t for t in traced)]
     stage_ms = {stage: percentiles([t[stage] for t in traced if stage in t]) for stage in stages}
     return {
         **({"trace_ms": stage_ms} if traced else {}),
