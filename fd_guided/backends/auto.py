@@ -1,7 +1,9 @@
 """The ``auto`` backend: xgrammar when it enforces the whole constraint, llguidance when it cannot.
 
 At admission `compile_engines` (pure Python) names the engines whose checks pass, xgrammar first;
-when neither can enforce the constraint the error names what each could not. The compile service
+when neither can enforce the constraint the error names what each could not. The choice is
+remembered per spec (`CHOICES`), so the compile service does not run the checks again for a spec
+admission already decided (it runs them in a compile worker otherwise). The compile service
 then compiles with those engines (`fd_guided.compile.service`): a request whose xgrammar compile
 fails, crashes or runs out of budget is served by llguidance (compile-time fallback), and with
 ``GuidedConfig.auto_first_ready`` an uncached request starts on whichever engine is ready first
@@ -17,6 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..admission.cache import VerdictCache
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError, combine_engine_errors
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
@@ -24,7 +27,7 @@ from ..spec import GrammarSpec
 from ..tokenizer import TokenizerBundle
 from ..unique_guard import unguarded
 from . import composite
-from .composite import CompositeBackend
+from .composite import CompositeBackend, EngineChoice
 from .xgrammar import XGrammarBackend, XGrammarMatcher
 
 logger = logging.getLogger(__name__)
@@ -43,6 +46,12 @@ def _fallback_class():
     return LLGuidanceBackend
 
 
+# Each spec's choice once worked out in this process (by `AutoBackend.check` at admission, or by
+# a compile): the compile service takes a spec's engines from here instead of running the checks
+# again in a worker (`CompositeBackend.remembered_choice`). Bounded by entries and key bytes.
+CHOICES = VerdictCache()
+
+
 def candidate_engines(spec: GrammarSpec) -> tuple[str, ...]:
     """The engines whose admission checks pass for `spec`, xgrammar first.
 
@@ -50,24 +59,52 @@ def candidate_engines(spec: GrammarSpec) -> tuple[str, ...]:
     xgrammar refuses for a syntax error (no `feature`) is not offered to llguidance unless it is a
     JSON schema (those already passed the meta-schema check, so a refusal is a limit of xgrammar).
     """
+    return engine_choice(spec).engines
+
+
+def engine_choice(spec: GrammarSpec) -> EngineChoice:
+    """`candidate_engines` with what each other engine's check refused, remembered (`CHOICES`)."""
+    return CHOICES.verdict(spec, len(spec.source), lambda: _choose(spec))
+
+
+def remembered_choice(spec: GrammarSpec) -> EngineChoice | InvalidGrammarError | None:
+    """`engine_choice(spec)` if this process worked it out before (a lookup, never the checks):
+    the choice, or the refusal; None when it is not remembered."""
+    if not CHOICES.known(spec):
+        return None
+    try:
+        return CHOICES.verdict(spec, len(spec.source), _forgotten)
+    except InvalidGrammarError as refused:
+        return refused
+    except LookupError:  # evicted since `known`
+        return None
+
+
+def _forgotten() -> EngineChoice:
+    raise LookupError("no remembered choice")
+
+
+def _choose(spec: GrammarSpec) -> EngineChoice:
     engines: list[str] = []
+    refusals: list[tuple[str, InvalidGrammarError]] = []
     try:
         XGrammarBackend.check(spec)
         engines.append(PREFERRED)
         first = None
     except InvalidGrammarError as refused:
         first = refused
+        refusals.append((PREFERRED, refused))
     fallback = _fallback_class()
     if fallback is None or (first is not None and first.feature is None and spec.kind != "json_schema"):
         if first is not None:
             raise first
-        return tuple(engines)
+        return EngineChoice(spec, tuple(engines))
     try:
         fallback.check(spec)
         engines.append(FALLBACK)
     except InvalidGrammarError as second:
         if first is None:
-            return tuple(engines)
+            return EngineChoice(spec, tuple(engines), ((FALLBACK, second),))
         features = [f"xgrammar: {first.feature or _reason(first)}", f"llguidance: {second.feature or _reason(second)}"]
         raise InvalidGrammarError(
             "no backend can enforce this constraint faithfully (" + "; ".join(features) + ")",
@@ -76,11 +113,14 @@ def candidate_engines(spec: GrammarSpec) -> tuple[str, ...]:
         ) from None
     if len(engines) == 2 and _xgrammar_narrows(spec):
         engines.reverse()  # llguidance enforces all of it, xgrammar only a sound subset
-    return tuple(engines)
+    return EngineChoice(spec, tuple(engines), tuple(refusals))
 
 
 def static_refusals(spec: GrammarSpec) -> list[tuple[str, InvalidGrammarError]]:
     """What each engine's admission check refuses in `spec` (for the error when every compile fails)."""
+    known = remembered_choice(spec)
+    if isinstance(known, EngineChoice):
+        return list(known.refusals)
     refusals = []
     for name, backend_class in ((PREFERRED, XGrammarBackend), (FALLBACK, _fallback_class())):
         if backend_class is None:
@@ -201,11 +241,15 @@ class AutoBackend(CompositeBackend):
 
     @classmethod
     def check(cls, spec: GrammarSpec) -> None:
-        candidate_engines(spec)
+        engine_choice(spec)  # remembered: the compile service reuses it (`remembered_choice`)
 
     @classmethod
     def compile_engines(cls, spec: GrammarSpec) -> tuple[str, ...]:
         return candidate_engines(spec)
+
+    @classmethod
+    def remembered_choice(cls, spec: GrammarSpec) -> EngineChoice | InvalidGrammarError | None:
+        return remembered_choice(spec)
 
     @property
     def engine_names(self) -> tuple[str, ...]:

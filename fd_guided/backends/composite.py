@@ -9,7 +9,7 @@ Two small protocols, kept out of the base interface (which a third-party engine 
     picklable recipe, ``("module:factory", kwargs)``, and cloned there with another config. A
     backend without one compiles in threads (no kill on budget).
 
-The functions below (`compile_engines`, `engine`, `engine_names`, `static_refusals`,
+The functions below (`compile_engines`, `engine`, `engine_names`, `static_refusals`, `remembered_choice`,
 `expected_gain_s`, `worker_recipe`, `with_config`, `from_recipe`) are the one place the compile service, its pool
 and its workers ask these questions, for any backend.
 
@@ -27,6 +27,7 @@ import importlib
 import json
 from typing import Any, Protocol, runtime_checkable
 
+from ..admission.deferred import finish_schema_checks
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError, error_class
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
@@ -54,6 +55,13 @@ class CompositeBackend(GuidedBackend):
         """(engine, InvalidGrammarError) for each engine whose admission check refused `spec`:
         named beside the compile errors when every candidate engine failed."""
         return []
+
+    @classmethod
+    def remembered_choice(cls, spec: GrammarSpec) -> EngineChoice | InvalidGrammarError | None:
+        """The `EngineChoice` (or the refusal) this process's checks reached for `spec` before,
+        if remembered: a lookup, never the checks (those run at admission, within its budget, or
+        in a compile worker). None when not known."""
+        return None
 
     @property
     @abc.abstractmethod
@@ -93,6 +101,10 @@ def compile_engines(backend: GuidedBackend, spec: GrammarSpec) -> tuple[str, ...
 
 def static_refusals(backend: GuidedBackend, spec: GrammarSpec) -> list[tuple[str, Any]]:
     return backend.static_refusals(spec) if isinstance(backend, CompositeBackend) else []
+
+
+def remembered_choice(backend: GuidedBackend, spec: GrammarSpec) -> EngineChoice | InvalidGrammarError | None:
+    return backend.remembered_choice(spec) if isinstance(backend, CompositeBackend) else None
 
 
 def engine_names(backend: GuidedBackend) -> tuple[str, ...]:
@@ -203,6 +215,9 @@ class EngineChecks(GuidedBackend):
         """Nothing: the checks are this engine's compile."""
 
     def compile(self, spec: GrammarSpec) -> EngineChoice:
+        # Admission's deferred schema checks first (a no-op where they ran): their refusal is
+        # admission's own, not wrapped in each engine's.
+        finish_schema_checks(spec)
         engines = compile_engines(self.backend, spec)
         return EngineChoice(spec, engines, tuple(static_refusals(self.backend, spec)))
 

@@ -47,6 +47,7 @@ import time
 import weakref
 from concurrent.futures import Future
 
+from ..admission.cache import CHECKED
 from ..admission.deferred import remember_refusal
 from ..backends import composite
 from ..backends.composite import CHECKS, EngineChoice
@@ -162,16 +163,35 @@ class CompileService(CompileJobs):
     def _known_choice(self, spec: GrammarSpec) -> EngineChoice | BaseException | None:
         """What is known of `spec`'s engines without checking it (lookups only): the refusal
         remembered for it (by admission's deferred checks or an earlier choice), its cached
-        `EngineChoice`, or None: the checks have to run (`_choose`)."""
+        `EngineChoice`, the choice admission's checks reached in this process, or None: the checks
+        have to run (`_choose`)."""
         if spec.pending is not None and spec.pending.refused:
             try:
                 spec.pending.raise_if_refused()
             except InvalidGrammarError as refused:
                 return refused
-        choice = self.cache.get((CHECKS, spec))
-        if choice is not None:
-            return choice
-        return self.errors.get((CHECKS, spec))
+        known = self.cache.get((CHECKS, spec)) or self.errors.get((CHECKS, spec))
+        if known is not None:
+            return known
+        if spec.pending is not None and not spec.pending.schema_checked:
+            return None  # admission's deferred checks have not run: nothing it decided counts yet
+        known = composite.remembered_choice(self.backend, spec)
+        if known is None and not composite.engine_names(self.backend)[1:]:
+            known = self._admitted_alone(spec)
+        return known
+
+    def _admitted_alone(self, spec: GrammarSpec) -> EngineChoice | BaseException | None:
+        """A one-engine backend's choice is its check's verdict: admission's, if remembered."""
+        key = (type(self.backend), spec)
+        if not CHECKED.known(key):
+            return None
+        try:
+            CHECKED.verdict(key, len(spec.source), _not_remembered)
+        except InvalidGrammarError as refused:
+            return refused
+        except LookupError:  # evicted since `known`
+            return None
+        return EngineChoice(spec, (self.backend.name,))
 
     def _choose(self, ticket: Ticket) -> None:
         """Start the `CHECKS` job that chooses `ticket`'s engines (`_chosen` takes its outcome),
@@ -363,6 +383,10 @@ class CompileService(CompileJobs):
         for ticket in tickets:
             if not ticket.future.done():
                 ticket.future.set_exception(closed)
+
+
+def _not_remembered() -> None:
+    raise LookupError("no remembered verdict")
 
 
 _live_services: weakref.WeakSet[CompileService] = weakref.WeakSet()

@@ -129,7 +129,7 @@ def test_a_slower_less_preferred_engine_is_a_hedge_not_a_race(tokenizer, propert
         assert service.backend.compile_engines(spec) == ("llguidance", "xgrammar")
         assert service.submit(spec).result(timeout=60).backend_name == "llguidance"
         time.sleep(0.2)  # a hedge timer still armed would start xgrammar now
+        # (a job runs the engines' checks too where admission left them: not an engine)
         assert [engine for engine in seen if engine != CHECKS] == started
-        assert seen.count(CHECKS) == 1  # the choice: once, in a worker, beside llguidance's compile
     finally:
         service.close()

@@ -18,6 +18,7 @@ from fd_guided import GrammarCompileTimeout, GuidedConfig, InvalidGrammarError, 
 from fd_guided import schema as normal_form
 from fd_guided.admission import cache
 from fd_guided.backends.auto import AutoBackend
+from fd_guided.backends.composite import CHECKS
 from fd_guided.backends.llguidance import LLGuidanceBackend
 from fd_guided.manager import GuidedDecodingManager
 from fd_guided.registry import create_backend
@@ -167,6 +168,27 @@ def test_a_spec_decided_before_is_a_cache_lookup_and_identical_ones_share_one_ti
         add_s = cpu_seconds(lambda: manager.add_request(0, spec))
         assert manager.is_ready(0) and manager.metrics.value("cache_hits_total") == hits + 1
         assert add_s < 0.01, add_s
+    finally:
+        manager.close()
+
+
+def test_a_spec_whose_checks_admission_ran_needs_no_checks_job(tokenizer):
+    """Admission that decided the engines' checks within its budget (here: inline) leaves its
+    choice for add_request: no job runs them again, the request is served all the same."""
+    config = GuidedConfig(backend="auto", admission_budget_s=None)
+    manager = make_manager(create_backend("auto", tokenizer, vocab_size=VOCAB, config=config))
+    try:
+        jobs, submit = [], manager.compiler._runner.submit
+
+        def recording(engine, spec):  # a spy over the real pool: which jobs reach it
+            jobs.append(engine)
+            return submit(engine, spec)
+
+        manager.compiler._runner.submit = recording
+        decided = manager.validate({"guided_json": slow_schema("d", properties=10)})
+        add_ready(manager, 0, decided)
+        assert manager.slots[0].ticket.result().backend_name in ("llguidance", "xgrammar")
+        assert CHECKS not in jobs and jobs, jobs
     finally:
         manager.close()
 
