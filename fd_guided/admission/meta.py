@@ -24,6 +24,23 @@ try:  # fast meta-validation at admission; `jsonschema` alone gives the same ver
 except ImportError:
     _jsonschema_rs = None  # type: ignore[assignment]
 
+
+def _offline_registry() -> Any:
+    """jsonschema-rs fetches a ``$schema`` it does not know over the network (HTTP, on the
+    caller's thread: a request could make the host connect anywhere, and wait for it). Given a
+    registry it retrieves nothing: an unknown meta-schema fails at once and `jsonschema` decides.
+    None where this jsonschema-rs takes no registry (`_fast_meta_valid` then leaves every schema
+    that names its ``$schema`` to `jsonschema`)."""
+    try:
+        registry = _jsonschema_rs.Registry([])
+        _jsonschema_rs.meta.is_valid({}, registry=registry)
+    except (AttributeError, TypeError):
+        return None
+    return registry
+
+
+_OFFLINE = _offline_registry() if _jsonschema_rs is not None else None
+
 # What meta-validation costs per byte of compact schema text, for a deadline (`deadline.afford`):
 # jsonschema-rs (native, ~4 ns/byte measured on 0.3-0.5 MB schemas) and `jsonschema` (~1 ms/KB).
 RS_SECONDS_PER_BYTE = 1e-8
@@ -78,11 +95,12 @@ def _fast_meta_valid(schema: dict) -> bool:
     must also compile with `re`. This only ever accepts: whatever fails here goes to `jsonschema`,
     which has the last word and writes the error message.
     """
-    if _jsonschema_rs is None:
+    if _jsonschema_rs is None or (_OFFLINE is None and declares_draft(schema)):
         return False
     try:
-        if not _jsonschema_rs.meta.is_valid(schema) and (
-            declares_draft(schema) or not any(_jsonschema_rs.meta.is_valid({**schema, "$schema": uri}) for uri in _URIS)
+        if not _jsonschema_rs.meta.is_valid(schema, registry=_OFFLINE) and (
+            declares_draft(schema)
+            or not any(_jsonschema_rs.meta.is_valid({**schema, "$schema": uri}, registry=_OFFLINE) for uri in _URIS)
         ):
             return False
     except Exception:  # an unknown $schema URI, unexpected input: let jsonschema decide
