@@ -55,6 +55,9 @@ class GuidedMetrics:
         "cache_misses_total": "Compiles that ran the backend compiler.",
         "inflight_joins_total": "Compiles that joined an identical compile already in flight.",
         "compile_errors_total": "Compiles that failed (invalid grammar).",
+        "deferred_admission_refusals_total": (
+            "Compiles refused by admission checks left to the compile worker (admission had no time for them)."
+        ),
         "compile_timeouts_total": "Compiles stopped at their time budget (the worker was killed).",
         "background_compiles_dropped_total": (
             "Cache-only compiles (their request was served by another engine) dropped from a full backlog."
