@@ -17,7 +17,7 @@ from ..errors import InvalidGrammarError
 from ..limits import AdmissionLimits, check_choices, check_grammar, check_size
 from ..schema.deadline import Overrun, checkpoint, until
 from .deferred import Pending, check_schema_document, count
-from .documents import as_dict, check_text, schema_and_source
+from .documents import as_dict, check_text, compact_size_at_least, schema_and_source
 from .spec import GrammarSpec, JsonFormat
 from .syntax import check_regex_syntax, check_syntax
 from .tags import parse_structural_tag
@@ -164,13 +164,16 @@ TEXT_SLACK = 2
 
 
 def _parse_json_schema(value: Any, json_format: JsonFormat, limits: AdmissionLimits, *, part: str) -> GrammarSpec:
-    if isinstance(value, (str, bytes)) and len(value) > TEXT_SLACK * limits.max_constraint_bytes:
-        limit = limits.max_constraint_bytes
-        raise InvalidGrammarError(
-            f"the schema is at least {len(value):,} bytes, over the limit of {limit:,}",
-            part=part,
-            feature=f"schema larger than {limit:,} bytes",
-        )
+    limit = limits.max_constraint_bytes
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        # Refused unread when even its compact form is surely too large (reading 2 MB: ~20 ms).
+        at_least = len(value) if len(value) > TEXT_SLACK * limit else compact_size_at_least(value)
+        if at_least > limit:
+            raise InvalidGrammarError(
+                f"the schema is at least {at_least:,} bytes, over the limit of {limit:,}",
+                part=part,
+                feature=f"schema larger than {limit:,} bytes",
+            )
     written = getattr(request_state, "written", {}).get(f"{part}:json") if isinstance(value, dict) else None
     schema, source = schema_and_source(value, part, written)
     check_size(source, limits.max_constraint_bytes, part, "schema")
