@@ -14,12 +14,12 @@ from typing import Any
 
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
-from ..limits import AdmissionLimits, check_choices, check_grammar, check_size
+from ..limits import AdmissionLimits, check_choices, check_size
 from ..schema.deadline import Overrun, checkpoint, until
 from .deferred import Pending, check_schema_document, count
 from .documents import as_dict, check_text, compact_size_at_least, schema_and_source
 from .spec import GrammarSpec, JsonFormat
-from .syntax import check_regex_syntax, check_syntax
+from .syntax import check_grammar_text, check_regex_syntax
 from .tags import parse_structural_tag
 
 KIND_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar", "structural_tag")
@@ -128,10 +128,15 @@ def _parse_grammar(value: Any, json_format: JsonFormat, limits: AdmissionLimits)
     if not isinstance(value, str) or not value.strip():
         raise InvalidGrammarError("must be a non-empty grammar string", part="guided_grammar")
     check_text(value, "guided_grammar")
-    lark = grammar_is_lark(value)
+    kind = "lark" if grammar_is_lark(value) else "ebnf"
     check_size(value, limits.max_constraint_bytes, "guided_grammar", "grammar")
-    check_grammar(value, lark, limits, "guided_grammar", rules=check_syntax(value, lark, "guided_grammar").rules)
-    return GrammarSpec("lark" if lark else "ebnf", value)
+    try:
+        with until(getattr(request_state, "deadline", None)):
+            check_grammar_text(value, kind == "lark", limits, "guided_grammar")
+    except Overrun:  # the budget is spent: the compile worker decides (`deferred`)
+        count("deferred")
+        return GrammarSpec(kind, value, pending=Pending("guided_grammar", limits))
+    return GrammarSpec(kind, value)
 
 
 def _parse_structural_tag_field(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:

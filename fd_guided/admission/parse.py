@@ -176,8 +176,8 @@ def check_with_backend(backend_class, spec: GrammarSpec) -> None:
     last = getattr(request_state, "last", None)
     request_state.last = None
     deadline_at = last[1] if last is not None and last[0] is spec else None
-    if spec.pending is not None and not spec.pending.schema_checked:
-        return  # the worker runs the schema checks first, then the engine's
+    if spec.pending is not None and not spec.pending.checked:
+        return  # the worker runs the deferred checks first, then the engine's
     key = (backend_class, spec)
     if deadline_at is not None and not CHECKED.known(key) and LEFT_TO_WORKER.known(key):
         count("deferred")
