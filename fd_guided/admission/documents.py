@@ -83,11 +83,12 @@ def check_text(text: str, part: str) -> None:
 
 
 def compact(value: Any) -> str | None:
-    """The compact JSON text of `value` (a spec's source, admission's cache key: the same for equal
-    documents), or None when `value` is not a plain JSON document nested at most `MAX_NESTING` deep
-    (`check_document` then names why). orjson's when it is sure (`json_text.write`); otherwise
-    the document is walked and written by the standard library (integers past 64 bits, tuples,
-    subclasses of str/int/dict/list), and its JSON form written by orjson where it can be."""
+    """The compact JSON text of `value` (a spec's source, admission's cache key), or None when
+    `value` is not a JSON document nested at most `MAX_NESTING` deep (`check_document` then names
+    why). orjson's (`json_text.write`: what a check of `value` reads, see `document_of`); else the
+    document is walked and written by the standard library (integers past 64 bits, subclasses of
+    str/int/dict/list, NaN), and its JSON form written by orjson where it can be, so equal
+    documents get one text whatever form they came in."""
     text = json_text.write(value)
     if text is not None:
         return text
@@ -98,6 +99,12 @@ def compact(value: Any) -> str | None:
     except (InvalidGrammarError, TypeError, ValueError, RecursionError):
         return None
     return json_text.write(json.loads(text)) or text
+
+
+def document_of(text: str) -> Any:
+    """The document of a text `compact` wrote (read by orjson where it reads as json does)."""
+    found = json_text.read(text)
+    return found[0] if found is not None else json.loads(text)
 
 
 def plain_text(value: Any, part: str) -> str:
@@ -129,16 +136,13 @@ def load_schema(value: Any, part: str) -> dict:
     return schema_and_source(value, part)[0]
 
 
-def schema_and_source(value: Any, part: str, written: str | None = None) -> tuple[dict, str]:
+def schema_and_source(value: Any, part: str) -> tuple[dict, str]:
     """`load_schema`'s document and its compact JSON text (a spec's source, `compact`).
 
     JSON text orjson reads for sure (`json_text.read`) is checked and written in native code; other
     text is read by the standard library, its depth walked first (containers only: `check_depth`),
-    then the rest (NaN, lone surrogates) with the path named. `written`: `value` (a dict) already
-    written by `compact` (admission's cache key), so checked: returned as it is.
+    then the rest (NaN, lone surrogates) with the path named.
     """
-    if written is not None and isinstance(value, dict):
-        return value, written
     if isinstance(value, type) and hasattr(value, "model_json_schema"):
         value = value.model_json_schema()
         return value, plain_text(value, part)

@@ -15,9 +15,9 @@ from typing import Any
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..limits import AdmissionLimits, check_choices, check_size
-from ..schema.deadline import Overrun, checkpoint, until
-from .deferred import Pending, check_schema_document, count
-from .documents import as_dict, check_text, compact_size_at_least, schema_and_source
+from ..schema.deadline import Overrun, afford, checkpoint, until
+from .deferred import BOUNDS_SECONDS_PER_BYTE, Pending, check_schema_document, count
+from .documents import as_dict, check_text, compact_size_at_least, document_of, schema_and_source
 from .spec import GrammarSpec, JsonFormat
 from .syntax import check_grammar_text, check_regex_syntax
 from .tags import parse_structural_tag
@@ -30,6 +30,25 @@ UNKNOWN_FORMAT_POLICIES = ("refuse", "annotate")
 # are parsed, `written` (the cache key's JSON text per field, reused as a source); `last` = (the
 # spec returned, that deadline) for a `check_with_backend` right after (`parse.py`).
 request_state = threading.local()
+
+
+def as_written(fields: Mapping[str, Any], limits: AdmissionLimits) -> Mapping[str, Any]:
+    """`fields` as admission's cache key wrote them (`request_state.written`): each value given as
+    objects replaced by its text's document, so every check reads what the key says and one key
+    is one verdict (a UUID orjson wrote as a string is that string). A JSON schema object is read
+    back by its own parser, only when its checks have time (`_parse_json_schema`); a choice list
+    past the limit is refused by its length, which its document shares (not read back)."""
+    written = getattr(request_state, "written", {})
+    names = [name for name in fields if f"{name}:json" in written and name != "guided_json"]
+    if not names:
+        return fields
+    readable = dict(fields)
+    for name in names:
+        value = fields[name]
+        if name == "guided_choice" and isinstance(value, (list, tuple)) and len(value) > limits.max_choices:
+            continue
+        readable[name] = document_of(written[f"{name}:json"])
+    return readable
 
 
 def spec_from_fields(fields: Mapping[str, Any], json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec | None:
@@ -179,13 +198,18 @@ def _parse_json_schema(value: Any, json_format: JsonFormat, limits: AdmissionLim
                 part=part,
                 feature=f"schema larger than {limit:,} bytes",
             )
+    # An object admission's cache key wrote already: that text is its source, and its checks read
+    # the text's document (read back only when they have the time: a megabyte is ~10 ms).
     written = getattr(request_state, "written", {}).get(f"{part}:json") if isinstance(value, dict) else None
-    schema, source = schema_and_source(value, part, written)
+    schema, source = (None, written) if written is not None else schema_and_source(value, part)
     check_size(source, limits.max_constraint_bytes, part, "schema")
     pending = None
     try:
         with until(getattr(request_state, "deadline", None)):
             checkpoint()
+            afford(len(source) * BOUNDS_SECONDS_PER_BYTE)  # the first check's cost (`check_schema_document`)
+            if schema is None:
+                schema = document_of(source)
             check_schema_document(schema, limits, part, source_bytes=len(source))
     except Overrun:  # the budget is spent: the compile worker decides (`deferred`)
         count("deferred")

@@ -14,9 +14,12 @@ exact path (`documents`), which decides and words the refusal as before:
     writes them, `_LARGE_EXPONENTS`) is read again by the caller;
   - depth: orjson writes at most `_WRITE_LIMIT` nested containers, so a document wrapped in
     `_WRAPPERS` lists is written only if it is nested at most `MAX_NESTING` deep (no walk);
-  - a value not read from JSON text (a host's dict) is read back from what orjson wrote and
-    compared (in C): NaN (written as ``null``), UUIDs and enums (written natively), tuples, and
-    subclasses of str/int/dict/list (passed to ``default``, which refuses them) go to the caller.
+  - a value given as objects (a host's dict) is taken as the text orjson writes for it: a check
+    reads that text's document, so a verdict is the text's (one cache key, one verdict). NaN and
+    Infinity, which orjson writes as ``null``, are refused: an object whose text holds a ``null``
+    literal is searched for them by the standard library. Subclasses of str/int/dict/list (given
+    to ``default``, which refuses them) go to the caller; a UUID or an enum member orjson writes
+    natively is read as what it writes (the standard library's path refused them).
 
 Read as the standard library reads (every value and key order equal, duplicate keys: the last value
 at the first key's place; tested by differential fuzzing). Written text is orjson's, and the same for
@@ -27,6 +30,7 @@ a cache key, read by JSON readers only, the same within one installation.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -97,15 +101,35 @@ def read(text: str | bytes) -> tuple[Any, str] | None:
 
 
 def write(value: Any) -> str | None:
-    """The compact JSON text of `value`, a plain JSON value (str keys, JSON types, finite numbers,
-    valid Unicode) nested at most `MAX_NESTING` deep; None when `value` is not one or may not be
-    (the caller decides with the standard library)."""
+    """The compact JSON text orjson writes for `value` when it is JSON: str keys, JSON types (a
+    tuple an array), finite numbers, valid Unicode, nested at most `MAX_NESTING` deep; None when
+    orjson cannot write it or it may hold NaN or Infinity (the caller decides with the standard
+    library)."""
     written = _written(value)
-    if written is None:
+    if written is None or (_has_null_literal(written) and not _finite(value)):
         return None
-    if not isinstance(value, str) and orjson.loads(written) != value:
-        return None  # NaN, a UUID, an enum, a tuple: not what it reads back as
     return written
+
+
+def _has_null_literal(written: str) -> bool:
+    """A ``null`` in compact JSON text follows ``:``, ``[`` or ``,`` (or starts it); inside a
+    string it is only a false alarm."""
+    at = written.find("null")
+    while at != -1:
+        if at == 0 or written[at - 1] in ":[,":
+            return True
+        at = written.find("null", at + 4)
+    return False
+
+
+def _finite(value: Any) -> bool:
+    """No NaN or Infinity in `value` (orjson writes them as ``null``): the standard library's
+    writer refuses them; anything else it cannot write reads as null here, as orjson wrote it."""
+    try:
+        json.dumps(value, allow_nan=False, check_circular=False, default=lambda _: None)
+    except ValueError:
+        return False
+    return True
 
 
 def _written(value: Any, reading: bool = False) -> str | None:

@@ -34,6 +34,7 @@ from .cache import CHECKED, PARSED, VerdictCache, canonical_key
 from .deferred import count
 from .fields import (
     KIND_FIELDS,
+    as_written,
     json_format_of,
     request_state,
     spec_from_fields,
@@ -105,6 +106,7 @@ def parse_guided_request(
 
 def _parse(fields: Mapping[str, Any], config: GuidedConfig) -> GrammarSpec | None:
     try:
+        fields = as_written(fields, config.limits)
         json_format = json_format_of(fields, config)
         return spec_from_fields(fields, json_format, config.limits)
     except InvalidGrammarError:

@@ -122,14 +122,50 @@ class Size(enum.IntEnum):
     SMALL = 1
 
 
-@pytest.mark.parametrize(
-    ("value", "written"), [(uuid.UUID(int=7), str(uuid.UUID(int=7))), (Colour.RED, "red"), ({"a"}, None), (b"x", None)]
-)
-def test_values_json_cannot_hold_are_refused_though_orjson_writes_some(value, written):
-    if written is not None:
-        admit({"enum": [written]})  # what orjson writes it as, admitted and cached first
+@pytest.mark.parametrize("value", [{"a"}, b"x", float("nan"), 1j])
+def test_values_json_cannot_hold_are_refused_naming_where(value):
     error = refusal({"enum": [value]})
-    assert error.part == "guided_json.enum[0]" and "is not a JSON value" in str(error)
+    assert error.part == "guided_json.enum[0]" and "is not a JSON" in str(error)
+
+
+NATIVE = [(uuid.UUID(int=7), str(uuid.UUID(int=7))), (Colour.RED, "red")]
+
+
+@pytest.mark.parametrize(("value", "written"), NATIVE, ids=["uuid", "enum"])
+@pytest.mark.parametrize("twin_first", [True, False], ids=["twin_first", "object_first"])
+def test_values_orjson_writes_natively_read_as_what_it_writes_in_every_check(value, written, twin_first):
+    """A UUID or an enum member in a host's objects is read as the JSON orjson writes for it, by
+    every check: it and its JSON twin get one verdict, whichever comes first (one cache key)."""
+    requests = [
+        {"guided_json": {"enum": [value]}},
+        {"guided_json": {"type": "string", "pattern": value}},
+        {"guided_choice": ["a", value]},
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {"const": value}}}},
+        {"guided_json": {"type": value}},  # refused: not a type name
+        {"guided_json": {"type": "object"}, "separators": [value, ":"]},  # refused: not a separator
+    ]
+
+    def verdict(fields):
+        try:
+            spec = parse_guided_request(fields, INLINE)
+        except InvalidGrammarError as error:
+            return "refused", str(error)
+        return "admitted", spec
+
+    def twin(node):
+        if node is value:
+            return written
+        if isinstance(node, dict):
+            return {key: twin(child) for key, child in node.items()}
+        return [twin(child) for child in node] if isinstance(node, list) else node
+
+    for fields in requests:
+        pair = [fields, twin(fields)] if not twin_first else [twin(fields), fields]
+        assert verdict(pair[0]) == verdict(pair[1]), fields
+        cache.PARSED.clear()
+        cache.CHECKED.clear()
+        assert verdict(pair[1]) == verdict(pair[0]), fields  # decided afresh, the other way round
+    assert verdict(requests[0])[0] == "admitted" and verdict(requests[4])[0] == "refused"
 
 
 def test_tuples_and_int_subclasses_read_as_their_json_forms():
