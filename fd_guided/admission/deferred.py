@@ -4,16 +4,16 @@ worker, decided there, and remembered for the next identical request.
 `parse_guided_request` runs the checks whose cost it cannot bound by construction under
 `GuidedConfig.admission_budget_s` (`fd_guided.schema.deadline`): a JSON schema's bounds,
 meta-schema and references (`check_schema_document`), a grammar's syntax and bounds
-(`syntax.check_grammar_text`). When they overrun, the `GrammarSpec` it returns carries a `Pending`
-(``spec.pending``; not part of the spec's equality or hash). A pending spec is never compiled
-unchecked: the compile worker runs the checks before it compiles (`fd_guided.compile.worker`, and
-the in-process compile of thread isolation), and reading ``spec.schema`` (what every engine's
-check and compile of a schema does first) runs them too, unbounded, once per spec object
-(`finish_deferred_checks`). The worker tags a refusal with `DEFERRED_TAG`, which the serving
-process strips and remembers on its own spec object (`learned`). Admission caches specs by request
-text (`cache.PARSED`), so the next identical request finds the refusal on the spec it gets back and
-is refused at admission (`Pending.raise_if_refused`).
-"""
+(`syntax.check_grammar_text`), a regex's bounds and syntax (`syntax.check_regex_syntax`). When
+they overrun, the `GrammarSpec` it returns carries a `Pending` (``spec.pending``; not part of the
+spec's equality or hash). A pending spec is never compiled unchecked: the compile worker runs the
+checks before it compiles (`fd_guided.compile.worker`, and the in-process compile of thread
+isolation), and reading ``spec.schema`` (what every engine's check and compile of a schema does
+first) runs them too, unbounded, once per spec object (`finish_deferred_checks`). The worker tags
+a refusal with `DEFERRED_TAG`, which the serving process strips and remembers on its own spec
+object (`learned`). Admission caches specs by request text (`cache.PARSED`), so the next identical
+request finds the refusal on the spec it gets back and is refused at admission
+(`Pending.raise_if_refused`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from ..limits import AdmissionLimits, check_schema
 from ..schema.deadline import afford, unbounded
 from .cache import _Refused
 from .meta import check_json_schema
-from .syntax import check_grammar_text
+from .syntax import check_grammar_text, check_regex_syntax
 
 if TYPE_CHECKING:
     from .spec import GrammarSpec
@@ -115,6 +115,8 @@ def _run_checks(spec: GrammarSpec, pending: Pending) -> None:
         check_schema_document(json.loads(spec.source), pending.limits, pending.part)
     elif spec.kind in ("ebnf", "lark"):
         check_grammar_text(spec.source, spec.kind == "lark", pending.limits, pending.part)
+    elif spec.kind == "regex":
+        check_regex_syntax(spec.source, pending.limits, pending.part)
     else:
         raise TypeError(f"no deferred checks for a {spec.kind} spec")
 

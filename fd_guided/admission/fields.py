@@ -122,7 +122,12 @@ def _parse_json_object(value: Any, json_format: JsonFormat, limits: AdmissionLim
 def _parse_regex(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
     if not isinstance(value, str) or not value:
         raise InvalidGrammarError("must be a non-empty string", part="guided_regex")
-    check_regex_syntax(value, limits, "guided_regex")
+    try:
+        with until(getattr(request_state, "deadline", None)):
+            check_regex_syntax(value, limits, "guided_regex")
+    except Overrun:  # the budget is spent: the compile worker decides (`deferred`)
+        count("deferred")
+        return GrammarSpec("regex", value, pending=Pending("guided_regex", limits))
     return GrammarSpec("regex", value)
 
 

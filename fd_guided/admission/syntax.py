@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from ..errors import InvalidGrammarError
-from ..limits import AdmissionLimits, check_grammar, check_regex
+from ..limits import AdmissionLimits, check_grammar, check_regex, check_size
 from ..schema.deadline import afford, checkpoint
 from .documents import check_text
 
@@ -69,6 +69,10 @@ _CHECK_EVERY = 256  # tokens between two looks at the deadline
 # What `limits.check_grammar`'s walk of the rule graph costs per rule (measured ~1.4 us on a loaded
 # 2-core host; rounded up): it cannot stop itself, so it starts only when it fits the deadline.
 BOUNDS_SECONDS_PER_RULE = 3e-6
+# What `limits.check_regex` and ``re.compile`` cost per character of pattern together (measured
+# 3-9 us on a loaded 2-core host, linear up to the 64 KB limit): a pattern of a few hundred
+# characters is checked at admission, a longer one by the compile worker.
+REGEX_SECONDS_PER_CHAR = 6e-6
 _UNTERMINATED = {'"': "string literal", "'": "string literal", "[": "character class", "/": "regex"}
 
 
@@ -95,10 +99,14 @@ def check_grammar_text(text: str, lark: bool, limits: AdmissionLimits, part: str
 
 
 def check_regex_syntax(pattern: str, limits: AdmissionLimits, part: str) -> None:
-    """A regex as Python's ``re`` (which judges outputs) reads it, within the bounds of `limits`."""
+    """A regex as Python's ``re`` (which judges outputs) reads it, within the bounds of `limits`.
+    Under a deadline: `Overrun` before the bounds and ``re``'s parse when they would not end in
+    time (`REGEX_SECONDS_PER_CHAR`: a 64 KB pattern is ~0.3-0.5 s)."""
     if "\x00" in pattern:
         raise InvalidGrammarError("must not contain NUL characters", part=part)
     check_text(pattern, part)
+    check_size(pattern, limits.max_regex_bytes, part, "regex")
+    afford(len(pattern) * REGEX_SECONDS_PER_CHAR)  # neither step below can stop itself
     check_regex(pattern, limits, part)
     try:
         re.compile(pattern)

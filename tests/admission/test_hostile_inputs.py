@@ -38,6 +38,10 @@ HOSTILE = {
     "schema_over_1mb": ({"guided_json": {"type": "object", "properties": {
         f"field_{i}": {"type": "string", "description": "d" * 80} for i in range(9000)}}}, "bytes"),
     "unclosed_regex": ({"guided_regex": "(unclosed"}, "regular expression"),
+    # errors at the end of the largest texts: finding them is ~0.3-1 s of pure Python
+    "regex_63k_unclosed": ({"guided_regex": "(?:ab|cd)" * 7000 + "(x"}, "regular expression"),
+    "ebnf_9000_rules_unclosed": ({"guided_grammar": "root ::= r0\n" + "".join(
+        f"r{i} ::= r{i + 1} | \"x\"\n" for i in range(9000)) + 'r9000 ::= ("a" | \n'}, "syntax error at line 9002"),
     "fields_not_a_mapping": (["guided_json"], "mapping"),
     # minItems past a finite uniqueItems domain: enumerating the unique arrays walked every
     # permutation of the 29 values (it never ended) before it learned none is long enough
