@@ -153,7 +153,7 @@ def schema_and_source(value: Any, part: str) -> tuple[dict, str]:
         value = found[0] if found is not None else _load_json_exactly(value, part)
         if isinstance(value, dict):
             check_depth(value, part)
-            return value, plain_text(value, part)
+            return value, _read_text(value, part)
     if value is True:
         return {}, "{}"  # any JSON value (json_object would allow only objects)
     if value is False:
@@ -161,6 +161,22 @@ def schema_and_source(value: Any, part: str) -> tuple[dict, str]:
     if not isinstance(value, dict):
         raise InvalidGrammarError(f"a JSON schema must be an object, got {type(value).__name__}", part=part)
     return value, plain_text(value, part)
+
+
+def _read_text(document: dict, part: str) -> str:
+    """`compact` of a document ``json.loads`` read (JSON types under string keys, its depth checked
+    by the caller): NaN and lone surrogates show when it is written, and only then is it walked to
+    name them; its integers past 64 bits keep it from orjson."""
+    text = json_text.write(document)
+    if text is not None:
+        return text
+    try:
+        text = json.dumps(document, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text.encode("utf-8")
+    except ValueError:  # UnicodeEncodeError is one
+        check_document(document, part)  # raises, naming the value and where it is
+        raise InvalidGrammarError("not a plain JSON document", part=part) from None
+    return text
 
 
 def compact_size_at_least(text: str | bytes) -> int:
