@@ -39,6 +39,7 @@ from .fields import (
     request_state,
     spec_from_fields,
 )
+from .meta import warm_meta_validators
 from .spec import FIELD_OF_KIND, GrammarSpec
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,7 @@ def warm_up(config: GuidedConfig | None = None) -> None:
     if config.backend in _warmed:
         return
     _warmed.add(config.backend)
+    warm_meta_validators()
     for fields in _WARM_UP_REQUESTS:
         try:
             parse_guided_request(fields, config)
