@@ -57,7 +57,7 @@ class GuidedMetrics:
         "compile_errors_total": "Compiles that failed (invalid grammar).",
         "deferred_admission_refusals_total": (
             "Constraints refused by admission checks decided off the caller's thread, in a compile worker "
-            "(schema checks past the admission budget, the engines' checks)."
+            "(schema checks and grammar syntax past the admission budget, the engines' checks)."
         ),
         "compile_timeouts_total": "Compiles stopped at their time budget (the worker was killed).",
         "background_compiles_dropped_total": (

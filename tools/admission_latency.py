@@ -120,7 +120,10 @@ def measure(items: list[tuple[str, dict]], config) -> dict:
 
 def check_deferred(items: list[tuple[str, dict]], backend: str) -> dict:
     """Inline verdict vs the eventual one with a budget of 0 (every check left to the worker)."""
-    from fd_guided.admission.deferred import finish_schema_checks
+    try:
+        from fd_guided.admission.deferred import finish_deferred_checks
+    except ImportError:  # a tree before grammar checks could be deferred
+        from fd_guided.admission.deferred import finish_schema_checks as finish_deferred_checks
     from fd_guided.registry import get_backend_class
     from fd_guided.spec import check_with_backend
 
@@ -128,7 +131,7 @@ def check_deferred(items: list[tuple[str, dict]], backend: str) -> dict:
         try:
             spec = parse_guided_request(fields, config)
             if spec is not None:
-                finish_schema_checks(spec)
+                finish_deferred_checks(spec)
                 check_with_backend(get_backend_class(config.backend), spec)
         except InvalidGrammarError as error:
             return str(error)

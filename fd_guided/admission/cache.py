@@ -15,13 +15,13 @@ verdicts never change within a process.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from ..errors import InvalidGrammarError
+from .documents import compact
 
 MAX_ENTRIES = 4096
 MAX_BYTES = 64 << 20  # key text held, summed
@@ -111,19 +111,19 @@ class VerdictCache:
 
 def canonical_key(fields: Mapping[str, Any], names: tuple[str, ...]) -> tuple[tuple, int] | None:
     """(key, size) for `fields`' entries named in `names`: text as given (hashing it is cheaper than
-    writing it as JSON again), anything else as compact JSON; None if a value is not plain JSON."""
+    writing it as JSON again), anything else as compact JSON (`documents.compact`: checked, so one
+    text is one document); None if a value is not plain JSON nested at most 128 deep."""
     key, size = [], 0
-    try:
-        for name in names:
-            if name in fields:
-                value = fields[name]
-                if not isinstance(value, str):
-                    value = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-                    name = f"{name}:json"  # the text '"a"' and the JSON string "a" are different requests
-                key.append((name, value))
-                size += len(value)
-    except (TypeError, ValueError, RecursionError):
-        return None
+    for name in names:
+        if name in fields:
+            value = fields[name]
+            if not isinstance(value, str):
+                value = compact(value)
+                if value is None:
+                    return None
+                name = f"{name}:json"  # the text '"a"' and the JSON string "a" are different requests
+            key.append((name, value))
+            size += len(value)
     return tuple(key), size
 
 

@@ -1,17 +1,19 @@
-"""Admission's schema checks when they did not finish within the admission budget: left to the
-compile worker, decided there, and remembered for the next identical request.
+"""Admission's checks when they did not finish within the admission budget: left to the compile
+worker, decided there, and remembered for the next identical request.
 
-`parse_guided_request` runs the checks whose cost it cannot bound by construction (bounds,
-meta-schema, references: `check_schema_document`) under `GuidedConfig.admission_budget_s`
-(`fd_guided.schema.deadline`). When they overrun, the `GrammarSpec` it returns carries a `Pending`
-(``spec.pending``; not part of the spec's equality or hash). A pending spec can never be compiled
-unchecked: reading ``spec.schema`` (what every engine's check and compile does first) runs the
-checks, unbounded, once per spec object (`finish_schema_checks`); the compile worker runs them
-explicitly before it compiles (`fd_guided.compile.worker`) and tags a refusal with `DEFERRED_TAG`,
-which the serving process strips and remembers on its own spec object (`learned`). Admission
-caches specs by request text (`cache.PARSED`), so the next identical request finds the refusal on
-the spec it gets back and is refused at admission (`Pending.raise_if_refused`).
-"""
+`parse_guided_request` runs the checks whose cost it cannot bound by construction under
+`GuidedConfig.admission_budget_s` (`fd_guided.schema.deadline`): a JSON schema's bounds,
+meta-schema and references (`check_schema_document`), a grammar's syntax and bounds
+(`syntax.check_grammar_text`), a regex's bounds and syntax (`syntax.check_regex_syntax`). When
+they overrun, the `GrammarSpec` it returns carries a `Pending` (``spec.pending``; not part of the
+spec's equality or hash). A pending spec is never compiled unchecked: the compile worker runs the
+checks before it compiles (`fd_guided.compile.worker`, and the in-process compile of thread
+isolation), and reading ``spec.schema`` (what every engine's check and compile of a schema does
+first) runs them too, unbounded, once per spec object (`finish_deferred_checks`). The worker tags
+a refusal with `DEFERRED_TAG`, which the serving process strips and remembers on its own spec
+object (`learned`). Admission caches specs by request text (`cache.PARSED`), so the next identical
+request finds the refusal on the spec it gets back and is refused at admission
+(`Pending.raise_if_refused`)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from ..limits import AdmissionLimits, check_schema
 from ..schema.deadline import afford, unbounded
 from .cache import CHECKED, _Refused
 from .meta import check_json_schema
+from .syntax import check_grammar_text, check_regex_syntax
 
 if TYPE_CHECKING:
     from .spec import GrammarSpec
@@ -46,20 +49,20 @@ def count(name: str) -> None:
 
 
 class Pending:
-    """What admission left undone for one spec: its schema checks (`schema_checked` False until
-    they pass), with the request field they name (`part`) and the limits they apply. The verdict
-    is remembered here; a copy sent to a compile worker carries `schema_checked` only."""
+    """What admission left undone for one spec: the checks of its kind (`checked` False until they
+    pass), with the request field they name (`part`) and the limits they apply. The verdict is
+    remembered here; a copy sent to a compile worker carries `checked` only."""
 
-    def __init__(self, part: str, limits: AdmissionLimits, schema_checked: bool = False):
-        self.part, self.limits, self.schema_checked = part, limits, schema_checked
+    def __init__(self, part: str, limits: AdmissionLimits, checked: bool = False):
+        self.part, self.limits, self.checked = part, limits, checked
         self._refused: _Refused | None = None
         self._lock = threading.RLock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"part": self.part, "limits": self.limits, "schema_checked": self.schema_checked}
+        return {"part": self.part, "limits": self.limits, "checked": self.checked}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["part"], state["limits"], state["schema_checked"])  # type: ignore[misc]
+        self.__init__(state["part"], state["limits"], state["checked"])  # type: ignore[misc]
 
     @property
     def refused(self) -> bool:
@@ -88,23 +91,34 @@ def check_schema_document(schema: dict, limits: AdmissionLimits, part: str, *, s
     check_json_schema(schema, part, source_bytes)
 
 
-def finish_schema_checks(spec: GrammarSpec) -> None:
-    """Run `spec`'s deferred schema checks (no deadline) if they have not run on this object;
-    raise their refusal (now and for every later caller). No-op for a spec without `pending`."""
+def finish_deferred_checks(spec: GrammarSpec) -> None:
+    """Run `spec`'s deferred checks (no deadline) if they have not run on this object; raise their
+    refusal (now and for every later caller). No-op for a spec without `pending`."""
     pending = spec.pending
-    if pending is None or pending.schema_checked:
+    if pending is None or pending.checked:
         return
     with pending._lock:
         pending.raise_if_refused()
-        if pending.schema_checked:
+        if pending.checked:
             return
         try:
             with unbounded():
-                check_schema_document(json.loads(spec.source), pending.limits, pending.part)
+                _run_checks(spec, pending)
         except InvalidGrammarError as error:
             pending.remember(error)
             raise
-        pending.schema_checked = True
+        pending.checked = True
+
+
+def _run_checks(spec: GrammarSpec, pending: Pending) -> None:
+    if spec.kind == "json_schema":
+        check_schema_document(json.loads(spec.source), pending.limits, pending.part)
+    elif spec.kind in ("ebnf", "lark"):
+        check_grammar_text(spec.source, spec.kind == "lark", pending.limits, pending.part)
+    elif spec.kind == "regex":
+        check_regex_syntax(spec.source, pending.limits, pending.part)
+    else:
+        raise TypeError(f"no deferred checks for a {spec.kind} spec")
 
 
 def learned(spec: GrammarSpec, error: InvalidGrammarError) -> tuple[InvalidGrammarError, bool]:

@@ -3,6 +3,10 @@
 Every later stage (meta-validation, the normaliser, the engines' converters) recurses over a
 document and assumes JSON values; a value that is not one, or nests past `MAX_NESTING`, is an
 `InvalidGrammarError` here, found iteratively (the check itself cannot overflow).
+
+Each function first asks `json_text` (orjson: a megabyte read, checked and written in a few ms)
+and takes the standard library's path, which words every refusal and reads what orjson cannot
+(integers past 64 bits), only when that says it cannot be sure.
 """
 
 from __future__ import annotations
@@ -11,13 +15,18 @@ import json
 from typing import Any
 
 from ..errors import InvalidGrammarError
-
-# Deepest JSON document accepted (schemas, structural tags). SchemaStore's deepest schema has 27
-# levels; native parsers and converters recurse, so an unbounded depth could crash the process.
-MAX_NESTING = 128
+from . import json_text
+from .json_text import MAX_NESTING
 
 
 def load_json(text: str | bytes, part: str) -> Any:
+    found = json_text.read(text)
+    if found is not None:
+        return found[0]
+    return _load_json_exactly(text, part)
+
+
+def _load_json_exactly(text: str | bytes, part: str) -> Any:
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8")
@@ -73,72 +82,118 @@ def check_text(text: str, part: str) -> None:
         ) from None
 
 
+def compact(value: Any) -> str | None:
+    """The compact JSON text of `value` (a spec's source, admission's cache key), or None when
+    `value` is not a JSON document nested at most `MAX_NESTING` deep (`check_document` then names
+    why). orjson's (`json_text.write`: what a check of `value` reads, see `document_of`); else the
+    document is walked and written by the standard library (integers past 64 bits, subclasses of
+    str/int/dict/list, NaN), and its JSON form written by orjson where it can be, so equal
+    documents get one text whatever form they came in."""
+    text = json_text.write(value)
+    if text is not None:
+        return text
+    try:
+        check_document(value, "")
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text.encode("utf-8")
+    except (InvalidGrammarError, TypeError, ValueError, RecursionError):
+        return None
+    return json_text.write(json.loads(text)) or text
+
+
+def document_of(text: str) -> Any:
+    """The document of a text `compact` wrote (read by orjson where it reads as json does)."""
+    found = json_text.read(text)
+    return found[0] if found is not None else json.loads(text)
+
+
+def plain_text(value: Any, part: str) -> str:
+    """`compact(value)`, or an InvalidGrammarError naming what in `value` is not plain JSON."""
+    text = compact(value)
+    if text is None:
+        check_document(value, part)  # raises, naming the value and where it is
+        raise InvalidGrammarError("not a plain JSON document", part=part)
+    return text
+
+
 def as_dict(value: Any, part: str) -> dict:
     if isinstance(value, (str, bytes)):
-        value = load_json(value, part)
+        found = json_text.read(value)
+        if found is not None and isinstance(found[0], dict):
+            return found[0]  # plain and within MAX_NESTING
+        value = found[0] if found is not None else _load_json_exactly(value, part)
     if hasattr(value, "model_dump"):
         value = value.model_dump(by_alias=True)
     if not isinstance(value, dict):
         raise InvalidGrammarError(f"must be an object, got {type(value).__name__}", part=part)
-    check_document(value, part)
+    plain_text(value, part)
     return value
 
 
 def load_schema(value: Any, part: str) -> dict:
     """A request's JSON schema as a checked document: a pydantic model class, JSON text, `true`
     (any value) or an object; `false` and non-objects refused."""
+    return schema_and_source(value, part)[0]
+
+
+def schema_and_source(value: Any, part: str) -> tuple[dict, str]:
+    """`load_schema`'s document and its compact JSON text (a spec's source, `compact`).
+
+    JSON text orjson reads for sure (`json_text.read`) is checked and written in native code; other
+    text is read by the standard library, its depth walked first (containers only: `check_depth`),
+    then the rest (NaN, lone surrogates) with the path named.
+    """
     if isinstance(value, type) and hasattr(value, "model_json_schema"):
-        return value.model_json_schema()
+        value = value.model_json_schema()
+        return value, plain_text(value, part)
     if isinstance(value, (str, bytes)):
-        value = load_json(value, part)
+        found = json_text.read(value)
+        if found is not None and isinstance(found[0], dict):
+            return found
+        value = found[0] if found is not None else _load_json_exactly(value, part)
+        if isinstance(value, dict):
+            check_depth(value, part)
+            return value, _read_text(value, part)
     if value is True:
-        return {}  # any JSON value (json_object would allow only objects)
+        return {}, "{}"  # any JSON value (json_object would allow only objects)
     if value is False:
         raise InvalidGrammarError("the schema `false` admits no value", part=part)
     if not isinstance(value, dict):
         raise InvalidGrammarError(f"a JSON schema must be an object, got {type(value).__name__}", part=part)
-    check_document(value, part)
-    return value
+    return value, plain_text(value, part)
 
 
-def schema_and_source(value: Any, part: str, written: str | None = None) -> tuple[dict, str]:
-    """`load_schema`'s document and its compact JSON text (a spec's source), cheaper for text.
-
-    What `json.loads` builds holds only JSON types under string keys, so only its depth is walked
-    (containers only: `check_depth`); NaN, Infinity and lone surrogates show when the source is
-    written (``allow_nan=False``, one UTF-8 encode), and only then is the document walked for the
-    path to name (`check_document`). A 1 MB schema text costs ~10 ms less on the caller's thread.
-    `written`: `value` (a dict) already written that way (admission's cache key): only its depth
-    and key types are walked then, and it is not written again.
-    """
-    if written is not None and isinstance(value, dict):
-        try:
-            check_depth(value, part, keys=True)
-            written.encode("utf-8")
-        except (InvalidGrammarError, ValueError):
-            check_document(value, part)  # names the value and where it is
-            raise InvalidGrammarError("not a plain JSON document", part=part) from None
-        return value, written
-    if isinstance(value, (str, bytes)):
-        parsed = load_json(value, part)
-        if isinstance(parsed, dict):
-            check_depth(parsed, part)
-            try:
-                source = json.dumps(parsed, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-                source.encode("utf-8")
-            except ValueError:  # UnicodeEncodeError is one
-                check_document(parsed, part)  # raises, naming the value and where it is
-                raise InvalidGrammarError("not a plain JSON document", part=part) from None
-            return parsed, source
-        value = parsed
-    schema = load_schema(value, part)
-    return schema, json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+def _read_text(document: dict, part: str) -> str:
+    """`compact` of a document ``json.loads`` read (JSON types under string keys, its depth checked
+    by the caller): NaN and lone surrogates show when it is written, and only then is it walked to
+    name them; its integers past 64 bits keep it from orjson."""
+    text = json_text.write(document)
+    if text is not None:
+        return text
+    try:
+        text = json.dumps(document, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text.encode("utf-8")
+    except ValueError:  # UnicodeEncodeError is one
+        check_document(document, part)  # raises, naming the value and where it is
+        raise InvalidGrammarError("not a plain JSON document", part=part) from None
+    return text
 
 
-def check_depth(value: Any, part: str, *, keys: bool = False) -> None:
+def compact_size_at_least(text: str | bytes) -> int:
+    """A lower bound of the UTF-8 size of `text`'s compact form, found without reading it: a
+    character is at least a byte, reading drops at most the whitespace (space, tab, newline,
+    return: JSON allows no other) and shortens an escape by at most 5 bytes per backslash
+    (``\\u0041`` -> ``A``; a surrogate pair, 12 -> 4)."""
+    if isinstance(text, str):
+        space = text.count(" ") + text.count("\n") + text.count("\t") + text.count("\r")
+        return len(text) - space - 5 * text.count("\\")
+    space = text.count(b" ") + text.count(b"\n") + text.count(b"\t") + text.count(b"\r")
+    return len(text) - space - 5 * text.count(b"\\")
+
+
+def check_depth(value: Any, part: str) -> None:
     """Refuse a document nested deeper than `MAX_NESTING`, level by level (iterative; only
-    containers are kept, no per-node bookkeeping); with `keys`, an object key that is not a
-    string too."""
+    containers are kept, no per-node bookkeeping)."""
     level, depth = [value], 1
     while level:
         if depth > MAX_NESTING:
@@ -146,8 +201,6 @@ def check_depth(value: Any, part: str, *, keys: bool = False) -> None:
         below: list = []
         for node in level:
             if isinstance(node, dict):
-                if keys and not all(isinstance(key, str) for key in node):
-                    raise InvalidGrammarError("object keys must be strings", part=part)
                 below += [child for child in node.values() if isinstance(child, _CONTAINERS)]
             else:
                 below += [child for child in node if isinstance(child, _CONTAINERS)]

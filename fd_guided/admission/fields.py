@@ -14,12 +14,12 @@ from typing import Any
 
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
-from ..limits import AdmissionLimits, check_choices, check_grammar, check_size
-from ..schema.deadline import Overrun, checkpoint, until
-from .deferred import Pending, check_schema_document, count
-from .documents import as_dict, check_text, schema_and_source
+from ..limits import AdmissionLimits, check_choices, check_size
+from ..schema.deadline import Overrun, afford, checkpoint, until
+from .deferred import BOUNDS_SECONDS_PER_BYTE, Pending, check_schema_document, count
+from .documents import as_dict, check_text, compact_size_at_least, document_of, schema_and_source
 from .spec import GrammarSpec, JsonFormat
-from .syntax import check_regex_syntax, check_syntax
+from .syntax import check_grammar_text, check_regex_syntax
 from .tags import parse_structural_tag
 
 KIND_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar", "structural_tag")
@@ -30,6 +30,25 @@ UNKNOWN_FORMAT_POLICIES = ("refuse", "annotate")
 # are parsed, `written` (the cache key's JSON text per field, reused as a source); `last` = (the
 # spec returned, that deadline) for a `check_with_backend` right after (`parse.py`).
 request_state = threading.local()
+
+
+def as_written(fields: Mapping[str, Any], limits: AdmissionLimits) -> Mapping[str, Any]:
+    """`fields` as admission's cache key wrote them (`request_state.written`): each value given as
+    objects replaced by its text's document, so every check reads what the key says and one key
+    is one verdict (a UUID orjson wrote as a string is that string). A JSON schema object is read
+    back by its own parser, only when its checks have time (`_parse_json_schema`); a choice list
+    past the limit is refused by its length, which its document shares (not read back)."""
+    written = getattr(request_state, "written", {})
+    names = [name for name in fields if f"{name}:json" in written and name != "guided_json"]
+    if not names:
+        return fields
+    readable = dict(fields)
+    for name in names:
+        value = fields[name]
+        if name == "guided_choice" and isinstance(value, (list, tuple)) and len(value) > limits.max_choices:
+            continue
+        readable[name] = document_of(written[f"{name}:json"])
+    return readable
 
 
 def spec_from_fields(fields: Mapping[str, Any], json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec | None:
@@ -103,7 +122,12 @@ def _parse_json_object(value: Any, json_format: JsonFormat, limits: AdmissionLim
 def _parse_regex(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
     if not isinstance(value, str) or not value:
         raise InvalidGrammarError("must be a non-empty string", part="guided_regex")
-    check_regex_syntax(value, limits, "guided_regex")
+    try:
+        with until(getattr(request_state, "deadline", None)):
+            check_regex_syntax(value, limits, "guided_regex")
+    except Overrun:  # the budget is spent: the compile worker decides (`deferred`)
+        count("deferred")
+        return GrammarSpec("regex", value, pending=Pending("guided_regex", limits))
     return GrammarSpec("regex", value)
 
 
@@ -128,10 +152,15 @@ def _parse_grammar(value: Any, json_format: JsonFormat, limits: AdmissionLimits)
     if not isinstance(value, str) or not value.strip():
         raise InvalidGrammarError("must be a non-empty grammar string", part="guided_grammar")
     check_text(value, "guided_grammar")
-    lark = grammar_is_lark(value)
+    kind = "lark" if grammar_is_lark(value) else "ebnf"
     check_size(value, limits.max_constraint_bytes, "guided_grammar", "grammar")
-    check_grammar(value, lark, limits, "guided_grammar", rules=check_syntax(value, lark, "guided_grammar").rules)
-    return GrammarSpec("lark" if lark else "ebnf", value)
+    try:
+        with until(getattr(request_state, "deadline", None)):
+            check_grammar_text(value, kind == "lark", limits, "guided_grammar")
+    except Overrun:  # the budget is spent: the compile worker decides (`deferred`)
+        count("deferred")
+        return GrammarSpec(kind, value, pending=Pending("guided_grammar", limits))
+    return GrammarSpec(kind, value)
 
 
 def _parse_structural_tag_field(value: Any, json_format: JsonFormat, limits: AdmissionLimits) -> GrammarSpec:
@@ -164,20 +193,28 @@ TEXT_SLACK = 2
 
 
 def _parse_json_schema(value: Any, json_format: JsonFormat, limits: AdmissionLimits, *, part: str) -> GrammarSpec:
-    if isinstance(value, (str, bytes)) and len(value) > TEXT_SLACK * limits.max_constraint_bytes:
-        limit = limits.max_constraint_bytes
-        raise InvalidGrammarError(
-            f"the schema is at least {len(value):,} bytes, over the limit of {limit:,}",
-            part=part,
-            feature=f"schema larger than {limit:,} bytes",
-        )
+    limit = limits.max_constraint_bytes
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        # Refused unread when even its compact form is surely too large (reading 2 MB: ~20 ms).
+        at_least = len(value) if len(value) > TEXT_SLACK * limit else compact_size_at_least(value)
+        if at_least > limit:
+            raise InvalidGrammarError(
+                f"the schema is at least {at_least:,} bytes, over the limit of {limit:,}",
+                part=part,
+                feature=f"schema larger than {limit:,} bytes",
+            )
+    # An object admission's cache key wrote already: that text is its source, and its checks read
+    # the text's document (read back only when they have the time: a megabyte is ~10 ms).
     written = getattr(request_state, "written", {}).get(f"{part}:json") if isinstance(value, dict) else None
-    schema, source = schema_and_source(value, part, written)
+    schema, source = (None, written) if written is not None else schema_and_source(value, part)
     check_size(source, limits.max_constraint_bytes, part, "schema")
     pending = None
     try:
         with until(getattr(request_state, "deadline", None)):
             checkpoint()
+            afford(len(source) * BOUNDS_SECONDS_PER_BYTE)  # the first check's cost (`check_schema_document`)
+            if schema is None:
+                schema = document_of(source)
             check_schema_document(schema, limits, part, source_bytes=len(source))
     except Overrun:  # the budget is spent: the compile worker decides (`deferred`)
         count("deferred")

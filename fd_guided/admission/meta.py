@@ -24,10 +24,38 @@ try:  # fast meta-validation at admission; `jsonschema` alone gives the same ver
 except ImportError:
     _jsonschema_rs = None  # type: ignore[assignment]
 
+
+def _offline_registry() -> Any:
+    """jsonschema-rs fetches a ``$schema`` it does not know over the network (HTTP, on the
+    caller's thread: a request could make the host connect anywhere, and wait for it). Given a
+    registry it retrieves nothing: an unknown meta-schema fails at once and `jsonschema` decides.
+    None where this jsonschema-rs takes no registry (`_fast_meta_valid` then leaves every schema
+    that names its ``$schema`` to `jsonschema`)."""
+    try:
+        registry = _jsonschema_rs.Registry([])
+        _jsonschema_rs.meta.is_valid({}, registry=registry)
+    except (AttributeError, TypeError):
+        return None
+    return registry
+
+
+_OFFLINE = _offline_registry() if _jsonschema_rs is not None else None
+
 # What meta-validation costs per byte of compact schema text, for a deadline (`deadline.afford`):
-# jsonschema-rs (native, ~4 ns/byte measured on 0.3-0.5 MB schemas) and `jsonschema` (~1 ms/KB).
+# jsonschema-rs (native, ~4-11 ns/byte measured on 0.3-1.4 MB schemas) and `jsonschema`: CPU time
+# on the 25 SchemaStore schemas jsonschema-rs does not accept at once (a loaded 2-core host),
+# 0.3-4 us/byte under drafts 4-7, up to 15 under 2019-09 and 2020-12 (what a `$schema` it does not
+# know reads as) and without `$schema` (every draft is tried).
 RS_SECONDS_PER_BYTE = 1e-8
-JSONSCHEMA_SECONDS_PER_BYTE = 1e-6
+JSONSCHEMA_SECONDS_PER_BYTE = 4e-6
+JSONSCHEMA_LATE_DRAFT_SECONDS_PER_BYTE = 1.5e-5
+# ``re.compile`` of a schema's patterns (each must compile where jsonschema-rs judged ECMA-262).
+REGEX_SECONDS_PER_CHAR = 6e-6
+_EARLY_DRAFTS = (
+    "http://json-schema.org/draft-04/schema",
+    "http://json-schema.org/draft-06/schema",
+    "http://json-schema.org/draft-07/schema",
+)
 
 # Keywords whose values are JSON instances, not subschemas: never entered by `schema_objects`.
 _VALUE_KEYWORDS = ("const", "enum", "default", "examples")
@@ -42,7 +70,7 @@ def check_json_schema(schema: dict, part: str, source_bytes: int = 0) -> None:
     meta-validators cannot, so each starts only if `source_bytes` of schema fit what is left."""
     afford(source_bytes * RS_SECONDS_PER_BYTE)
     if not _fast_meta_valid(schema):
-        afford(source_bytes * JSONSCHEMA_SECONDS_PER_BYTE)
+        afford(source_bytes * _jsonschema_seconds_per_byte(schema))
         _check_meta_schema(schema, part)
     try:
         if not declares_draft(schema):
@@ -50,6 +78,21 @@ def check_json_schema(schema: dict, part: str, source_bytes: int = 0) -> None:
         _check_references(schema, part)
     except Refusal as refusal:
         raise InvalidGrammarError(refusal.feature, part=f"{part}{refusal.location[1:]}") from None
+
+
+def warm_meta_validators() -> None:
+    """Pay `jsonschema`'s first use of each draft's meta-validation now (its vocabularies are read
+    lazily: the first 2020-12 schema it judged took ~50 ms): each meta-schema checked against
+    itself, which uses nearly every keyword (~60 ms, once)."""
+    for validator_class in VALIDATORS:
+        validator_class.check_schema(validator_class.META_SCHEMA)
+
+
+def _jsonschema_seconds_per_byte(schema: dict) -> float:
+    declared = schema.get("$schema")
+    if isinstance(declared, str) and declared.rstrip("#") in _EARLY_DRAFTS:
+        return JSONSCHEMA_SECONDS_PER_BYTE
+    return JSONSCHEMA_LATE_DRAFT_SECONDS_PER_BYTE
 
 
 def _check_inferred_reading(schema: dict) -> None:
@@ -78,11 +121,12 @@ def _fast_meta_valid(schema: dict) -> bool:
     must also compile with `re`. This only ever accepts: whatever fails here goes to `jsonschema`,
     which has the last word and writes the error message.
     """
-    if _jsonschema_rs is None:
+    if _jsonschema_rs is None or (_OFFLINE is None and declares_draft(schema)):
         return False
     try:
-        if not _jsonschema_rs.meta.is_valid(schema) and (
-            declares_draft(schema) or not any(_jsonschema_rs.meta.is_valid({**schema, "$schema": uri}) for uri in _URIS)
+        if not _jsonschema_rs.meta.is_valid(schema, registry=_OFFLINE) and (
+            declares_draft(schema)
+            or not any(_jsonschema_rs.meta.is_valid({**schema, "$schema": uri}, registry=_OFFLINE) for uri in _URIS)
         ):
             return False
     except Exception:  # an unknown $schema URI, unexpected input: let jsonschema decide
@@ -91,7 +135,11 @@ def _fast_meta_valid(schema: dict) -> bool:
         if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
             raise
         return False
-    return all(_compiles(pattern) for pattern in _schema_regexes(schema))
+    for pattern in _schema_regexes(schema):
+        afford(len(pattern) * REGEX_SECONDS_PER_CHAR)  # re.compile cannot stop itself
+        if not _compiles(pattern):
+            return False
+    return True
 
 
 def _schema_regexes(schema: dict) -> Iterator[str]:

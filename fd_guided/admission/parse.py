@@ -30,14 +30,17 @@ from ..config import GuidedConfig
 from ..errors import InvalidGrammarError
 from ..registry import get_backend_class
 from ..schema.deadline import Overrun, until
+from ..schema.formats import FORMAT_PATTERNS
 from .cache import CHECKED, PARSED, VerdictCache, canonical_key
 from .deferred import count
 from .fields import (
     KIND_FIELDS,
+    as_written,
     json_format_of,
     request_state,
     spec_from_fields,
 )
+from .meta import warm_meta_validators
 from .spec import FIELD_OF_KIND, GrammarSpec
 
 logger = logging.getLogger(__name__)
@@ -105,6 +108,7 @@ def parse_guided_request(
 
 def _parse(fields: Mapping[str, Any], config: GuidedConfig) -> GrammarSpec | None:
     try:
+        fields = as_written(fields, config.limits)
         json_format = json_format_of(fields, config)
         return spec_from_fields(fields, json_format, config.limits)
     except InvalidGrammarError:
@@ -120,12 +124,15 @@ FIT_BUDGET_FIELD = "guided_fit_budget"
 
 
 # Requests whose first admission in a process would pay one-time costs (the imports of both
-# engines' checkers, Python's exact \d \w \s sets built over every code point: ~0.1 s).
+# engines' checkers, Python's exact \d \w \s sets built over every code point: ~0.1 s; each
+# format's regex translated for both engines, cached per process: "uri-reference" alone held the
+# first request that used it ~25 ms, a sixth of SchemaStore's schemas use one).
 _WARM_UP_REQUESTS = (
     {"guided_json": {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[\\w.-]+@\\S+$"}}}},
     {"guided_json": {"type": "object", "patternProperties": {"^\\w+$": {"type": "integer"}}}},
     {"guided_regex": "(?a)\\d+\\s\\w+\\D\\W\\S"},
     {"guided_regex": "\\d+\\s\\w+\\D\\W\\S[^\\w\\d\\s]"},
+    *({"guided_json": {"type": "string", "format": name}} for name in FORMAT_PATTERNS),
 )
 
 
@@ -140,6 +147,7 @@ def warm_up(config: GuidedConfig | None = None) -> None:
     if config.backend in _warmed:
         return
     _warmed.add(config.backend)
+    warm_meta_validators()
     for fields in _WARM_UP_REQUESTS:
         try:
             parse_guided_request(fields, config)
@@ -176,8 +184,8 @@ def check_with_backend(backend_class, spec: GrammarSpec) -> None:
     last = getattr(request_state, "last", None)
     request_state.last = None
     deadline_at = last[1] if last is not None and last[0] is spec else None
-    if spec.pending is not None and not spec.pending.schema_checked:
-        return  # the worker runs the schema checks first, then the engine's
+    if spec.pending is not None and not spec.pending.checked:
+        return  # the worker runs the deferred checks first, then the engine's
     key = (backend_class, spec)
     if deadline_at is not None and not CHECKED.known(key) and LEFT_TO_WORKER.known(key):
         count("deferred")

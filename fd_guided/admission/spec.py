@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import InvalidGrammarError
-from .deferred import Pending, finish_schema_checks
+from .deferred import Pending, finish_deferred_checks
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "ebnf", "lark", "structural_tag")
 JSON_KINDS = ("json_schema", "json_object", "structural_tag")
@@ -48,9 +48,9 @@ class GrammarSpec:
     for ``choice``, the pattern for ``regex`` and the grammar text for ``ebnf``/``lark``.
     `json_format` is set for the JSON kinds and None otherwise.
 
-    `pending` (not part of equality, hash or repr) is set when admission's schema checks did not
-    finish within its budget (`fd_guided.admission.deferred`): ``schema`` runs them first, so a
-    pending spec is never compiled unchecked, whichever path compiles it.
+    `pending` (not part of equality, hash or repr) is set when admission's checks (a schema's, a
+    grammar's) did not finish within its budget (`fd_guided.admission.deferred`): compiles run
+    them first, and so does ``schema``, so a pending spec is never compiled unchecked.
     """
 
     kind: str
@@ -68,7 +68,7 @@ class GrammarSpec:
         checks passed (they run here if they have not: InvalidGrammarError if they refuse)."""
         if self.kind != "json_schema":
             raise AttributeError(f"a {self.kind} spec has no JSON schema")
-        finish_schema_checks(self)
+        finish_deferred_checks(self)
         return json.loads(self.source)
 
     @property

@@ -17,6 +17,11 @@ and refuses only what every engine that reads the dialect refuses, naming the li
 What needs more than syntax (xgrammar's ``(=`` look-aheads and macros, llguidance's ``%json`` and
 ``%import`` directives, regex bodies) is left to the engine, in the worker: those spans are only
 balanced here. The same pass yields the rule graph the bounds of `fd_guided.limits` are taken on.
+
+Under admission's deadline (`fd_guided.schema.deadline`) the pass stops itself (a checkpoint every
+`_CHECK_EVERY` tokens: ~1 us a token, a 1 MB grammar is ~0.3 s) and the grammar's checks are left
+to the compile worker (`fd_guided.admission.deferred`), which runs `check_grammar_text` before the
+compile.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from ..errors import InvalidGrammarError
-from ..limits import AdmissionLimits, check_regex
+from ..limits import AdmissionLimits, check_grammar, check_regex, check_size
+from ..schema.deadline import afford, checkpoint
 from .documents import check_text
 
 _EBNF_TOKEN = re.compile(
@@ -59,6 +65,14 @@ _LARK_TOKEN = re.compile(
     re.VERBOSE | re.DOTALL,
 )
 _PAIRS = {")": "(", "]": "[", "}": "{"}
+_CHECK_EVERY = 256  # tokens between two looks at the deadline
+# What `limits.check_grammar`'s walk of the rule graph costs per rule (measured ~1.4 us on a loaded
+# 2-core host; rounded up): it cannot stop itself, so it starts only when it fits the deadline.
+BOUNDS_SECONDS_PER_RULE = 3e-6
+# What `limits.check_regex` and ``re.compile`` cost per character of pattern together (measured
+# 3-9 us on a loaded 2-core host, linear up to the 64 KB limit): a pattern of a few hundred
+# characters is checked at admission, a longer one by the compile worker.
+REGEX_SECONDS_PER_CHAR = 6e-6
 _UNTERMINATED = {'"': "string literal", "'": "string literal", "[": "character class", "/": "regex"}
 
 
@@ -75,11 +89,24 @@ def check_syntax(text: str, lark: bool, part: str = "guided_grammar") -> Grammar
     return _Pass(text, lark, part).run()
 
 
+def check_grammar_text(text: str, lark: bool, limits: AdmissionLimits, part: str = "guided_grammar") -> None:
+    """A grammar's syntax (`check_syntax`), then its size, rule count and rule-chain depth
+    (`limits.check_grammar`, on the rule graph the pass found). Under a deadline: `Overrun` once
+    it is spent, before the verdict."""
+    rules = check_syntax(text, lark, part).rules
+    afford(len(rules) * BOUNDS_SECONDS_PER_RULE)
+    check_grammar(text, lark, limits, part, rules=rules)
+
+
 def check_regex_syntax(pattern: str, limits: AdmissionLimits, part: str) -> None:
-    """A regex as Python's ``re`` (which judges outputs) reads it, within the bounds of `limits`."""
+    """A regex as Python's ``re`` (which judges outputs) reads it, within the bounds of `limits`.
+    Under a deadline: `Overrun` before the bounds and ``re``'s parse when they would not end in
+    time (`REGEX_SECONDS_PER_CHAR`: a 64 KB pattern is ~0.3-0.5 s)."""
     if "\x00" in pattern:
         raise InvalidGrammarError("must not contain NUL characters", part=part)
     check_text(pattern, part)
+    check_size(pattern, limits.max_regex_bytes, part, "regex")
+    afford(len(pattern) * REGEX_SECONDS_PER_CHAR)  # neither step below can stop itself
     check_regex(pattern, limits, part)
     try:
         re.compile(pattern)
@@ -114,7 +141,9 @@ class _Pass:
         tokens = (_LARK_TOKEN if self.lark else _EBNF_TOKEN).finditer(self.text)
         pending: re.Match | None = None  # a name that may start a rule (followed by ::= or :)
         after_alias = False
-        for token in tokens:
+        for count, token in enumerate(tokens):
+            if not count % _CHECK_EVERY:
+                checkpoint()
             kind = token.lastgroup
             if kind == "skip":
                 continue
@@ -244,7 +273,9 @@ class _Pass:
             self._fail(0, f"the grammar defines no {root!r} rule")
         if self.lark and self.directives:
             return  # %import/%declare/%json may bring names this pass cannot see
-        for name, at in self.references:
+        for count, (name, at) in enumerate(self.references):
+            if not count % _CHECK_EVERY:
+                checkpoint()
             if name not in self.grammar.rules:
                 self._fail(at, f"rule {name[:60]!r} is not defined")
 

@@ -27,7 +27,7 @@ import importlib
 import json
 from typing import Any, Protocol, runtime_checkable
 
-from ..admission.deferred import finish_schema_checks
+from ..admission.deferred import finish_deferred_checks
 from ..config import GuidedConfig
 from ..errors import InvalidGrammarError, error_class
 from ..interface import CompiledGrammar, Grammar, GuidedBackend
@@ -217,7 +217,7 @@ class EngineChecks(GuidedBackend):
     def compile(self, spec: GrammarSpec) -> EngineChoice:
         # Admission's deferred schema checks first (a no-op where they ran): their refusal is
         # admission's own, not wrapped in each engine's.
-        finish_schema_checks(spec)
+        finish_deferred_checks(spec)
         engines = compile_engines(self.backend, spec)
         return EngineChoice(spec, engines, tuple(static_refusals(self.backend, spec)))
 

@@ -173,7 +173,7 @@ class CompileService(CompileJobs):
         known = self.cache.get((CHECKS, spec)) or self.errors.get((CHECKS, spec))
         if known is not None:
             return known
-        if spec.pending is not None and not spec.pending.schema_checked:
+        if spec.pending is not None and not spec.pending.checked:
             return None  # admission's deferred checks have not run: nothing it decided counts yet
         known = composite.remembered_choice(self.backend, spec)
         if known is None and not composite.engine_names(self.backend)[1:]:

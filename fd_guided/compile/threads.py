@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from ..admission.deferred import finish_deferred_checks
 from ..backends import composite
 from ..errors import GrammarCompileTimeout
 from .futures import copy_outcome, settle
@@ -182,6 +183,7 @@ class ThreadCompileRunner:
 
         def work():
             started = time.perf_counter()
+            finish_deferred_checks(spec)  # what admission left to the compile (a grammar's syntax, bounds)
             engine_backend = composite.engine(self.backend, engine)
             # As a compile worker does: the engine's own check first (the caller's thread never runs it).
             type(engine_backend).check(spec)

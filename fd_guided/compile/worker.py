@@ -166,16 +166,17 @@ def _compile(backend, engine: str, spec) -> tuple:
 
 def _admission_checks(engine_backend, spec) -> tuple | None:
     """What admission may have left to this worker (`fd_guided.admission.deferred`), before the
-    compile: a pending spec's schema checks (bounds, meta-schema, references), whose refusal goes
-    back tagged so the serving process remembers it for admission; then the engine's own check
+    compile: a pending spec's checks (a schema's bounds, meta-schema and references; a grammar's
+    syntax and bounds), whose refusal goes back tagged so the serving process remembers it for
+    admission; then the engine's own check
     (`GuidedBackend.check`: what it cannot enforce faithfully), always: admission's budget may
     have run out before it, and it costs little here (the normaliser's result is cached for the
     compile that follows). An engine's refusal is that engine's compile error."""
-    from ..admission.deferred import DEFERRED_TAG, finish_schema_checks
+    from ..admission.deferred import DEFERRED_TAG, finish_deferred_checks
     from ..errors import InvalidGrammarError
 
     try:
-        finish_schema_checks(spec)
+        finish_deferred_checks(spec)
     except InvalidGrammarError as error:
         return ("error", type(error).__name__, DEFERRED_TAG + _message(error), error.part, error.feature)
     type(engine_backend).check(spec)

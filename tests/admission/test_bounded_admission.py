@@ -31,6 +31,13 @@ INLINE = GuidedConfig(admission_budget_s=None)
 BAD_TYPE = {"guided_json": {"type": "object", "properties": {"name": {"type": "strin"}}}}
 DANGLING = {"guided_json": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}
 GOOD = {"guided_json": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}}}
+BAD_GRAMMAR = {"guided_grammar": 'root ::= item+\nitem ::= ("a" | '}
+BAD_LARK = {"guided_grammar": 'start: item+\nitem: "a" |\n'}
+MANY_RULES = {"guided_grammar": "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(10_001)) + 'r10001 ::= "a"\n'}
+GOOD_GRAMMAR = {"guided_grammar": 'root ::= "a" digits\ndigits ::= [0-9]+\n'}
+BAD_REGEX = {"guided_regex": "[a-z]+(@[a-z]+"}
+NESTED_REGEX = {"guided_regex": "(" * 101 + "a" + ")" * 101}
+GOOD_REGEX = {"guided_regex": "[a-z]{2,8}@[a-z]+\\.com"}
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +71,7 @@ def test_the_deadline_stops_only_past_its_time_and_only_where_it_is_set():
 
 def test_with_no_budget_the_schema_checks_are_pending_and_run_before_the_schema_is_read():
     spec = parse_guided_request(BAD_TYPE, NO_BUDGET)
-    assert spec is not None and spec.pending is not None and not spec.pending.schema_checked
+    assert spec is not None and spec.pending is not None and not spec.pending.checked
     unmarked = dataclasses.replace(spec, pending=None)
     assert spec == unmarked and hash(spec) == hash(unmarked)  # one spec, one compiled grammar, pending or not
     with pytest.raises(InvalidGrammarError) as refused:
@@ -95,7 +102,7 @@ def test_a_pending_spec_is_never_compiled_unchecked():
 def test_the_worker_refuses_a_pending_spec_and_the_serving_process_remembers_it():
     spec = parse_guided_request(DANGLING, NO_BUDGET)
     sent = pickle.loads(pickle.dumps(spec))  # what a compile worker receives
-    assert sent.pending is not None and not sent.pending.schema_checked
+    assert sent.pending is not None and not sent.pending.checked
     status, class_name, message, part, feature = worker._compile(in_process_backend("llguidance"), "llguidance", sent)
     assert status == "error" and message.startswith(deferred.DEFERRED_TAG)
     received = error_class(class_name)(message, part=part, feature=feature)  # as the pool rebuilds it
@@ -132,12 +139,65 @@ def test_the_engine_check_runs_in_the_worker_when_admission_left_it():
     assert (part, feature) == (inline.value.part, inline.value.feature) and feature
 
 
+def _worker_outcome(spec, engine: str = "llguidance") -> tuple:
+    """What a compile worker answers for `spec` (pickled to it, as the pool sends it)."""
+    sent = pickle.loads(pickle.dumps(spec))
+    assert sent.pending is not None and not sent.pending.checked
+    return worker._compile(in_process_backend(engine), engine, sent)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [BAD_GRAMMAR, BAD_LARK, MANY_RULES, BAD_REGEX, NESTED_REGEX],
+    ids=["ebnf_syntax", "lark_syntax", "rules", "regex_syntax", "regex_nesting"],
+)
+def test_a_grammar_left_to_the_worker_is_refused_there_as_inline_and_then_at_admission(fields):
+    with pytest.raises(InvalidGrammarError) as inline:
+        parse_guided_request(fields, INLINE)
+    cache.PARSED.clear()
+    spec = parse_guided_request(fields, NO_BUDGET)  # syntax and bounds: no time for them here
+    assert spec is not None and spec.pending is not None
+    status, class_name, message, part, feature = _worker_outcome(spec)
+    assert status == "error" and message.startswith(deferred.DEFERRED_TAG)
+    error, was_deferred = deferred.learned(spec, error_class(class_name)(message, part=part, feature=feature))
+    assert was_deferred and str(error) == str(inline.value) and error.feature == inline.value.feature
+    assert error.part == next(iter(fields))
+    with pytest.raises(InvalidGrammarError) as again:
+        parse_guided_request(fields, NO_BUDGET)
+    assert str(again.value) == str(inline.value)
+
+
+@pytest.mark.parametrize("fields", [GOOD_GRAMMAR, GOOD_REGEX], ids=["grammar", "regex"])
+def test_a_good_grammar_left_to_the_worker_compiles_there(fields):
+    spec = parse_guided_request(fields, NO_BUDGET)
+    assert spec is not None and spec.pending is not None
+    check_with_backend(get_backend_class("auto"), spec)  # the engine check waits for the syntax check
+    assert not cache.CHECKED.known((get_backend_class("auto"), spec))
+    for engine in ("llguidance", "xgrammar"):
+        outcome = _worker_outcome(spec, engine)
+        assert outcome[0] == "ok" and isinstance(outcome[1], bytes), outcome
+    assert parse_guided_request(fields, INLINE).pending is None  # decided at once when there is time
+
+
+def test_thread_isolation_runs_the_grammar_checks_admission_left_before_compiling():
+    from fd_guided.compile.threads import ThreadCompileRunner
+
+    spec = parse_guided_request(BAD_GRAMMAR, NO_BUDGET)
+    assert spec is not None and spec.pending is not None
+    runner = ThreadCompileRunner(in_process_backend("llguidance"), workers=1, timeout_s=60)
+    with pytest.raises(InvalidGrammarError, match="EBNF syntax error at line 2") as refused:
+        runner.submit("llguidance", spec).result(timeout=60)
+    assert refused.value.part == "guided_grammar"
+    with pytest.raises(InvalidGrammarError, match="EBNF syntax error at line 2"):
+        parse_guided_request(BAD_GRAMMAR, NO_BUDGET)  # remembered on the spec admission holds
+
+
 def _eventual_verdict(fields: dict, config: GuidedConfig) -> tuple[str, str]:
     """What a client finally learns: admission's verdict, then the checks left to the worker."""
     try:
         spec = parse_guided_request(fields, config)
         if spec is not None:
-            deferred.finish_schema_checks(spec)
+            deferred.finish_deferred_checks(spec)
             check_with_backend(get_backend_class(config.backend), spec)  # no deadline now
     except InvalidGrammarError as error:
         return type(error).__name__, str(error)
@@ -205,6 +265,32 @@ def test_a_deferred_refusal_reaches_the_host_through_the_manager_and_is_then_ref
         with pytest.raises(InvalidGrammarError, match="not a valid JSON schema") as again:
             manager.validate(BAD_TYPE)
         assert again.value.part == "guided_json.properties.name.type"
+    finally:
+        manager.close()
+
+
+def test_a_grammar_refused_in_the_worker_fails_its_request_alone_and_is_counted():
+    config = GuidedConfig(admission_budget_s=0.0)
+    manager = GuidedDecodingManager(
+        create_backend("auto", load_tokenizer("deepseek"), vocab_size=VOCAB, config=config), max_num_seqs=4
+    )
+    try:
+        bad, good = manager.validate(BAD_GRAMMAR), manager.validate(GOOD_GRAMMAR)
+        assert bad is not None and bad.pending is not None and good is not None
+        add_ready(manager, 0, bad, prefill_done=True)
+        add_ready(manager, 1, good, prefill_done=True)
+        manager.begin_step([0, 1])
+        import paddle
+
+        logits = paddle.zeros([2, VOCAB], dtype="float32")
+        manager.apply(logits)
+        failed = [f for f in manager.accept([1, 1]) if f.slot == 0]
+        assert [f.reason for f in failed] == ["error"]
+        assert "guided_grammar" in failed[0].error and "EBNF syntax error at line 2" in failed[0].error
+        assert 0 < int(paddle.isfinite(logits[1]).sum()) < VOCAB  # the other request stayed constrained
+        assert manager.metrics.value("deferred_admission_refusals_total") >= 1
+        with pytest.raises(InvalidGrammarError, match="EBNF syntax error at line 2"):
+            manager.validate(BAD_GRAMMAR)
     finally:
         manager.close()
 

@@ -38,6 +38,10 @@ HOSTILE = {
     "schema_over_1mb": ({"guided_json": {"type": "object", "properties": {
         f"field_{i}": {"type": "string", "description": "d" * 80} for i in range(9000)}}}, "bytes"),
     "unclosed_regex": ({"guided_regex": "(unclosed"}, "regular expression"),
+    # errors at the end of the largest texts: finding them is ~0.3-1 s of pure Python
+    "regex_63k_unclosed": ({"guided_regex": "(?:ab|cd)" * 7000 + "(x"}, "regular expression"),
+    "ebnf_9000_rules_unclosed": ({"guided_grammar": "root ::= r0\n" + "".join(
+        f"r{i} ::= r{i + 1} | \"x\"\n" for i in range(9000)) + 'r9000 ::= ("a" | \n'}, "syntax error at line 9002"),
     "fields_not_a_mapping": (["guided_json"], "mapping"),
     # minItems past a finite uniqueItems domain: enumerating the unique arrays walked every
     # permutation of the 29 values (it never ended) before it learned none is long enough
@@ -140,3 +144,42 @@ def test_a_good_request_behind_four_compile_bombs_is_served_first():
     # Its first token came before any bomb's: it did not queue behind their compiles.
     assert all(b["ttft"] is None or good["ttft"] < b["ttft"] for b in bombs), result
     assert all(b["reason"] in ("stop", "length", "error") and b["valid"] is not False for b in bombs), bombs
+
+
+def test_admission_never_fetches_a_meta_schema_it_does_not_know():
+    """A ``$schema`` naming a URL is not retrieved (jsonschema-rs would fetch it over HTTP, from
+    the caller's thread): a local server sees no connection, and the verdict is `jsonschema`'s."""
+    import socket
+    import threading
+
+    from fd_guided import GuidedConfig
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    connections: list = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except OSError:  # the timeout, or the socket closed
+                continue
+            connections.append(connection.recv(200))
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    port = server.getsockname()[1]
+    try:
+        for uri in (f"http://127.0.0.1:{port}/meta.json#", f"http://127.0.0.1:{port}/draft-03/schema#"):
+            fields = {"guided_json": {"$schema": uri, "type": "object"}}
+            try:
+                parse_guided_request(fields, GuidedConfig(admission_budget_s=None))
+            except InvalidGrammarError:
+                pass
+    finally:
+        stop.set()
+        thread.join(2)
+        server.close()
+    assert connections == []
