@@ -124,7 +124,7 @@ class JsonTracker:
         that keep the item a prefix of some used string (only those can lead it where every string
         left is used); the guard tries these besides the tokens that finish an item."""
         unique = self._top_unique()
-        if unique is not None and unique.integers and _ZERO in unique.judged:
+        if unique is not None and unique.integers and unique.holds(_ZERO):
             # a 0 (or -0) item repeats once begun: the tokens that begin one are tried
             if self.mode == _NONE and self.stack[-1][3] == "value":
                 return [space + zero for space in (b"", b" ", b"\n", b"  ") for zero in (b"0", b"-0")]
@@ -288,7 +288,7 @@ class JsonTracker:
             self._value_start(at)
             self.mode, self.start = _LITERAL, at
             unique = self._top_unique()
-            if unique is not None and _LITERAL_KEY[byte] in unique.judged:
+            if unique is not None and unique.holds(_LITERAL_KEY[byte]):
                 self.duplicate = True
         elif byte == ord("{") or byte == ord("["):
             self._value_start(at)
@@ -343,11 +343,12 @@ class JsonTracker:
             return
         unique = frame[4]
         if unique is not None and unique.start >= 0:
-            judged, exact = item_keys(bytes(self.buffer[unique.start : end]))
-            if judged in unique.judged or exact in unique.exact:
+            text = bytes(self.buffer[unique.start : end])
+            judged, exact = item_keys(text)
+            if unique.holds(judged, exact):
                 self.duplicate = True
                 return
-            unique = unique.adding(judged, exact)
+            unique = unique.adding(judged, exact, text)
         self.stack = self.stack[:-1] + (("a", frame[1], frame[2], "comma", unique),)
 
     def _closing_repeats(self, end: int) -> bool:
@@ -358,8 +359,7 @@ class JsonTracker:
         unique = _unique_of(self.stack[-2])
         if unique is None or unique.start < 0 or self.buffer[unique.start] != ord("{"):
             return False
-        judged, exact = item_keys(bytes(self.buffer[unique.start : end]) + b"}")
-        return judged in unique.judged or exact in unique.exact
+        return unique.holds(*item_keys(bytes(self.buffer[unique.start : end]) + b"}"))
 
     def _key_end(self, end: int) -> None:
         frame = self.stack[-1]
