@@ -180,7 +180,7 @@ class Unique:
             return at < len(self.unused) and self.unused[at].startswith(written)
         if self.integers and written in (b"0", b"-0"):
             return not self.holds(ZERO)  # an integer 0 is final: begun again, it repeats
-        if self.language is None or written[:1] != b'"' or b"\\" in written:
+        if self.language is None or written[:1] != b'"' or b"\\" in written or never_runs_out(self.language):
             return True
         return strings_left(self.language, self.strings, written[1:])
 
@@ -190,6 +190,15 @@ class Unique:
             return False
         strings = len(self.strings)
         return self.language.completions(0, strings + 1) <= strings
+
+
+@functools.lru_cache(maxsize=256)
+def never_runs_out(language) -> bool:
+    """Every state of the string language's automaton has infinitely many completions: then
+    `strings_left` is true for every prefix (no walk needed: it cost a walk of the item's bytes
+    on every token) and the array is never used up (`Unique.exhausted`)."""
+    moves = language.dfa.moves
+    return bool(moves) and all(state in language._infinite for state in range(len(moves)))
 
 
 @functools.lru_cache(maxsize=4096)

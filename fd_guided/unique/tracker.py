@@ -18,7 +18,7 @@ from ..schema.leaves import json_key
 from ..schema.unique_paths import NodeSet, UniquePaths
 from .items import ZERO as _ZERO
 from .items import Unique as _Unique
-from .items import item_keys
+from .items import item_keys, never_runs_out
 from .items import sorted_texts as _sorted
 
 _WS = b" \t\n\r"
@@ -62,6 +62,8 @@ class JsonTracker:
         # The guard's plan for filling a row in this state (`UniqueItemsGrammar._make_plan`), kept
         # here so that every move of the state (`push`, `restore`) clears it: None until made.
         self.fill_plan: object = None
+        self._child_guarded: dict[tuple, tuple] = {}  # (id(nodes), step) -> (nodes, guarded)
+        self.plan_frames: tuple | None = None  # `native.make_plan`'s reading of `stack` (kept while it is)
 
     # ----- snapshots --------------------------------------------------------------------------
 
@@ -199,12 +201,31 @@ class JsonTracker:
                     return False  # the string goes on
                 if b"\\" not in data[:quote]:
                     return written + data[:quote] in unique.strings
-        state = self.snapshot()
+        state, plan = self.snapshot(), self.fill_plan
         duplicate = not self.feed(data)
         closing = self.closing and not duplicate
         self.restore(state)
-        self.closing = closing
+        self.closing, self.fill_plan = closing, plan  # the same state: its plan holds
         return duplicate
+
+    def next_array_guarded(self) -> int:
+        """0 when an array opened as the next value of the top frame (for an array in its comma
+        phase: after the comma) is surely not guarded; 1 when it may be, or the top frame's next
+        key is not known yet. For the C side (`native.make_plan`); cached per node set and step."""
+        top = self.stack[-1] if self.stack else None
+        if top is None:
+            return 1
+        if top[0] == "a":
+            step = top[2] + (top[3] == "comma")
+        elif top[3] in ("colon", "value") and top[2] is not None:
+            step = top[2]
+        else:
+            return 1
+        key = (id(top[1]), step)
+        known = self._child_guarded.get(key)
+        if known is None:
+            known = self._child_guarded[key] = (top[1], int(self.paths.unique(self.paths.child(top[1], step))))
+        return known[1]
 
     # ----- the byte machine -------------------------------------------------------------------
 
@@ -235,8 +256,12 @@ class JsonTracker:
         unique = self._top_unique()
         if unique is None or unique.start < 0 or self.mode == _NONE:
             return True
-        if unique.unused is None and unique.language is None and not (unique.integers and self.mode == _NUMBER):
-            return True
+        if (
+            unique.unused is None
+            and (unique.language is None or never_runs_out(unique.language))
+            and not (unique.integers and self.mode == _NUMBER)
+        ):
+            return True  # (`Unique.live` is then true: no copy of the item's bytes)
         return unique.live(bytes(self.buffer[unique.start :]))
 
     def _byte(self, byte: int) -> None:
