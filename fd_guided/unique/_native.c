@@ -12,7 +12,7 @@
 /* ---- Plan ------------------------------------------------------------------------------- */
 
 static void plan_dealloc(Plan *p) {
-    Py_XDECREF(p->vocab), Py_XDECREF(p->used), Py_XDECREF(p->buffer), Py_XDECREF(p->unused);
+    Py_XDECREF(p->vocab), Py_XDECREF(p->used), Py_XDECREF(p->buffer), Py_XDECREF(p->unused), Py_XDECREF(p->values);
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
@@ -20,15 +20,15 @@ enum { F_COUNT, F_ITEM_START, F_WRITTEN_START, F_KIND, F_MODE, F_ESCAPE, F_IS_KE
        F_CHILD, F_DEPTH, NUM_FIELDS };
 
 static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *vocab, *used, *buffer, *unused, *fields;
+    PyObject *vocab, *used, *buffer, *unused, *fields, *values = Py_None;
     const char *frames;
     Py_ssize_t frames_size, f[NUM_FIELDS];
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "Plan takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!O!O!OO!y#", &VocabType, &vocab, &UsedType, &used, &PyByteArray_Type, &buffer,
-                          &unused, &PyTuple_Type, &fields, &frames, &frames_size))
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!y#|O", &VocabType, &vocab, &UsedType, &used, &PyByteArray_Type, &buffer,
+                          &unused, &PyTuple_Type, &fields, &frames, &frames_size, &values))
         return NULL;
     if (PyTuple_GET_SIZE(fields) != NUM_FIELDS) goto bad;
     for (int k = 0; k < NUM_FIELDS; k++) {
@@ -41,8 +41,13 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         f[F_COUNT] != u->n || f[F_KIND] < KIND_OPEN || f[F_KIND] > KIND_FINITE || f[F_MODE] < MODE_NONE ||
         f[F_MODE] > MODE_LITERAL || f[F_ESCAPE] < 0 || f[F_ESCAPE] > 5 || f[F_ITEM_START] < -1 || f[F_ITEM_START] > size ||
         f[F_WRITTEN_START] < -1 || f[F_WRITTEN_START] > size || f[F_LITERAL_LEFT] < 0 || f[F_LITERAL_LEFT] > 5 ||
-        (f[F_MODE] == MODE_LITERAL && f[F_LITERAL_LEFT] < 1) || (f[F_WRITTEN_START] >= 0 && (depth || f[F_MODE] != MODE_STRING || f[F_ITEM_START] < 0)))
+        (f[F_MODE] == MODE_LITERAL && f[F_LITERAL_LEFT] < 1) ||
+        (f[F_WRITTEN_START] >= 0 && (f[F_MODE] != MODE_STRING || f[F_ITEM_START] < 0 || f[F_IS_KEY] || depth > 1 ||
+                                     (depth == 1 && (frames[2] != 'o' || !PyTuple_Check(values))))))
         goto bad;
+    if (values != Py_None && !PyTuple_Check(values)) goto bad;
+    for (Py_ssize_t k = 0; values != Py_None && k < PyTuple_GET_SIZE(values); k++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(values, k))) goto bad;
     for (Py_ssize_t k = 0; k <= depth; k++) {
         const char kind = frames[2 * k], phase = frames[2 * k + 1];
         if ((kind != 'o' && kind != 'a') || phase < PH_KEY || phase > PH_COMMA || (kind == 'a' && phase < PH_VALUE)) goto bad;
@@ -54,8 +59,8 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     }
     Plan *p = (Plan *)type->tp_alloc(type, 0);
     if (p == NULL) return NULL;
-    Py_INCREF(vocab), Py_INCREF(used), Py_INCREF(buffer), Py_INCREF(unused);
-    p->vocab = (Vocab *)vocab, p->used = (Used *)used, p->buffer = buffer, p->unused = unused;
+    Py_INCREF(vocab), Py_INCREF(used), Py_INCREF(buffer), Py_INCREF(unused), Py_INCREF(values);
+    p->vocab = (Vocab *)vocab, p->used = (Used *)used, p->buffer = buffer, p->unused = unused, p->values = values;
     p->count = f[F_COUNT], p->serial = f[F_COUNT] ? u->entries[f[F_COUNT] - 1].serial : 0, p->buffer_size = size;
     p->item_start = f[F_ITEM_START], p->written_start = f[F_WRITTEN_START];
     p->kind = (int)f[F_KIND], p->mode = (int)f[F_MODE], p->escape = (int)f[F_ESCAPE], p->is_key = f[F_IS_KEY] != 0;
@@ -68,14 +73,37 @@ bad:
     return NULL;
 }
 
+/* The same plan with the tracker's bytes grown to `size` inside the same string (no other change). */
+static PyObject *plan_at(Plan *p, PyObject *arg) {
+    const Py_ssize_t size = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    if (p->mode != MODE_STRING || size < p->buffer_size || size != PyByteArray_GET_SIZE(p->buffer)) {
+        PyErr_SetString(PyExc_ValueError, "Plan.at: only a string grown to the buffer's size");
+        return NULL;
+    }
+    Plan *q = (Plan *)PlanType.tp_alloc(&PlanType, 0);
+    if (q == NULL) return NULL;
+    memcpy((char *)q + sizeof(PyObject), (char *)p + sizeof(PyObject), sizeof(Plan) - sizeof(PyObject));
+    Py_INCREF(q->vocab), Py_INCREF(q->used), Py_INCREF(q->buffer), Py_INCREF(q->unused), Py_INCREF(q->values);
+    q->buffer_size = size;
+    return (PyObject *)q;
+}
+
+static PyMethodDef plan_methods[] = {
+    {"at", (PyCFunction)plan_at, METH_O,
+     "at(size) -> Plan: this plan for the tracker's bytes grown to `size` within the same string."},
+    {NULL, NULL, 0, NULL},
+};
+
 PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fd_guided.unique._native.Plan",
     .tp_basicsize = sizeof(Plan),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Plan(vocab, used, buffer, unused, fields, frames): a tracker's state as the C guard reads it "
-              "(made by fd_guided.unique.native.make_plan).",
+    .tp_doc = "Plan(vocab, used, buffer, unused, fields, frames[, values]): a tracker's state as the C guard "
+              "reads it (made by fd_guided.unique.native.make_plan).",
     .tp_new = plan_new,
     .tp_dealloc = (destructor)plan_dealloc,
+    .tp_methods = plan_methods,
 };
 
 /* Still the tracker's state? (Its bytes and items as when planned.) */

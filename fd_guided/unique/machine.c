@@ -21,6 +21,9 @@ typedef struct {
     int depth;                    /* as Plan.depth */
     int top_closed, top_commas, needed_commas; /* when Plan.child still speaks of an array opened now */
     int closed, closing, finished;
+    int closing_known;            /* `closing` was just computed for a member's end: a "}" now ends the item as it */
+    int done_unknown;             /* the item finished in this token was judged without its keys */
+    Py_ssize_t value_tok;         /* the string value of the planned member began at d[value_tok] (-1: before, or none) */
     Py_ssize_t item_buf, item_tok; /* the guarded array's item began at buf[item_buf] or d[item_tok] (-1: not) */
     Py_ssize_t removed;           /* a finite domain: the spelling an item finished in this token used */
     Frame f[MAX_FRAMES];
@@ -51,14 +54,14 @@ static int string_repeats(Row *row, const Machine *m, const uint8_t *d, Py_ssize
     const uint8_t *a = NULL, *b;
     Py_ssize_t na = 0, nb;
     if (m->item_buf >= 0) {
-        if (m->item_buf != p->item_start || p->written_start < 0) return -2;
+        if (m->item_buf != p->item_start || p->written_start < 0 || p->depth) return -2;
         a = row->buf + p->written_start, na = p->buffer_size - p->written_start, b = d, nb = end - 1;
     } else {
         if (d[m->item_tok] != '"') return -2;
         b = d + m->item_tok + 1, nb = end - m->item_tok - 2;
     }
     if (nb < 0 || memchr(b, '\\', (size_t)nb)) return -2;
-    if (na && !row->written_whole) { /* a character split across the token boundary */
+    if (na && !row->written_clean) { /* a character split across the token boundary (or a control) */
         Buf *s = &row->scratch;
         s->size = 0;
         if (buf_put(s, a, na) < 0 || buf_put(s, b, nb) < 0) { row->failed = 1; return -1; }
@@ -68,18 +71,54 @@ static int string_repeats(Row *row, const Machine *m, const uint8_t *d, Py_ssize
     return used_has_string(p->used, a, na, b, nb);
 }
 
+/* The planned member's string value ended at d[end] (after its quote): is it one of `Plan.values`,
+ * after which closing the object item repeats one? 1 yes, 0 no, -1 not known here, -2 not such
+ * a value (another member, a value not a string, an escape). */
+static int member_repeats(Row *row, const Machine *m, const uint8_t *d, Py_ssize_t end) {
+    const Plan *p = row->plan;
+    if (p->values == Py_None || p->depth != 1 || m->depth != 1 || m->top_closed || m->top_commas) return -2;
+    const uint8_t *a = NULL, *b;
+    Py_ssize_t na = 0, nb;
+    if (m->value_tok >= 0) b = d + m->value_tok + 1, nb = end - m->value_tok - 2;
+    else if (p->written_start >= 0) a = row->buf + p->written_start, na = p->buffer_size - p->written_start, b = d, nb = end - 1;
+    else return -2;
+    if (nb < 0 || memchr(b, '\\', (size_t)nb)) return -2;
+    if (na && !row->written_clean) return -2;
+    for (Py_ssize_t i = 0; i < nb; i++) if (b[i] < 0x20) return -1; /* json.loads refuses it in an object */
+    if (!valid_utf8(b, nb)) return -1; /* (`written` is whole characters: the two join cleanly) */
+    PyObject *values = p->values;
+    Py_ssize_t lo = 0, hi = PyTuple_GET_SIZE(values);
+    while (lo < hi) {
+        const Py_ssize_t mid = (lo + hi) / 2;
+        PyObject *x = PyTuple_GET_ITEM(values, mid);
+        const uint8_t *s = (const uint8_t *)PyBytes_AS_STRING(x);
+        const Py_ssize_t n = PyBytes_GET_SIZE(x), ca = n < na ? n : na;
+        int c = memcmp(s, a, (size_t)ca);
+        if (!c && n > na) { const Py_ssize_t cb = n - na < nb ? n - na : nb; c = memcmp(s + na, b, (size_t)cb); }
+        if (!c) c = (n > na + nb) - (n < na + nb);
+        if (!c) return 1;
+        if (c < 0) lo = mid + 1; else hi = mid;
+    }
+    return 0;
+}
+
 /* Would the item as written up to d[end] (closed with a "}" when `brace`) repeat an earlier
  * one? 1 yes, 0 no, -1 not known here. Its keys stay in row->judged/exact (not for a string
  * item decided by `string_repeats`). The item as it stood before the token, followed by
  * whitespace and at most one "}", is keyed once per row. */
 static int repeats(Row *row, const Machine *m, const uint8_t *d, Py_ssize_t end, int brace) {
     const Plan *p = row->plan;
+    if (m->finished && m->done_unknown) return -1;
     if (!brace && p->kind != KIND_FINITE) {
         const int r = string_repeats(row, m, d, end);
         if (r != -2) {
             row->judged.size = row->exact.size = 0; /* a string: equal to no other kind of value */
             return r;
         }
+    }
+    if (brace) {
+        const int r = member_repeats(row, m, d, end);
+        if (r != -2) return r;
     }
     int memo = -1;
     if (m->item_buf >= 0 && !m->finished && p->kind != KIND_FINITE && (p->mode == MODE_NONE || p->mode == MODE_NUMBER)) {
@@ -135,6 +174,25 @@ static int item_live(Row *row, const Machine *m, const uint8_t *d, Py_ssize_t en
     return live(row, d + m->item_tok, end - m->item_tok, NULL, 0, m->removed);
 }
 
+/* A finite domain's open string item, a token d[0:n] (no backslash, its quote last if any): does an
+ * unused spelling go on from the item's bytes with it? (`Unique.live`, within `Row.rests_*`.) */
+static int rest_live(const Row *row, const uint8_t *d, Py_ssize_t n) {
+    PyObject *unused = row->plan->unused;
+    const Py_ssize_t skip = row->plan->buffer_size - row->plan->item_start;
+    Py_ssize_t lo = row->rests_lo, hi = row->rests_hi;
+    while (lo < hi) { /* the first spelling whose rest is >= d */
+        const Py_ssize_t mid = (lo + hi) / 2;
+        PyObject *x = PyTuple_GET_ITEM(unused, mid);
+        const Py_ssize_t size = PyBytes_GET_SIZE(x) - skip;
+        int c = memcmp(PyBytes_AS_STRING(x) + skip, d, (size_t)(size < n ? size : n));
+        if (!c) c = size < n ? -1 : 0;
+        if (c < 0) lo = mid + 1; else hi = mid;
+    }
+    if (lo >= row->rests_hi) return 0;
+    PyObject *x = PyTuple_GET_ITEM(unused, lo);
+    return PyBytes_GET_SIZE(x) - skip >= n && !memcmp(PyBytes_AS_STRING(x) + skip, d, (size_t)n);
+}
+
 /* The unused spelling equal to the item just keyed (in row->scratch), -1 if none. */
 static Py_ssize_t spelling(const Row *row) {
     PyObject *unused = row->plan->unused;
@@ -150,6 +208,7 @@ static Py_ssize_t spelling(const Row *row) {
 
 static int value_start(Machine *m, Py_ssize_t i) {
     if (m->f[m->depth].opaque) return UNDECIDED;
+    if (m->depth == 1) m->value_tok = -1;
     if (m->depth == 0) m->item_tok = i, m->item_buf = -1;
     return KEEP;
 }
@@ -157,6 +216,12 @@ static int value_start(Machine *m, Py_ssize_t i) {
 static int value_end(Row *row, Machine *m, const uint8_t *d, Py_ssize_t end) {
     if (m->depth == 0) {
         if (m->finished) return UNDECIDED;
+        if (m->closing_known) { /* an object item closed right after a member's end: as closing it was judged */
+            if (m->closing) return DUPLICATE;
+            m->closing_known = 0;
+            m->finished = 1, m->done_unknown = 1, m->f[0].phase = PH_COMMA, m->item_buf = m->item_tok = -1;
+            return KEEP;
+        }
         const int r = repeats(row, m, d, end, 0);
         if (r) return r < 0 ? UNDECIDED : DUPLICATE;
         if (row->plan->kind == KIND_FINITE && (m->removed = spelling(row)) < 0) return UNDECIDED;
@@ -174,7 +239,7 @@ static int value_end(Row *row, Machine *m, const uint8_t *d, Py_ssize_t end) {
     if (top->kind == 'o' && m->depth == 1) { /* a member of an object item ended: would closing it repeat one? */
         const int r = repeats(row, m, d, end, 1);
         if (r < 0) return UNDECIDED;
-        m->closing = r;
+        m->closing = r, m->closing_known = 1;
     }
     return KEEP;
 }
@@ -185,11 +250,13 @@ static int structural(Row *row, Machine *m, const uint8_t *d, Py_ssize_t i) {
     Frame *top = &m->f[m->depth];
     int r;
     if (ws(c)) return KEEP;
-    m->closing = 0;
+    const int known = m->closing_known && c == '}' && m->depth == 1, judged = m->closing;
+    m->closing = 0, m->closing_known = 0;
     switch (c) {
     case '"':
         m->is_key = top->kind == 'o' && top->phase == PH_KEY;
         if (!m->is_key && (r = value_start(m, i)) != KEEP) return r;
+        if (!m->is_key && m->depth == 1) m->value_tok = i;
         m->mode = MODE_STRING, m->escape = 0;
         return KEEP;
     case 't': case 'f': case 'n':
@@ -215,6 +282,7 @@ static int structural(Row *row, Machine *m, const uint8_t *d, Py_ssize_t i) {
         }
         if (m->depth == p->depth) m->top_closed = 1;
         m->depth--;
+        if (known) m->closing = judged, m->closing_known = 1; /* the item ends as closing it was judged */
         return value_end(row, m, d, i + 1);
     case ',':
         if (m->depth == p->depth && !m->top_closed) m->top_commas++;
@@ -242,7 +310,8 @@ static int feed(Row *row, const uint8_t *d, Py_ssize_t n) {
     m.mode = p->mode, m.escape = p->escape, m.is_key = p->is_key, m.literal_left = p->literal_left;
     m.depth = p->depth, m.top_closed = m.top_commas = 0;
     m.needed_commas = p->frames[p->depth].kind == 'a' && p->frames[p->depth].phase == PH_COMMA;
-    m.closed = m.closing = m.finished = 0;
+    m.closed = m.closing = m.finished = m.closing_known = m.done_unknown = 0;
+    m.value_tok = -1;
     m.item_buf = p->item_start, m.item_tok = -1, m.removed = -1;
     memcpy(m.f, p->frames, sizeof(Frame) * (size_t)(p->depth + 1));
     const int finite = p->kind == KIND_FINITE;
@@ -294,14 +363,13 @@ int decide(Row *row, int64_t t) {
     const Plan *p = row->plan;
     const uint8_t *d = v->flat + v->offsets[t];
     const Py_ssize_t n = (Py_ssize_t)(v->offsets[t + 1] - v->offsets[t]);
-    if (p->written_start >= 0) {
+    if (p->written_start >= 0 && !p->depth) { /* `JsonTracker._open_string_item` */
         const int32_t q = v->quote_at[t];
         const int backslash = v->shape[t] & SH_BACKSLASH;
         const uint8_t *w = row->buf + p->written_start;
         const Py_ssize_t wn = p->buffer_size - p->written_start;
         if (p->kind == KIND_FINITE) {
-            if (!backslash && (q < 0 || q == n - 1))
-                return live(row, row->buf + p->item_start, p->buffer_size - p->item_start, d, n, -1) ? KEEP : DUPLICATE;
+            if (!backslash && (q < 0 || q == n - 1)) return rest_live(row, d, n) ? KEEP : DUPLICATE;
         } else if (p->kind == KIND_LANGUAGE) {
             if (!backslash && q < 0) return KEEP;
             if (!backslash && q == n - 1) return used_has_string(p->used, w, wn, d, q) ? DUPLICATE : KEEP;

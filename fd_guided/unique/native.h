@@ -35,8 +35,12 @@ enum {
     /* a quote with no backslash before it, then only: */
     SH_TAIL_OPEN = 32,    /* whitespace, at most one comma, at most one string begun (no quote or backslash after) */
     SH_TAIL_CLOSE = 64,   /* whitespace, then a bracket, then only whitespace, commas and brackets */
-    SH_PREFIX_UTF8 = 128, /* the bytes before its first quote are whole UTF-8 characters */
+    SH_PREFIX_CLEAN = 128, /* the bytes before its first quote are whole UTF-8 characters, none a control */
+    SH_TAIL_ITEM = 256,   /* whitespace, "}", then at most a comma and an object begun ('{' and a key begun) */
+    SH_TAIL_ITEM_CLOSE = 512, /* whitespace, "}", whitespace, "]", then only whitespace, commas and brackets */
+    SH_TAIL_WS = 1024,    /* only whitespace (or nothing) */
 };
+#define SH_TAILS (SH_TAIL_OPEN | SH_TAIL_CLOSE | SH_TAIL_ITEM | SH_TAIL_ITEM_CLOSE)
 
 /* A growable byte buffer (PyMem_Raw: usable without the GIL). */
 typedef struct {
@@ -54,6 +58,8 @@ enum { CANON_FAIL = 0, CANON_OK = 1, CANON_NOMEM = -1 };
  * `exact`: byte-equal exactly when `item_keys` gives equal keys. CANON_FAIL where Python's keys
  * could differ in kind (invalid JSON, "raw" keys, limits): the caller then leaves it to Python. */
 int canon_item(const uint8_t *text, Py_ssize_t n, Buf *judged, Buf *exact);
+/* used.c: the end of the one canonical key at p (NULL if it is not one within end). */
+const uint8_t *canon_skip(const uint8_t *p, const uint8_t *end);
 uint64_t canon_hash(const uint8_t *p, Py_ssize_t n);
 int valid_utf8(const uint8_t *p, Py_ssize_t n); /* text.c: strict, as Python decodes */
 int utf8_char(const uint8_t *p, const uint8_t *end); /* the length of the character at p, 0 if none */
@@ -101,8 +107,9 @@ typedef struct {
     uint8_t *flat;
     int64_t *offsets;             /* token t: flat[offsets[t]:offsets[t + 1]] */
     uint8_t *flags;               /* classes */
-    uint8_t *shape;
+    uint16_t *shape;
     int32_t *quote_at;            /* first quote's index, -1 without one */
+    int32_t *rank;                /* each token's place in the tokens sorted by their bytes */
     uint32_t *maps[NUM_MASKS];    /* per class mask: the tokens holding one of its classes */
     uint32_t *look_between;       /* the structural class but the SH_HARMLESS_NONE tokens */
     IdList lists[NUM_MASKS];      /* the same as a list where short (else ids NULL) */
@@ -110,10 +117,11 @@ typedef struct {
     Py_ssize_t n_by_prefix;
     int32_t by_first[258];        /* by_prefix[by_first[k]:by_first[k + 1]]: prefix bucket k (0: empty, b + 1: begins with b) */
     Py_ssize_t longest_prefix;
-    /* [kind: open, language][mask: QUOTE, QUOTE|CLOSE, AFTER_QUOTE, AFTER_QUOTE|CLOSE][tail]: the
-     * tokens of the mask an open string item puts through the machine, but the kind's plain ones
-     * (decided by lookup); with `tail`, those of a simple tail (SH_TAIL_*), decided by lookup too */
-    IdList quotes[2][4][2];
+    /* [kind: open, language, member][mask: QUOTE, QUOTE|CLOSE, AFTER_QUOTE, AFTER_QUOTE|CLOSE][tail]:
+     * the tokens of the mask an open string puts through the machine, but the kind's plain ones
+     * (decided by lookup); with `tail`, those of a simple tail for the kind (decided by lookup too).
+     * `member` (a member's string value in an object item): its tails are TAIL_OPEN and TAIL_ITEM* */
+    IdList quotes[3][4][2];
 } Vocab;
 
 extern PyTypeObject VocabType;
@@ -138,11 +146,14 @@ typedef struct {
     Used *used;
     PyObject *buffer;         /* the tracker's bytearray */
     PyObject *unused;         /* a finite domain's unused spellings (sorted tuple of bytes), or None */
+    PyObject *values;         /* a member's string value in an object item: the values after which
+                               * closing it would repeat an item (sorted tuple of bytes); or None */
     Py_ssize_t count;         /* the array's finished items */
     uint64_t serial;          /* the last one's serial (0 without) */
     Py_ssize_t buffer_size;   /* the tracker's bytes when planned */
     Py_ssize_t item_start;    /* where the guarded array's current item began, -1 between items */
-    Py_ssize_t written_start; /* an open string item with no escape: where its value began; else -1 */
+    Py_ssize_t written_start; /* an open string with no escape, the item (depth 0) or an object item's
+                               * member value (depth 1, with `values`): where its value began; else -1 */
     int kind, mode, escape, is_key, literal_left, guarded_ancestor, child;
     int depth;                /* frames above the guarded array: frames[0] is it, frames[depth] the top */
     Frame frames[MAX_FRAMES];
@@ -162,8 +173,14 @@ typedef struct {
     int64_t *undecided;
     Py_ssize_t n_undecided, cap_undecided;
     int failed;               /* out of memory: the whole row goes to Python */
-    int fresh;                /* an open string item no used string begins as */
-    int written_whole;        /* its bytes so far are whole UTF-8 characters */
+    int fresh;                /* an open string no used string (no value) begins as */
+    int written_clean;        /* its bytes so far are whole UTF-8 characters, none a control */
+    Py_ssize_t rests_lo, rests_hi; /* a finite domain's open string item: the unused spellings that
+                                    * begin with its bytes so far (a range of `Plan.unused`) */
+    Buf rests;                /* and those spellings past its bytes, joined (a merge walk), */
+    Py_ssize_t *rest_at;      /* their offsets, */
+    int64_t *sorted;          /* the candidates by rank (rank << 32 | token) and room to sort them */
+    Py_ssize_t cap_sorted;
 } Row;
 
 enum { KEEP = 0, DUPLICATE = 1, UNDECIDED = 2 };

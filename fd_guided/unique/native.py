@@ -65,8 +65,14 @@ def make_plan(tracker: JsonTracker, vocab_of) -> Any:
     tokenizer's `Vocab`."""
     stack = tracker.stack
     frames = tracker.plan_frames
-    if frames is None or frames[0] is not stack:  # (a string item keeps its stack across tokens)
-        frames = tracker.plan_frames = (stack, _read_frames(stack))
+    if frames is None or frames[0] is not stack:  # (a string keeps its stack across tokens)
+        frames = tracker.plan_frames = [stack, _read_frames(stack), False, None]
+    last = frames[3]
+    if last is not None and last[0] == tracker.start and tracker.mode == _STRING and not tracker.escape:
+        if tracker.buffer.find(b"\\", last[2]) < 0:  # the same string, grown, no escape in it since
+            plan = last[1].at(len(tracker.buffer))
+            frames[3] = (last[0], plan, len(tracker.buffer))
+            return plan
     reading = frames[1]
     if reading.__class__ is bool:
         return reading
@@ -77,16 +83,32 @@ def make_plan(tracker: JsonTracker, vocab_of) -> Any:
     if items.native.sync(items.entries, unique.count):
         return True  # an item C cannot key (`canon.c`): Python judges this array's items
     mode, buffer, start = tracker.mode, tracker.buffer, tracker.start
-    written = -1
-    if not depth and mode == _STRING and not tracker.is_key and not tracker.escape and unique.start == start:
-        if buffer.find(b"\\", start + 1) < 0:  # `JsonTracker._open_string_item`, without the copy
+    written, values = -1, None
+    open_string = mode == _STRING and not tracker.is_key and not tracker.escape and buffer.find(b"\\", start + 1) < 0
+    if not depth and open_string and unique.start == start:  # `JsonTracker._open_string_item`, without the copy
+        written = start + 1
+    elif depth == 1 and stack[-1][0] == "o" and stack[-1][3] == "value" and (open_string or mode == _NONE):
+        # a member's value in an object item, to come or a string being written: the string values
+        # after which closing the object would repeat an item, once per member (the stack stays)
+        if frames[2] is False:
+            key = stack[-1][2].encode("utf-8", "surrogatepass")
+            written_so_far = bytes(buffer[unique.start : start if open_string else None])
+            frames[2] = items.native.values_for(written_so_far, key, unique.count)
+        values = frames[2]  # (None: C cannot key the item: the machine keys each end)
+        if values is not None and open_string:
             written = start + 1
     literal_left = 0
     if mode == _LITERAL:
         literal_left = (5 if buffer[start] == ord("f") else 4) - (len(buffer) - start)
     child = tracker.next_array_guarded() if mode == _NONE else 1
-    fields = (unique.count, unique.start, written, kind, mode, tracker.escape, tracker.is_key, literal_left)
-    return _native.Plan(vocab_of(), items.native, buffer, unique.unused, fields + (ancestors, child, depth), codes)
+    fields: tuple = (unique.count, unique.start, written, kind, mode, tracker.escape, tracker.is_key, literal_left)
+    fields += (ancestors, child, depth)
+    plan = _native.Plan(vocab_of(), items.native, buffer, unique.unused, fields, codes, values)
+    # Inside a string with no escape, a later token that stays in it moves only the byte count
+    # (finite domains and strings whose escapes change `written` are planned afresh).
+    reusable = mode == _STRING and not tracker.escape and (written >= 0 or kind != KIND_FINITE)
+    frames[3] = (start, plan, len(buffer)) if reusable else None
+    return plan
 
 
 def _read_frames(stack: tuple) -> Any:

@@ -7,20 +7,20 @@
  */
 #include "native.h"
 
+static void add_undecided(Row *row, int64_t t) {
+    if (row->n_undecided == row->cap_undecided) {
+        const Py_ssize_t cap = row->cap_undecided ? 2 * row->cap_undecided : 64;
+        int64_t *grown = PyMem_RawRealloc(row->undecided, sizeof(int64_t) * (size_t)cap);
+        if (grown == NULL) { row->failed = 1; return; }
+        row->undecided = grown, row->cap_undecided = cap;
+    }
+    row->undecided[row->n_undecided++] = t;
+}
+
 static void try_token(Row *row, int64_t t) {
-    uint32_t *word = &row->words[t >> 5];
-    const uint32_t bit = 1u << (t & 31);
     switch (decide(row, t)) {
-    case DUPLICATE: *word &= ~bit; break;
-    case UNDECIDED:
-        if (row->n_undecided == row->cap_undecided) {
-            const Py_ssize_t cap = row->cap_undecided ? 2 * row->cap_undecided : 64;
-            int64_t *grown = PyMem_RawRealloc(row->undecided, sizeof(int64_t) * (size_t)cap);
-            if (grown == NULL) { row->failed = 1; return; }
-            row->undecided = grown, row->cap_undecided = cap;
-        }
-        row->undecided[row->n_undecided++] = t;
-        break;
+    case DUPLICATE: row->words[t >> 5] &= ~(1u << (t & 31)); break;
+    case UNDECIDED: add_undecided(row, t); break;
     default: break;
     }
 }
@@ -92,43 +92,78 @@ static int compare_to_prefix(const Vocab *v, int32_t t, const uint8_t *r, Py_ssi
     return c ? c : (have > n) - (have < n);
 }
 
-/* An open string item (`written`, no escape). Its candidates are the quote tokens (only those
- * that end it and go on when no used string begins as it does: `fresh`). A token's first quote
- * ends the item as `written` + the bytes before it (P): a repeat exactly when a used string is
- * that (the kind's plain tokens: the reference's own lookup; others when the string is whole
- * UTF-8, as the reference keys it). So the tokens whose P completes a used string are found by
- * lookup, per used string; a token with a simple tail (SH_TAIL_*) then judges nothing more, so
- * it is kept otherwise; the few others go through the machine. Past as many used strings as
+/* [lo, hi): the sorted tuple's strings beginning with a[0:n]. */
+static void tuple_range(PyObject *tuple, const uint8_t *a, Py_ssize_t n, Py_ssize_t *lo, Py_ssize_t *hi) {
+    for (int upper = 0; upper < 2; upper++) {
+        Py_ssize_t l = 0, h = PyTuple_GET_SIZE(tuple);
+        while (l < h) {
+            const Py_ssize_t mid = (l + h) / 2;
+            PyObject *x = PyTuple_GET_ITEM(tuple, mid);
+            const Py_ssize_t size = PyBytes_GET_SIZE(x);
+            int c = memcmp(PyBytes_AS_STRING(x), a, (size_t)(size < n ? size : n));
+            if (!c) c = size < n ? -1 : 0; /* 0: begins with a */
+            if (c < 0 || (upper && !c)) l = mid + 1; else h = mid;
+        }
+        *(upper ? hi : lo) = l;
+    }
+}
+
+/* The k-th string of the open string's set: used strings (an item) or `values` (a member). */
+static const uint8_t *nth_string(const Plan *p, Py_ssize_t k, Py_ssize_t *n, int *whole) {
+    if (p->depth) {
+        PyObject *x = PyTuple_GET_ITEM(p->values, k);
+        *n = PyBytes_GET_SIZE(x), *whole = 1; /* (values are keys C made: whole, and compared clean below) */
+        return (const uint8_t *)PyBytes_AS_STRING(x);
+    }
+    const Entry *x = &p->used->entries[p->used->sorted[k]];
+    *n = x->string_size, *whole = x->string_whole;
+    return x->string;
+}
+
+/* An open string with no escape: the guarded array's item (depth 0), or the value of a member of
+ * an object item (depth 1). A token's first quote ends it as `written` + the bytes before the
+ * quote (P): the item repeats a used string, or closing the object there would repeat an item,
+ * exactly when that is one of a sorted set of strings (used strings; `Plan.values`). So the
+ * tokens whose P completes one are found by lookup per string in the quote tokens sorted by P;
+ * a token with a simple tail (SH_TAIL_*: nothing more to judge after its first quote) is decided
+ * by that alone; the few others go through the machine. For an item, the kind's plain tokens
+ * are decided by the reference's own lookup, and only tokens that end it and go on are
+ * candidates when no used string begins as it does (`fresh`). Past as many strings in range as
  * quote tokens, every candidate goes through `decide`. */
 static void string_item(Row *row, int close) {
     const Plan *p = row->plan;
     const Vocab *v = row->vocab;
     const uint8_t *w = row->buf + p->written_start;
     const Py_ssize_t wn = p->buffer_size - p->written_start;
+    const int member = p->depth != 0;
     Py_ssize_t lo, hi;
-    used_prefix_range(p->used, w, wn, NULL, 0, &lo, &hi);
+    if (member) tuple_range(p->values, w, wn, &lo, &hi);
+    else used_prefix_range(p->used, w, wn, NULL, 0, &lo, &hi);
     row->fresh = lo == hi;
     if (hi - lo > v->n_by_prefix) {
         walk(row, C_QUOTE | close, SH_NO_QUOTE);
         return;
     }
-    const int kind = p->kind == KIND_LANGUAGE, mask = (row->fresh ? 2 : 0) + (close != 0);
+    const int kind = member ? 2 : p->kind == KIND_LANGUAGE;
+    const int mask = member ? 1 : (row->fresh ? 2 : 0) + (close != 0);
+    const int closes_array = SH_TAIL_CLOSE | (member ? SH_TAIL_ITEM_CLOSE : 0);
     walk_list(row, &v->quotes[kind][mask][0], 0);
     const IdList *tails = &v->quotes[kind][mask][1];
     for (Py_ssize_t k = 0; k < tails->n && !row->failed; k++) {
         const int32_t t = tails->ids[k];
         if (t >= row->limit) break;
         if (!(row->words[t >> 5] >> (t & 31) & 1)) continue;
-        const uint8_t shape = v->shape[t];
-        if (row->written_whole && (shape & SH_PREFIX_UTF8) && !((shape & SH_TAIL_CLOSE) && p->guarded_ancestor))
-            continue; /* kept, unless its P completes a used string (below) */
+        const uint16_t shape = v->shape[t];
+        if (row->written_clean && (shape & SH_PREFIX_CLEAN) && !((shape & closes_array) && p->guarded_ancestor))
+            continue; /* its first quote ends nothing repeated (unless found below), and nothing follows to judge */
         try_token(row, t);
     }
-    const int simple = kind ? SH_SIMPLE_LANG : SH_SIMPLE_OPEN;
-    for (Py_ssize_t k = lo; k < hi; k++) {
-        const Entry *x = &p->used->entries[p->used->sorted[k]];
-        const uint8_t *rest = x->string + wn;
-        const Py_ssize_t rn = x->string_size - wn;
+    const int simple = member ? 0 : kind ? SH_SIMPLE_LANG : SH_SIMPLE_OPEN;
+    for (Py_ssize_t k = lo; k < hi && !row->failed; k++) {
+        Py_ssize_t size;
+        int whole;
+        const uint8_t *rest = nth_string(p, k, &size, &whole) + wn;
+        const Py_ssize_t rn = size - wn;
         if (rn > v->longest_prefix) continue;
         const int bucket = rn ? rest[0] + 1 : 0;
         Py_ssize_t a = v->by_first[bucket], b = v->by_first[bucket + 1];
@@ -138,22 +173,102 @@ static void string_item(Row *row, int close) {
         }
         for (; a < v->by_first[bucket + 1] && !compare_to_prefix(v, v->by_prefix[a], rest, rn); a++) {
             const int32_t t = v->by_prefix[a];
-            if (t < row->limit && ((v->shape[t] & simple) || x->string_whole)) row->words[t >> 5] &= ~(1u << (t & 31));
+            const uint16_t shape = v->shape[t];
+            if (t >= row->limit || !(row->words[t >> 5] >> (t & 31) & 1)) continue;
+            if (!member) {
+                if ((shape & simple) || whole) row->words[t >> 5] &= ~(1u << (t & 31));
+                continue;
+            }
+            /* a member's value ended as one after which closing repeats an item */
+            if (!(shape & (SH_TAIL_OPEN | SH_TAIL_ITEM | SH_TAIL_ITEM_CLOSE)) || !row->written_clean || !(shape & SH_PREFIX_CLEAN))
+                continue; /* went through the machine */
+            if (shape & (SH_TAIL_ITEM | SH_TAIL_ITEM_CLOSE)) row->words[t >> 5] &= ~(1u << (t & 31)); /* closed: a repeat */
+            else if (shape & SH_TAIL_WS) add_undecided(row, t); /* the close may be forced: Python asks the engine */
         }
+    }
+}
+
+/* A finite domain's open string item: every allowed token is tried (`_restrict_words`). Those
+ * its shortcut decides (no backslash, a quote only last) are live exactly when an unused
+ * spelling goes on from the item's bytes with them; with many, they are sorted by their bytes
+ * (ranks, radix sorted) and merged with those spellings past the item's bytes, so each is one
+ * comparison or two, not a search. The others go through the machine. */
+static void finite_item(Row *row) {
+    const Plan *p = row->plan;
+    const Vocab *v = row->vocab;
+    const Py_ssize_t skip = p->buffer_size - p->item_start;
+    tuple_range(p->unused, row->buf + p->item_start, skip, &row->rests_lo, &row->rests_hi);
+    Py_ssize_t n = 0;
+    const Py_ssize_t words = (row->limit + 31) / 32;
+    for (Py_ssize_t w = 0; w < words && !row->failed; w++)
+        for (uint32_t bits = row->words[w]; bits; bits &= bits - 1) {
+            const int64_t t = (int64_t)w * 32 + __builtin_ctz(bits);
+            if (t >= row->limit) break;
+            const int32_t q = v->quote_at[t];
+            const Py_ssize_t len = (Py_ssize_t)(v->offsets[t + 1] - v->offsets[t]);
+            if ((v->shape[t] & SH_BACKSLASH) || (q >= 0 && q != len - 1)) { try_token(row, t); continue; }
+            if (n == row->cap_sorted) {
+                const Py_ssize_t cap = n ? 2 * n : 256;
+                int64_t *grown = PyMem_RawRealloc(row->sorted, sizeof(int64_t) * (size_t)(2 * cap));
+                if (grown == NULL) { row->failed = 1; return; }
+                row->sorted = grown, row->cap_sorted = cap;
+            }
+            row->sorted[n++] = (int64_t)v->rank[t] << 32 | t;
+        }
+    if (row->failed) return;
+    if (n <= 32) { /* few: one search each */
+        for (Py_ssize_t k = 0; k < n; k++) try_token(row, row->sorted[k] & 0xFFFFFFFF);
+        return;
+    }
+    int64_t *a = row->sorted, *b = row->sorted + row->cap_sorted;
+    for (int shift = 32; shift < 64; shift += 8) { /* a radix sort of the ranks, a byte a pass */
+        Py_ssize_t count[257] = {0};
+        for (Py_ssize_t k = 0; k < n; k++) count[((uint64_t)a[k] >> shift & 0xFF) + 1]++;
+        for (int c = 0; c < 256; c++) count[c + 1] += count[c];
+        for (Py_ssize_t k = 0; k < n; k++) b[count[(uint64_t)a[k] >> shift & 0xFF]++] = a[k];
+        int64_t *swap = a; a = b, b = swap;
+    }
+    const Py_ssize_t nr = row->rests_hi - row->rests_lo;
+    Py_ssize_t *at = PyMem_RawRealloc(row->rest_at, sizeof(Py_ssize_t) * (size_t)(nr + 1));
+    if (at == NULL) { row->failed = 1; return; }
+    row->rest_at = at, row->rests.size = 0, at[0] = 0;
+    for (Py_ssize_t k = 0; k < nr; k++) {
+        PyObject *x = PyTuple_GET_ITEM(p->unused, row->rests_lo + k);
+        if (buf_put(&row->rests, PyBytes_AS_STRING(x) + skip, PyBytes_GET_SIZE(x) - skip) < 0) { row->failed = 1; return; }
+        at[k + 1] = row->rests.size;
+    }
+    Py_ssize_t j = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        const int64_t t = a[k] & 0xFFFFFFFF;
+        const uint8_t *d = v->flat + v->offsets[t];
+        const Py_ssize_t len = (Py_ssize_t)(v->offsets[t + 1] - v->offsets[t]);
+        int c = -1;
+        for (; j < nr; j++) { /* the first spelling's rest >= the token (tokens come in rising order) */
+            const Py_ssize_t size = at[j + 1] - at[j];
+            c = memcmp(row->rests.data + at[j], d, (size_t)(size < len ? size : len));
+            if (!c) c = size < len ? -1 : 0;
+            if (c >= 0) break;
+        }
+        const int live = j < nr && at[j + 1] - at[j] >= len && !memcmp(row->rests.data + at[j], d, (size_t)len);
+        if (!live) row->words[t >> 5] &= ~(1u << (t & 31)); /* every way on is a value the array holds */
     }
 }
 
 void run_row(Row *row) {
     const Plan *p = row->plan;
     row->memo[0] = row->memo[1] = -2;
-    row->n_undecided = 0, row->failed = 0, row->fresh = 0;
+    row->n_undecided = 0, row->failed = 0, row->fresh = 0, row->written_clean = 0;
     if (p->kind == KIND_FINITE) { /* any token may lead into a dead end: every allowed one */
-        walk(row, 0, 0);
+        if (p->written_start >= 0) finite_item(row);
+        else walk(row, 0, 0);
         return;
     }
     const int close = p->depth > 0 || p->guarded_ancestor ? C_CLOSE : 0;
     if (p->written_start >= 0) {
-        row->written_whole = valid_utf8(row->buf + p->written_start, p->buffer_size - p->written_start);
+        const uint8_t *w = row->buf + p->written_start;
+        const Py_ssize_t wn = p->buffer_size - p->written_start;
+        row->written_clean = valid_utf8(w, wn);
+        for (Py_ssize_t i = 0; i < wn && row->written_clean; i++) row->written_clean = w[i] >= 0x20;
         string_item(row, close);
         return;
     }
@@ -167,7 +282,7 @@ void run_row(Row *row) {
 
 void row_free(Row *row) {
     buf_free(&row->scratch), buf_free(&row->judged), buf_free(&row->exact);
-    buf_free(&row->done_judged), buf_free(&row->done_exact);
-    PyMem_RawFree(row->undecided);
-    row->undecided = NULL;
+    buf_free(&row->done_judged), buf_free(&row->done_exact), buf_free(&row->rests);
+    PyMem_RawFree(row->undecided), PyMem_RawFree(row->rest_at), PyMem_RawFree(row->sorted);
+    row->undecided = NULL, row->rest_at = NULL, row->sorted = NULL;
 }

@@ -63,7 +63,7 @@ class JsonTracker:
         # here so that every move of the state (`push`, `restore`) clears it: None until made.
         self.fill_plan: object = None
         self._child_guarded: dict[tuple, tuple] = {}  # (id(nodes), step) -> (nodes, guarded)
-        self.plan_frames: tuple | None = None  # `native.make_plan`'s reading of `stack` (kept while it is)
+        self.plan_frames: list | None = None  # `native.make_plan`'s reading of `stack` (kept while it is)
 
     # ----- snapshots --------------------------------------------------------------------------
 
@@ -414,5 +414,6 @@ def _unique_of(frame: tuple) -> _Unique | None:
 def _string_run_end(data: bytes, at: int) -> int:
     """The index of the first quote or backslash in `data` from `at` (its length if none)."""
     quote, backslash = data.find(b'"', at), data.find(b"\\", at)
-    ends = [i for i in (quote, backslash) if i >= 0]
-    return min(ends) if ends else len(data)
+    if quote < 0:
+        return len(data) if backslash < 0 else backslash
+    return quote if backslash < 0 or quote < backslash else backslash

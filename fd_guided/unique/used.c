@@ -212,6 +212,117 @@ bad_entry:
     return NULL;
 }
 
+/* canon.c's key format, read back: one key's end (each is self-delimiting). */
+static uint64_t read_length(const uint8_t **p, const uint8_t *end) {
+    uint64_t v = 0;
+    for (int shift = 0; *p < end && shift < 63; shift += 7) {
+        const uint8_t c = *(*p)++;
+        v |= (uint64_t)(c & 0x7f) << shift;
+        if (!(c & 0x80)) return v;
+    }
+    *p = end + 1; /* malformed */
+    return 0;
+}
+
+const uint8_t *canon_skip(const uint8_t *p, const uint8_t *end) {
+    if (p >= end) return NULL;
+    switch (*p++) {
+    case 't': case 'f': case 'n': return p;
+    case 'F': return p + 1 <= end ? p + 1 : NULL;
+    case 'D': return p + 8 <= end ? p + 8 : NULL;
+    case 'S': case 'I': case 'X': {
+        const uint64_t n = read_length(&p, end);
+        return p <= end && (uint64_t)(end - p) >= n ? p + n : NULL;
+    }
+    case 'A': case 'O': {
+        const uint8_t close = p[-1] == 'A' ? ']' : '}';
+        while (p != NULL && p < end && *p != close) p = canon_skip(p, end);
+        return p != NULL && p < end ? p + 1 : NULL;
+    }
+    default: return NULL;
+    }
+}
+
+/* A pair of canonical object keys (judged, exact) split around the pair of key `key`. */
+typedef struct {
+    const uint8_t *key;     /* the pair's key ('S' len bytes) */
+    Py_ssize_t before, key_size, after; /* the object's bytes before the pair, the key's, after the pair */
+} Split;
+
+static int split_at_key(const Buf *object, const uint8_t *key, Py_ssize_t key_size, Split *out) {
+    const uint8_t *p = object->data + 1, *end = object->data + object->size;
+    if (object->size < 2 || object->data[0] != 'O') return 0;
+    while (p != NULL && p < end && *p != '}') {
+        const uint8_t *pair = p, *value = canon_skip(p, end);
+        if (value == NULL) return 0;
+        p = canon_skip(value, end);
+        if (p == NULL) return 0;
+        const uint8_t *name = pair + 1;
+        int len = 0;
+        const Py_ssize_t size = (Py_ssize_t)read_varint(name, &len);
+        if (size == key_size && !memcmp(name + len, key, (size_t)key_size)) {
+            *out = (Split){pair, pair - object->data, value - pair, end - p};
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int matches(const uint8_t *x, Py_ssize_t n, const Buf *object, const Split *at, const uint8_t **value, Py_ssize_t *size) {
+    const Py_ssize_t fixed = at->before + at->key_size + at->after;
+    if (x == NULL || n <= fixed || memcmp(x, object->data, (size_t)(at->before + at->key_size)) ||
+        memcmp(x + n - at->after, object->data + object->size - at->after, (size_t)at->after))
+        return 0;
+    const uint8_t *middle = x + at->before + at->key_size, *end = x + n - at->after;
+    if (*middle != 'S' || canon_skip(middle, end) != end) return 0;
+    int len = 0;
+    *size = (Py_ssize_t)read_varint(middle + 1, &len);
+    *value = middle + 1 + len;
+    return 1;
+}
+
+static PyObject *used_values_for(Used *u, PyObject *args) {
+    const char *prefix, *key;
+    Py_ssize_t prefix_size, key_size, count;
+    if (!PyArg_ParseTuple(args, "y#y#n", &prefix, &prefix_size, &key, &key_size, &count)) return NULL;
+    if (count < 0 || count > u->n) {
+        PyErr_SetString(PyExc_ValueError, "count past the entries held");
+        return NULL;
+    }
+    Buf text = {0}, j = {0}, e = {0};
+    PyObject *values = NULL, *out = NULL;
+    int r = buf_put(&text, prefix, prefix_size) < 0 || buf_put(&text, "\"\"}", 3) < 0 ? CANON_NOMEM
+            : canon_item(text.data, text.size, &j, &e);
+    Split sj, se;
+    if (r == CANON_NOMEM) { PyErr_NoMemory(); goto done; }
+    if (r == CANON_FAIL || !split_at_key(&j, (const uint8_t *)key, key_size, &sj) ||
+        !split_at_key(&e, (const uint8_t *)key, key_size, &se)) {
+        out = Py_None, Py_INCREF(out);
+        goto done;
+    }
+    if ((values = PySet_New(NULL)) == NULL) goto done;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const Entry *x = &u->entries[k];
+        const uint8_t *value;
+        Py_ssize_t size;
+        for (int form = 0; form < 2; form++) {
+            if (!(form ? matches(x->exact, x->exact_size, &e, &se, &value, &size) : matches(x->judged, x->judged_size, &j, &sj, &value, &size)))
+                continue;
+            PyObject *item = PyBytes_FromStringAndSize((const char *)value, size);
+            if (item == NULL || PySet_Add(values, item) < 0) { Py_XDECREF(item); goto done; }
+            Py_DECREF(item);
+        }
+    }
+    PyObject *listed = PySequence_List(values);
+    if (listed == NULL || PyList_Sort(listed) < 0) { Py_XDECREF(listed); goto done; }
+    out = PyList_AsTuple(listed);
+    Py_DECREF(listed);
+done:
+    buf_free(&text), buf_free(&j), buf_free(&e);
+    Py_XDECREF(values);
+    return out;
+}
+
 static PyObject *used_serial(Used *u, PyObject *arg) {
     const Py_ssize_t k = PyLong_AsSsize_t(arg);
     if (k == -1 && PyErr_Occurred()) return NULL;
@@ -232,6 +343,10 @@ static PyMethodDef used_methods[] = {
     {"sync", (PyCFunction)used_sync, METH_VARARGS,
      "sync(entries, count) -> int: hold the log's first `count` entries; how many C cannot key."},
     {"serial", (PyCFunction)used_serial, METH_O, "serial(k) -> int: entry k's serial (0 if none)."},
+    {"values_for", (PyCFunction)used_values_for, METH_VARARGS,
+     "values_for(prefix, key, count) -> tuple[bytes] | None: an object item written up to the value of member\n"
+     "`key` (UTF-8): the string values after which closing it would equal one of the first `count` items,\n"
+     "sorted (None where C cannot key the item)."},
     {"size", (PyCFunction)used_len, METH_NOARGS, "size() -> int: the entries held."},
     {NULL, NULL, 0, NULL},
 };

@@ -45,22 +45,58 @@ static int harmless_between(const uint8_t *d, Py_ssize_t n) {
 }
 
 /* the bytes before token t's first quote */
-/* After the quote at d[q]: a simple tail (SH_TAIL_OPEN, SH_TAIL_CLOSE or 0). */
+static int only_closing(const uint8_t *d, Py_ssize_t i, Py_ssize_t n) {
+    for (; i < n; i++) if (!ws(d[i]) && d[i] != ',' && d[i] != ']' && d[i] != '}') return 0;
+    return 1;
+}
+
+/* From d[i]: whitespace, at most one comma, at most a string begun (no quote or backslash). */
+static int opens_at_most_a_string(const uint8_t *d, Py_ssize_t i, Py_ssize_t n) {
+    while (i < n && ws(d[i])) i++;
+    if (i < n && d[i] == ',') for (i++; i < n && ws(d[i]); i++) {}
+    if (i < n && d[i] == '"') for (i++; i < n; i++) if (d[i] == '"' || d[i] == '\\') return 0;
+    return i == n;
+}
+
+/* After the quote at d[q]: its simple tails (SH_TAIL_*), 0 if none. */
 static int tail_shape(const uint8_t *d, Py_ssize_t n, Py_ssize_t q) {
     Py_ssize_t i = q + 1;
     while (i < n && ws(d[i])) i++;
-    if (i < n && (d[i] == ']' || d[i] == '}')) {
-        for (; i < n; i++) if (!ws(d[i]) && d[i] != ',' && d[i] != ']' && d[i] != '}') return 0;
-        return SH_TAIL_CLOSE;
+    if (i == n) return SH_TAIL_OPEN | SH_TAIL_WS;
+    if (d[i] == ']') return only_closing(d, i, n) ? SH_TAIL_CLOSE : 0;
+    if (d[i] == '}') {
+        int shape = only_closing(d, i, n) ? SH_TAIL_CLOSE : 0;
+        Py_ssize_t k = i + 1;
+        while (k < n && ws(d[k])) k++;
+        if (k < n && d[k] == ']' && only_closing(d, k, n)) shape |= SH_TAIL_ITEM_CLOSE;
+        if (k == n) return shape | SH_TAIL_ITEM;
+        if (d[k] == ',') { /* then at most an object item begun, with a key begun */
+            for (k++; k < n && ws(d[k]); k++) {}
+            if (k == n) return shape | SH_TAIL_ITEM;
+            if (d[k] == '{') {
+                for (k++; k < n && ws(d[k]); k++) {}
+                if (k == n || (d[k] == '"' && opens_at_most_a_string(d, k, n))) shape |= SH_TAIL_ITEM;
+            }
+        }
+        return shape;
     }
-    if (i < n && d[i] == ',') for (i++; i < n && ws(d[i]); i++) {}
-    if (i < n && d[i] == '"') for (i++; i < n; i++) if (d[i] == '"' || d[i] == '\\') return 0;
-    return i == n ? SH_TAIL_OPEN : 0;
+    return opens_at_most_a_string(d, i, n) ? SH_TAIL_OPEN : 0;
+}
+
+static int clean(const uint8_t *d, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) if (d[i] < 0x20) return 0;
+    return valid_utf8(d, n);
 }
 
 static void prefix_of(const Vocab *v, int32_t t, const uint8_t **p, Py_ssize_t *n) {
     *p = v->flat + v->offsets[t];
     *n = v->quote_at[t];
+}
+
+static int compare_tokens(const Vocab *v, int32_t a, int32_t b) {
+    const Py_ssize_t na = v->offsets[a + 1] - v->offsets[a], nb = v->offsets[b + 1] - v->offsets[b];
+    const int c = memcmp(v->flat + v->offsets[a], v->flat + v->offsets[b], (size_t)(na < nb ? na : nb));
+    return c ? c : (na > nb) - (na < nb);
 }
 
 static int compare_prefix(const Vocab *v, int32_t a, int32_t b) {
@@ -71,13 +107,15 @@ static int compare_prefix(const Vocab *v, int32_t a, int32_t b) {
     return c ? c : (na > nb) - (na < nb);
 }
 
-static void sort_by_prefix(const Vocab *v, int32_t *a, int32_t *tmp, Py_ssize_t n) {
+/* Merge sort of token ids, by the bytes before their quote (`whole`: by all their bytes). */
+static void sort_by_prefix(const Vocab *v, int32_t *a, int32_t *tmp, Py_ssize_t n, int whole) {
     if (n < 2) return;
     const Py_ssize_t half = n / 2;
-    sort_by_prefix(v, a, tmp, half);
-    sort_by_prefix(v, a + half, tmp, n - half);
+    sort_by_prefix(v, a, tmp, half, whole);
+    sort_by_prefix(v, a + half, tmp, n - half, whole);
     Py_ssize_t i = 0, k = half, out = 0;
-    while (i < half && k < n) tmp[out++] = compare_prefix(v, a[i], a[k]) <= 0 ? a[i++] : a[k++];
+    while (i < half && k < n)
+        tmp[out++] = (whole ? compare_tokens(v, a[i], a[k]) : compare_prefix(v, a[i], a[k])) <= 0 ? a[i++] : a[k++];
     while (i < half) tmp[out++] = a[i++];
     while (k < n) tmp[out++] = a[k++];
     memcpy(a, tmp, sizeof(int32_t) * (size_t)n);
@@ -86,14 +124,15 @@ static void sort_by_prefix(const Vocab *v, int32_t *a, int32_t *tmp, Py_ssize_t 
 static void vocab_dealloc(Vocab *v) {
     PyMem_RawFree(v->flat), PyMem_RawFree(v->offsets), PyMem_RawFree(v->flags);
     PyMem_RawFree(v->shape), PyMem_RawFree(v->quote_at), PyMem_RawFree(v->by_prefix), PyMem_RawFree(v->look_between);
+    PyMem_RawFree(v->rank);
     for (int m = 0; m < NUM_MASKS; m++) PyMem_RawFree(v->maps[m]), PyMem_RawFree(v->lists[m].ids);
-    for (int k = 0; k < 16; k++) PyMem_RawFree(v->quotes[k / 8][k / 2 % 4][k % 2].ids);
+    for (int k = 0; k < 24; k++) PyMem_RawFree(v->quotes[k / 8][k / 2 % 4][k % 2].ids);
     Py_TYPE(v)->tp_free((PyObject *)v);
 }
 
 static int build(Vocab *v) {
     const Py_ssize_t n = v->num_tokens, words = v->words;
-    v->shape = PyMem_RawCalloc((size_t)n + 1, 1);
+    v->shape = PyMem_RawCalloc((size_t)n + 1, sizeof(uint16_t));
     v->quote_at = PyMem_RawMalloc(sizeof(int32_t) * ((size_t)n + 1));
     v->by_prefix = PyMem_RawMalloc(sizeof(int32_t) * ((size_t)n + 1));
     int32_t *tmp = PyMem_RawMalloc(sizeof(int32_t) * ((size_t)n + 1));
@@ -112,14 +151,14 @@ static int build(Vocab *v) {
         const int32_t quote = q ? (int32_t)(q - d) : -1;
         const int backslash = len && memchr(d, '\\', (size_t)len) != NULL;
         const int backslash_before = quote > 0 && memchr(d, '\\', (size_t)quote) != NULL;
-        uint8_t shape = backslash ? SH_BACKSLASH : 0;
+        uint16_t shape = backslash ? SH_BACKSLASH : 0;
         if (quote >= 0 && !backslash_before && !(v->flags[t] & C_AFTER_QUOTE)) shape |= SH_SIMPLE_OPEN;
         if (quote == len - 1 && !backslash) shape |= SH_SIMPLE_LANG;
         if (len && harmless_between(d, len)) shape |= SH_HARMLESS_NONE;
         if (quote < 0) shape |= SH_NO_QUOTE;
         if (quote >= 0 && !backslash_before) {
-            shape |= (uint8_t)tail_shape(d, len, quote);
-            if (valid_utf8(d, quote)) shape |= SH_PREFIX_UTF8;
+            shape |= (uint16_t)tail_shape(d, len, quote);
+            if (clean(d, quote)) shape |= SH_PREFIX_CLEAN;
             if (quote > v->longest_prefix) v->longest_prefix = quote;
         }
         v->shape[t] = shape, v->quote_at[t] = quote;
@@ -128,7 +167,17 @@ static int build(Vocab *v) {
             if (v->flags[t] & m) v->maps[m][t >> 5] |= 1u << (t & 31);
         if ((v->flags[t] & C_STRUCTURAL) && !(shape & SH_HARMLESS_NONE)) v->look_between[t >> 5] |= 1u << (t & 31);
     }
-    sort_by_prefix(v, v->by_prefix, tmp, v->n_by_prefix);
+    sort_by_prefix(v, v->by_prefix, tmp, v->n_by_prefix, 0);
+    v->rank = PyMem_RawMalloc(sizeof(int32_t) * ((size_t)n + 1));
+    int32_t *order = PyMem_RawMalloc(sizeof(int32_t) * ((size_t)n + 1));
+    if (v->rank == NULL || order == NULL) {
+        PyMem_RawFree(tmp), PyMem_RawFree(order);
+        return -1;
+    }
+    for (Py_ssize_t t = 0; t < n; t++) order[t] = (int32_t)t;
+    sort_by_prefix(v, order, tmp, n, 1);
+    for (Py_ssize_t k = 0; k < n; k++) v->rank[order[k]] = (int32_t)k;
+    PyMem_RawFree(order);
     PyMem_RawFree(tmp);
     Py_ssize_t at = 0; /* buckets by first byte (0: the empty prefix, sorted first; b + 1: byte b) */
     for (int c = 0; c < 258; c++) {
@@ -150,17 +199,18 @@ static int build(Vocab *v) {
                 v->lists[m].ids[v->lists[m].n++] = (int32_t)(w * 32 + __builtin_ctz(bits));
     }
     static const int masks[4] = {C_QUOTE, C_QUOTE | C_CLOSE, C_AFTER_QUOTE, C_AFTER_QUOTE | C_CLOSE};
-    for (int kind = 0; kind < 2; kind++)
+    static const int simples[3] = {SH_SIMPLE_OPEN, SH_SIMPLE_LANG, 0};
+    static const int tails[3] = {SH_TAIL_OPEN | SH_TAIL_CLOSE, SH_TAIL_OPEN | SH_TAIL_CLOSE, SH_TAIL_OPEN | SH_TAIL_ITEM | SH_TAIL_ITEM_CLOSE};
+    for (int kind = 0; kind < 3; kind++)
         for (int m = 0; m < 4; m++)
             for (int tail = 0; tail < 2; tail++) {
                 const IdList *all = &v->lists[masks[m]];
                 IdList *out = &v->quotes[kind][m][tail];
-                const int simple = kind ? SH_SIMPLE_LANG : SH_SIMPLE_OPEN;
                 if (all->ids == NULL || (out->ids = PyMem_RawMalloc(sizeof(int32_t) * ((size_t)all->n + 1))) == NULL)
                     return -1;
                 for (Py_ssize_t k = 0; k < all->n; k++) {
-                    const uint8_t shape = v->shape[all->ids[k]];
-                    if (!(shape & (simple | SH_NO_QUOTE)) && !(shape & (SH_TAIL_OPEN | SH_TAIL_CLOSE)) == !tail)
+                    const uint16_t shape = v->shape[all->ids[k]];
+                    if (!(shape & (simples[kind] | SH_NO_QUOTE)) && !(shape & tails[kind]) == !tail)
                         out->ids[out->n++] = all->ids[k];
                 }
             }

@@ -176,6 +176,8 @@ tokenizer = load_tokenizer("deepseek")
 width = (len(tokenizer.token_bytes) + 31) // 32
 STRINGS = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
 ANY = {"type": "array", "uniqueItems": True}
+NAMED = {"type": "array", "uniqueItems": True, "items": {"type": "object", "additionalProperties": False, "required": ["id", "name"],
+                                                         "properties": {"id": {"type": "number"}, "name": {"type": "string"}}}}
 cases = [
     (STRINGS, ['["ab', 'c", "a', 'b"', ', "ab']),
     (STRINGS, ['["tag', '", "tag ', 'x", ', '"t']),
@@ -195,6 +197,11 @@ cases = [
     (ANY, ['[{"a": "x"}', ', {"a": "', 'x']),
     (ANY, ['[[1, 2]', ', [1', ', 2']),
     (ANY, ['["a"', ', {"k": {"q": [', '1, {"z": null}', '], "r": "s"']),  # deep inside an item
+    # a member's value in an object item: the values after which closing it would repeat one
+    (NAMED, ['[{"id": 1, "name": "xy"}', ', {"id": 1, "name": "x', 'y']),
+    (NAMED, ['[{"id": 1, "name": "xy"}, {"id": 1.0, "name":', ' ']),   # 1.0 keys as 1
+    (NAMED, ['[{"id": 1, "name": "a\\"b"}', ', {"id": 1, "name": "a']),  # a used value with an escape
+    ({"type": "array", "uniqueItems": True, "items": {"type": "object"}}, ['[{"a": "x"}', ', {"b": 2, "a": "', 'x']),
     ({"type": "array", "uniqueItems": True, "items": {"type": "string", "enum": [f"a{i}" for i in range(12)]}},
      ['["a1"', ', "a11"', ', "a1']),                     # a finite domain
     ({"type": "array", "uniqueItems": True, "items": {"enum": [1, 2, True, "x"]}}, ['[1', ', true', ', ']),
