@@ -153,6 +153,23 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def head_commit() -> str:
+    """This tree's commit, with "+dirty" where files differ from it (what the figures are of)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "fd_guided", "tools", "setup.py")
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
+
+
+def load_average() -> str:
+    """/proc/loadavg's first three fields (the machine is shared: the figures' context)."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("guard", "kernels", "both"), default="both")
@@ -165,11 +182,13 @@ def main() -> None:
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
     report: dict = {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu_count": os.cpu_count(),
-                    "date": time.strftime("%Y-%m-%d %H:%M")}
+                    "date": time.strftime("%Y-%m-%d %H:%M"), "commit": head_commit(),
+                    "loadavg_before": load_average()}
     if args.part in ("guard", "both"):
         report["guard"] = guard_part(args.batch, max(1, args.repeats // 3), args.before_tree)
     if args.part in ("kernels", "both"):
         report["kernels"] = kernels_part(args.before, args.repeats)
+    report["loadavg_after"] = load_average()
     if args.merge:
         kept = json.loads(args.merge.read_text())
         report = {**{key: kept[key] for key in ("guard", "kernels") if key in kept and key not in report}, **report}
