@@ -15,12 +15,14 @@ CPU_MASK_EXTENSION = Extension(
     extra_compile_args=["-O3", "-std=c11"],
     optional=True,
 )
-# The uniqueItems guard's per-row candidate loop (fd_guided.unique.native; a Python reference
-# runs without it).
+# The uniqueItems guard's decisions per row (fd_guided.unique.native: the tracker's byte machine
+# from a plan made per accepted token, canonical item keys, the token tables; the Python tracker
+# is the reference and serves without it).
 UNIQUE_GUARD_EXTENSION = Extension(
     "fd_guided.unique._native",
-    sources=["fd_guided/unique/_native.c"],
-    extra_compile_args=["-O2", "-std=c11"],
+    sources=[f"fd_guided/unique/{name}.c" for name in ("_native", "text", "canon", "used", "vocab", "machine", "rows")],
+    depends=["fd_guided/unique/native.h"],
+    extra_compile_args=["-O3", "-std=c11"],
     optional=True,
 )
 

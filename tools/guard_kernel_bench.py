@@ -1,13 +1,12 @@
 """The uniqueItems guard's cost and the CPU mask kernel, before and after, side by side in one run.
 
     OMP_WAIT_POLICY=PASSIVE python tools/guard_kernel_bench.py [--part guard|kernels|both]
-        [--before REV] [--repeats 9] [--json docs/bench_guard_kernels.json] [--plot docs/img/guard_kernels.png]
+        [--before REV] [--before-tree DIR] [--repeats 9] [--json docs/bench_guard_kernels.json]
+        [--plot docs/img/guard_kernels.png]
 
-guard: one JSON output (an array of 12 similar strings, each sharing a long prefix with the earlier
-ones: the guard's worst realistic case) walked token by token by `--batch` requests in lockstep on
-each engine; per step one batched `fill_bitmasks` is timed, unguarded (the schema without
-``uniqueItems``), guarded with the Python reference alone (`native.ENABLED = False`: before) and
-guarded with the C loop (after); and per accepted token `accept_token`, guarded vs unguarded.
+guard: tools/unique_guard_bench.py (three outputs walked by `--batch` requests in lockstep, one
+batched fill timed per step: unguarded, before (`--before-tree`, a built worktree of the revision
+to compare with, in a worker process), the Python reference alone, after; and `accept_token`).
 
 kernels: 129,280-token rows, batch 8/32/128, `half_sparse` (even rows allow 1-200 tokens, odd rows
 ~95%) and `json_trace` (real xgrammar masks of a JSON document); before each timed call a Paddle
@@ -40,60 +39,12 @@ VOCAB = 129_280
 
 # ----- guard -------------------------------------------------------------------------------------
 
-def guard_part(batch: int, repeats: int, items: int = 12) -> list[dict]:
+def guard_part(batch: int, repeats: int, before_tree: Path | None) -> list[dict]:
+    """The guard's scenarios, before and after (tools/unique_guard_bench.py)."""
     sys.path.insert(0, str(REPO / "tools"))
-    from unique_guard_cost import schema
+    from unique_guard_bench import guard_rows
 
-    from fd_guided import GuidedConfig, parse_guided_request
-    from fd_guided.registry import get_backend_class
-    from fd_guided.tokenizer import load_tokenizer
-    from fd_guided.unique import native
-
-    tokenizer = load_tokenizer("deepseek")
-    values = [f"tag number {i} of the list" for i in range(items)]
-    ids = tokenizer.encode('{"tags": [' + ", ".join(json.dumps(v) for v in values) + "]}")
-    out = []
-    for name in ("xgrammar", "llguidance"):
-        backend = get_backend_class(name)(tokenizer, vocab_size=tokenizer.padded_vocab_size, config=GuidedConfig(backend=name))
-        specs = {"unguarded": parse_guided_request({"guided_json": schema(False)}),
-                 "guarded": parse_guided_request({"guided_json": schema(True)})}
-        compiled = {label: backend.compile(spec) for label, spec in specs.items()}
-        fills: dict[str, list[float]] = {"unguarded": [], "guarded_python": [], "guarded_native": []}
-        accepts: dict[str, list[float]] = {"unguarded": [], "guarded": []}
-        for _ in range(repeats):  # the three interleaved, so drifting load hits each alike
-            for label in fills:
-                native.ENABLED = label != "guarded_python" and native.AVAILABLE
-                spec_label = "unguarded" if label == "unguarded" else "guarded"
-                walk(backend, compiled[spec_label], ids, batch, fills[label],
-                     accepts[spec_label] if label != "guarded_python" else None)
-        native.ENABLED = native.AVAILABLE
-        backend.close()
-        row = {"engine": name, "batch": batch, "steps": len(ids),
-               "fill_ms_median": {k: statistics.median(v) * 1e3 for k, v in fills.items()},
-               "fill_ms_mean": {k: statistics.fmean(v) * 1e3 for k, v in fills.items()},
-               "accept_us_per_token_median": {k: statistics.median(v) * 1e6 for k, v in accepts.items()}}
-        mean = row["fill_ms_mean"]
-        row["guarded_over_unguarded"] = {"python": mean["guarded_python"] / mean["unguarded"],
-                                         "native": mean["guarded_native"] / mean["unguarded"]}
-        out.append(row)
-        print(json.dumps(row), flush=True)
-    return out
-
-
-def walk(backend, compiled, ids, batch, fill_times, accept_times) -> None:
-    grammars = [backend.new_grammar(compiled) for _ in range(batch)]
-    bitmask = torch.zeros((batch, (backend.vocab_size + 31) // 32), dtype=torch.int32)
-    rows = list(range(batch))
-    for token in ids:
-        started = time.perf_counter()
-        backend.fill_bitmasks(grammars, bitmask, rows)
-        fill_times.append(time.perf_counter() - started)
-        for grammar in grammars:
-            started = time.perf_counter()
-            ok = grammar.accept_token(token)
-            if accept_times is not None:
-                accept_times.append(time.perf_counter() - started)
-            assert ok
+    return guard_rows(batch, repeats, before_tree=before_tree)
 
 
 # ----- kernels -----------------------------------------------------------------------------------
@@ -178,11 +129,11 @@ def plot(report: dict, path: Path) -> None:
     for ax, key in zip(axes[0], panels):
         rows = report[key]
         if key == "guard":
-            series = [("unguarded", "unguarded"), ("guarded_python", "guarded, Python (before)"), ("guarded_native", "guarded, C loop (after)")]
-            labels = [f"{r['engine']}\nbatch {r['batch']}" for r in rows]
-            values = lambda r, s: r["fill_ms_median"][s]  # noqa: E731
-            ax.set_ylabel("batched fill per step, median ms (log)")
-            ax.set_yscale("log")
+            sys.path.insert(0, str(REPO / "tools"))
+            from unique_guard_bench import plot_panel
+
+            plot_panel(ax, rows)
+            continue
         else:
             series = [("ours_before", "ours before"), ("ours_no_stream", "ours, no streaming"), ("ours_1_thread", "ours, 1 thread"),
                       ("ours_2_threads", "ours, 2 threads"),
@@ -202,22 +153,42 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def head_commit() -> str:
+    """This tree's commit, with "+dirty" where files differ from it (what the figures are of)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "fd_guided", "tools", "setup.py")
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
+
+
+def load_average() -> str:
+    """/proc/loadavg's first three fields (the machine is shared: the figures' context)."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("guard", "kernels", "both"), default="both")
     parser.add_argument("--merge", type=Path, help="keep the other part's results from this JSON report")
     parser.add_argument("--before", default="77baba3", help="git revision whose CPU kernel is 'before'")
+    parser.add_argument("--before-tree", type=Path, help="a built worktree whose uniqueItems guard is 'before'")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
     report: dict = {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu_count": os.cpu_count(),
-                    "date": time.strftime("%Y-%m-%d %H:%M")}
+                    "date": time.strftime("%Y-%m-%d %H:%M"), "commit": head_commit(),
+                    "loadavg_before": load_average()}
     if args.part in ("guard", "both"):
-        report["guard"] = guard_part(args.batch, max(1, args.repeats // 3))
+        report["guard"] = guard_part(args.batch, max(1, args.repeats // 3), args.before_tree)
     if args.part in ("kernels", "both"):
         report["kernels"] = kernels_part(args.before, args.repeats)
+    report["loadavg_after"] = load_average()
     if args.merge:
         kept = json.loads(args.merge.read_text())
         report = {**{key: kept[key] for key in ("guard", "kernels") if key in kept and key not in report}, **report}

@@ -61,7 +61,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import struct
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -72,8 +71,7 @@ from ..interface import Grammar
 from ..kernels import allocate_pinned_bitmask
 from ..schema.unique_paths import UniquePaths
 from . import native
-from .native import MODE_CLASS
-from .tracker import AFTER_QUOTE, CLASS_BYTES, CLOSE, LITERAL_START, QUOTE, JsonTracker
+from .tracker import AFTER_QUOTE, CLASS_BYTES, LITERAL_START, QUOTE, JsonTracker
 
 
 def needs_guard(spec) -> bool:
@@ -112,9 +110,7 @@ class TokenClasses:
             [i for i, text in enumerate(texts) if text.lstrip(b" \t\n\r").startswith(b",")], dtype=np.int64
         )
         self._ids: dict[int, np.ndarray] = {}
-        self._table: native.TokenTable | None = None
-        self._pointers: dict[int, bytes] = {}
-        self._packed: dict[int, tuple[np.ndarray, ...]] = {}  # held while `_pointers` points into them
+        self._vocab: Any = None
 
     def ids_of(self, texts: Sequence[bytes]) -> np.ndarray:
         """The ids of the tokens spelled exactly as one of `texts`."""
@@ -126,32 +122,15 @@ class TokenClasses:
                 self._by_text.setdefault(text, []).append(token)
         return np.array(sorted({token for text in texts for token in self._by_text.get(text, ())}), dtype=np.int64)
 
-    def native_table(self) -> native.TokenTable:
-        """The token bytes as the C loop reads them (built once, ~30 ms)."""
-        if self._table is None:
-            self._table = native.TokenTable(self._texts, self.flags)
-        return self._table
+    def native_vocab(self) -> Any:
+        """The tokens as the C guard reads them (`native.vocab`: built once, ~20 ms)."""
+        if self._vocab is None:
+            self._vocab = native.vocab(self._texts, self.flags)
+        return self._vocab
 
     @property
     def size(self) -> int:
         return len(self._texts)
-
-    def id_pointer(self, classes: int) -> bytes:
-        """`ids(classes)` for the C loop: six packed int64, the ids' address and count, `classes`,
-        and the addresses of their bytes joined, int64 offsets into those and uint8 flags, all in
-        the ids' order (walked in order: no cache miss per token). Cached with its arrays."""
-        pointer = self._pointers.get(classes)
-        if pointer is None:
-            ids = self.ids(classes)
-            texts = [self._texts[token] for token in ids.tolist()]
-            flat = np.frombuffer(b"".join(texts) or b"\0", dtype=np.uint8)
-            offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-            np.cumsum([len(text) for text in texts], out=offsets[1:])
-            flags = np.ascontiguousarray(self.flags[ids])
-            self._packed[classes] = (ids, flat, offsets, flags)
-            fields = (ids.ctypes.data, ids.size, classes, flat.ctypes.data, offsets.ctypes.data, flags.ctypes.data)
-            pointer = self._pointers[classes] = struct.pack("<6q", *fields)
-        return pointer
 
     def ids(self, classes: int) -> np.ndarray:
         if classes not in self._ids:
@@ -172,12 +151,8 @@ def token_classes(token_bytes: Sequence[bytes | None]) -> TokenClasses:
                 _classes_by_tokenizer.pop(next(iter(_classes_by_tokenizer)))
             classes = TokenClasses(token_bytes)
             if native.AVAILABLE:
-                # Made here, on the first guarded request's grammar, not in its first fill: the
-                # table and the structural class's packed list cost ~5-6 ms each, once.
-                classes.native_table()
-                for listed in (MODE_CLASS[native.MODE_NONE], MODE_CLASS[native.MODE_STRING], AFTER_QUOTE):
-                    classes.id_pointer(listed)  # the lists `native.candidates` hands the C loop
-                    classes.id_pointer(listed | CLOSE)
+                # Made here, on the first guarded request's grammar, not in its first fill or accept.
+                classes.native_vocab()
             entry = (token_bytes, classes)
             _classes_by_tokenizer[id(token_bytes)] = entry
         return entry[1]
@@ -258,32 +233,18 @@ class UniqueItemsGrammar(Grammar):
         """Clear the bits of allowed tokens that would finish a duplicate item."""
         restrict_rows((self,), bitmask, (row,))
 
-    def _native_plan(self, row: int) -> tuple | bool:
-        """The row's entry for the C loop when it decides this state (`native.row_plan`), True when
-        the Python reference must (`_restrict_words`), False outside every guarded array (nothing
-        to restrict). Read from the plan `accept_token` made (`_make_plan`), or made now where the
-        tracker moved since (`JsonTracker.fill_plan` is cleared whenever its state moves)."""
-        plan: Any = self.tracker.fill_plan
+    def _plan(self) -> Any:
+        """The fill plan of the tracker's state: made by `accept_token`, or now where the tracker
+        moved since (`JsonTracker.fill_plan` is cleared whenever its state moves)."""
+        plan = self.tracker.fill_plan
         if plan is None:
             plan = self.tracker.fill_plan = self._make_plan()
-        if plan.__class__ is tuple:
-            return (row,) + plan if native.ENABLED else True
-        return bool(plan)
+        return plan
 
-    def _make_plan(self) -> tuple | bool:
-        """False outside every guarded array; else the C loop's plan for this state (`row_plan`
-        and the candidate lists), or True when it does not take the state. Candidates beside
-        the classes (`counted_candidates`) never finish an item in the states it takes: a
-        language that never runs out keeps every item live."""
-        tracker = self.tracker
-        if not tracker.guarded():
-            return False
-        if not native.AVAILABLE:
-            return True
-        plan = native.row_plan(tracker)
-        if plan is None:
-            return True
-        return plan + native.candidates(self.classes, tracker.mode, not plan[3])
+    def _make_plan(self) -> Any:
+        """False outside every guarded array; a `native` plan where the C side decides the row;
+        True where the Python reference does (`_restrict_words`)."""
+        return native.make_plan(self.tracker, self.classes.native_vocab)
 
     def _restrict_words(self, words: np.ndarray) -> None:
         """The Python reference: every candidate through `JsonTracker.finishes_duplicate`."""
@@ -360,31 +321,43 @@ def unguarded(grammar: Grammar) -> Grammar:
 
 def restrict_rows(grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> None:
     """After a batched native fill: apply the guards of the guarded grammars among `grammars`.
-    Rows in the state the C loop takes (`native`) go through it together, the GIL released; the
-    rest, and the candidates it leaves undecided, through the Python tracker. Per row this reads
-    the plan `accept_token` made: a few hundred nanoseconds of Python."""
-    words = None
-    classes: TokenClasses | None = None  # the C loop's rows share one token table
-    batch, entries = [], []
-    for grammar, row in zip(grammars, rows):
-        if grammar.__class__ is not UniqueItemsGrammar:
-            continue
-        entry = grammar._native_plan(row)
-        if entry is False:
-            continue  # outside every guarded array
-        if words is None:
-            words = host_words(bitmask).view(np.uint32)
-        if entry is not True and (
-            grammar.classes is classes or (classes is None and words.shape[1] * 32 >= grammar.classes.size)
-        ):
-            classes = grammar.classes
-            batch.append(grammar)
-            entries.append(entry)
+    Every row planned for the C side (`native.make_plan`, at the token that led to it) is decided
+    there in one call, the GIL released, with no Python per row; Python finishes the rest: rows
+    whose plan is yet to be made (a rollback), rows the C side does not take, and the tokens it
+    leaves undecided."""
+    if not native.ENABLED:
+        words = None
+        for grammar, row in zip(grammars, rows):
+            if grammar.__class__ is UniqueItemsGrammar and grammar._plan() is not False:
+                words = host_words(bitmask).view(np.uint32) if words is None else words
+                grammar._restrict_words(words[row])
+        return
+    left = native.restrict(_words_of, bitmask, grammars, rows, UniqueItemsGrammar)
+    if not left:
+        return
+    words = _words_of(bitmask)
+    again: list[int] = []
+    for index, undecided in left:
+        grammar = grammars[index]
+        assert isinstance(grammar, UniqueItemsGrammar)  # `native.restrict` hands back guards only
+        if undecided is not None:
+            grammar._decide(words[rows[index]], undecided, grammar.tracker.in_finite_domain())
+        elif grammar.tracker.fill_plan is None and native.is_plan(grammar._plan()):
+            again.append(index)  # planned just now (the tracker moved since its token): to C with the others
         else:
-            grammar._restrict_words(words[row])
-    if batch:
-        assert classes is not None and words is not None  # both set when the first row joined `batch`
-        table = classes.native_table()
-        for grammar, entry, undecided in zip(batch, entries, native.restrict(table, words, entries)):
-            if undecided:
-                grammar._decide(words[entry[0]], undecided, False)
+            grammar._restrict_words(words[rows[index]])
+    if again:
+        for index, undecided in native.restrict(
+            _words_of, bitmask, [grammars[i] for i in again], [rows[i] for i in again], UniqueItemsGrammar
+        ):
+            grammar = grammars[again[index]]
+            assert isinstance(grammar, UniqueItemsGrammar)
+            row_words = words[rows[again[index]]]
+            if undecided is None:
+                grammar._restrict_words(row_words)
+            else:
+                grammar._decide(row_words, undecided, grammar.tracker.in_finite_domain())
+
+
+def _words_of(bitmask) -> np.ndarray:
+    return host_words(bitmask).view(np.uint32)

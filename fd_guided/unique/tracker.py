@@ -18,7 +18,7 @@ from ..schema.leaves import json_key
 from ..schema.unique_paths import NodeSet, UniquePaths
 from .items import ZERO as _ZERO
 from .items import Unique as _Unique
-from .items import item_keys
+from .items import item_keys, never_runs_out
 from .items import sorted_texts as _sorted
 
 _WS = b" \t\n\r"
@@ -62,6 +62,8 @@ class JsonTracker:
         # The guard's plan for filling a row in this state (`UniqueItemsGrammar._make_plan`), kept
         # here so that every move of the state (`push`, `restore`) clears it: None until made.
         self.fill_plan: object = None
+        self._child_guarded: dict[tuple, tuple] = {}  # (id(nodes), step) -> (nodes, guarded)
+        self.plan_frames: list | None = None  # `native.make_plan`'s reading of `stack` (kept while it is)
 
     # ----- snapshots --------------------------------------------------------------------------
 
@@ -124,7 +126,7 @@ class JsonTracker:
         that keep the item a prefix of some used string (only those can lead it where every string
         left is used); the guard tries these besides the tokens that finish an item."""
         unique = self._top_unique()
-        if unique is not None and unique.integers and _ZERO in unique.judged:
+        if unique is not None and unique.integers and unique.holds(_ZERO):
             # a 0 (or -0) item repeats once begun: the tokens that begin one are tried
             if self.mode == _NONE and self.stack[-1][3] == "value":
                 return [space + zero for space in (b"", b" ", b"\n", b"  ") for zero in (b"0", b"-0")]
@@ -199,12 +201,31 @@ class JsonTracker:
                     return False  # the string goes on
                 if b"\\" not in data[:quote]:
                     return written + data[:quote] in unique.strings
-        state = self.snapshot()
+        state, plan = self.snapshot(), self.fill_plan
         duplicate = not self.feed(data)
         closing = self.closing and not duplicate
         self.restore(state)
-        self.closing = closing
+        self.closing, self.fill_plan = closing, plan  # the same state: its plan holds
         return duplicate
+
+    def next_array_guarded(self) -> int:
+        """0 when an array opened as the next value of the top frame (for an array in its comma
+        phase: after the comma) is surely not guarded; 1 when it may be, or the top frame's next
+        key is not known yet. For the C side (`native.make_plan`); cached per node set and step."""
+        top = self.stack[-1] if self.stack else None
+        if top is None:
+            return 1
+        if top[0] == "a":
+            step = top[2] + (top[3] == "comma")
+        elif top[3] in ("colon", "value") and top[2] is not None:
+            step = top[2]
+        else:
+            return 1
+        key = (id(top[1]), step)
+        known = self._child_guarded.get(key)
+        if known is None:
+            known = self._child_guarded[key] = (top[1], int(self.paths.unique(self.paths.child(top[1], step))))
+        return known[1]
 
     # ----- the byte machine -------------------------------------------------------------------
 
@@ -235,8 +256,12 @@ class JsonTracker:
         unique = self._top_unique()
         if unique is None or unique.start < 0 or self.mode == _NONE:
             return True
-        if unique.unused is None and unique.language is None and not (unique.integers and self.mode == _NUMBER):
-            return True
+        if (
+            unique.unused is None
+            and (unique.language is None or never_runs_out(unique.language))
+            and not (unique.integers and self.mode == _NUMBER)
+        ):
+            return True  # (`Unique.live` is then true: no copy of the item's bytes)
         return unique.live(bytes(self.buffer[unique.start :]))
 
     def _byte(self, byte: int) -> None:
@@ -288,7 +313,7 @@ class JsonTracker:
             self._value_start(at)
             self.mode, self.start = _LITERAL, at
             unique = self._top_unique()
-            if unique is not None and _LITERAL_KEY[byte] in unique.judged:
+            if unique is not None and unique.holds(_LITERAL_KEY[byte]):
                 self.duplicate = True
         elif byte == ord("{") or byte == ord("["):
             self._value_start(at)
@@ -343,11 +368,12 @@ class JsonTracker:
             return
         unique = frame[4]
         if unique is not None and unique.start >= 0:
-            judged, exact = item_keys(bytes(self.buffer[unique.start : end]))
-            if judged in unique.judged or exact in unique.exact:
+            text = bytes(self.buffer[unique.start : end])
+            judged, exact = item_keys(text)
+            if unique.holds(judged, exact):
                 self.duplicate = True
                 return
-            unique = unique.adding(judged, exact)
+            unique = unique.adding(judged, exact, text)
         self.stack = self.stack[:-1] + (("a", frame[1], frame[2], "comma", unique),)
 
     def _closing_repeats(self, end: int) -> bool:
@@ -358,8 +384,7 @@ class JsonTracker:
         unique = _unique_of(self.stack[-2])
         if unique is None or unique.start < 0 or self.buffer[unique.start] != ord("{"):
             return False
-        judged, exact = item_keys(bytes(self.buffer[unique.start : end]) + b"}")
-        return judged in unique.judged or exact in unique.exact
+        return unique.holds(*item_keys(bytes(self.buffer[unique.start : end]) + b"}"))
 
     def _key_end(self, end: int) -> None:
         frame = self.stack[-1]
@@ -389,5 +414,6 @@ def _unique_of(frame: tuple) -> _Unique | None:
 def _string_run_end(data: bytes, at: int) -> int:
     """The index of the first quote or backslash in `data` from `at` (its length if none)."""
     quote, backslash = data.find(b'"', at), data.find(b"\\", at)
-    ends = [i for i in (quote, backslash) if i >= 0]
-    return min(ends) if ends else len(data)
+    if quote < 0:
+        return len(data) if backslash < 0 else backslash
+    return quote if backslash < 0 or quote < backslash else backslash
