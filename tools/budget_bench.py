@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "budget")]
+# This checkout's fd_guided first (the venv's editable install points at the main checkout).
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "budget")]
 
 import torch  # noqa: E402
 from adversary import pick  # noqa: E402
