@@ -60,10 +60,6 @@ WINDOW = 16  # tokens before the closing zone from which the plan is followed st
 # search runs in the background on a matcher of its own and the request is steered from the
 # step it is done. Tighter budgets search at once (they may be in the closing zone already).
 DEFER_START_ABOVE = 128
-# Engines whose matcher accepts a token exactly when its filled row allows it, so a closing row may
-# be written from its candidates (closing.py). Not llguidance: its fill allows only the canonical
-# token of forced bytes, its validate_tokens any token spelling them (tests/budget/test_budget_closing.py).
-CANDIDATE_ENGINES = frozenset({"xgrammar"})
 
 
 @dataclass
@@ -77,7 +73,6 @@ class _Slot:
     overrun: bool = False
     gave_up: bool = False
     deferred: bool = False  # its first look waits for a background start-plan search
-    by_candidates: bool | None = None  # its engine's closing rows may be written from candidates
 
 
 @dataclass
@@ -140,10 +135,6 @@ class BudgetSteering(StartPlanning):
         left = self._left(budget, state)
         if left > budget.plan.need + self.headroom + self.window:
             return None  # far from the budget
-        if budget.by_candidates is None:
-            budget.by_candidates = engine_of(state) in CANDIDATE_ENGINES
-        if not budget.by_candidates:
-            return None
         self._follow(state.grammar, state.history, budget)
         plan = budget.plan
         if plan is None or not 0 <= left - plan.need <= self.headroom:
