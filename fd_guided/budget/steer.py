@@ -73,6 +73,10 @@ class _Slot:
     overrun: bool = False
     gave_up: bool = False
     deferred: bool = False  # its first look waits for a background start-plan search
+    # Tokens generated (reasoning included) below which the row is far from its budget with its
+    # plan as it stands: set where `_row` finds it far, cleared whenever the plan is followed
+    # (the plan does not change while far), so a far row costs a comparison per step.
+    far_until: int = 0
 
 
 @dataclass
@@ -128,11 +132,16 @@ class BudgetSteering(StartPlanning):
         its closing zone (written from them on the fill thread, `closing.write_closing_row`, no
         full fill), else None (filled as usual). Follows the plan up to the accepted tokens first."""
         budget = self._slots.get(slot) if slot is not None else None
-        if budget is None or budget.plan is None or budget.gave_up or not budget.started or not self.closing_rows:
+        if budget is None:
+            return None
+        generated = self._generated(state)
+        if generated < budget.far_until:
+            return None  # far from the budget (found so at an earlier step, the plan unchanged)
+        if budget.plan is None or budget.gave_up or not budget.started or not self.closing_rows:
             return None
         if self.slack_tokens or entry.tree.num_nodes != 1 or state.in_reasoning or state.grammar is None:
             return None
-        left = self._left(budget, state)
+        left = budget.max_tokens - generated
         if left > budget.plan.need + self.headroom + self.window:
             return None  # far from the budget
         self._follow(state.grammar, state.history, budget)
@@ -160,9 +169,9 @@ class BudgetSteering(StartPlanning):
         if not self._slots:
             return
         step = StepRows(fail, words, masked, stop_rows, stop_ids)
-        closed = 0
+        slots, closed = self._slots, 0
         for entry in entries:
-            budget = self._slots.get(entry.slot) if entry.slot is not None else None
+            budget = slots.get(entry.slot)  # None: no budget (or no request)
             if budget is None or budget.gave_up or entry.plans is None:
                 continue
             if entry.fill is not None and entry.fill.closed:  # written from its candidates (prepare)
@@ -174,10 +183,13 @@ class BudgetSteering(StartPlanning):
             state = get_state(entry.slot)
             if state is None or state.finish is not None or state.grammar is None:
                 continue
-            left = self._left(budget, state)
+            generated = self._generated(state)
+            left = budget.max_tokens - generated
             if state.in_reasoning:
                 self._reasoning(budget, state, left)
                 continue
+            if generated < budget.far_until and entry.tree.num_nodes == 1:
+                continue  # far from the budget (found so at an earlier step, the plan unchanged)
             if entry.first_row in masked:
                 self._row(step, entry, state, budget, left)
         if closed:
@@ -194,6 +206,7 @@ class BudgetSteering(StartPlanning):
         if plan is None:
             return
         if left > plan.need + self.headroom + self.window and entry.tree.num_nodes <= left - plan.need - self.headroom:
+            budget.far_until = budget.max_tokens - plan.need - self.headroom - self.window
             return  # far from the budget: nothing to do
         self._follow(state.grammar, state.history, budget)
         plan = budget.plan
@@ -258,6 +271,7 @@ class BudgetSteering(StartPlanning):
     def _follow(self, grammar: Grammar, history: Sequence[int], budget: _Slot) -> None:
         """Bring the plan up to the tokens the grammar accepted since the last look."""
         plan, table = budget.plan, self.table
+        budget.far_until = 0  # the plan may change here
         if plan is None:
             return
         if len(history) == budget.seen and not budget.stale:
@@ -350,10 +364,10 @@ class BudgetSteering(StartPlanning):
     # ----- helpers -------------------------------------------------------------------------------
 
     @staticmethod
-    def _left(budget: _Slot, state) -> int:
-        """The tokens `state`'s request may still generate (reasoning included)."""
+    def _generated(state) -> int:
+        """The tokens `state`'s request generated (reasoning included)."""
         reasoning = state.reasoning
-        return budget.max_tokens - len(state.history) - (reasoning.spent if reasoning is not None else 0)
+        return len(state.history) + (reasoning.spent if reasoning is not None else 0)
 
     @property
     def table(self) -> TokenTable:
