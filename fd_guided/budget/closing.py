@@ -37,8 +37,11 @@ def write_closing_row(grammar: Grammar, candidates: Sequence[int], words: np.nda
     keep = [token for token in candidates if (token >> 5) < size and grammar.validate_tokens((token,)) == 1]
     if not keep:
         return False
+    bits: dict[int, int] = {}  # word -> its bits, in Python ints (no numpy scalar per token)
+    for token in keep:
+        bits[token >> 5] = bits.get(token >> 5, 0) | 1 << (token & 31)
     row = words.view(np.uint32)
     row.fill(0)
-    for token in keep:
-        row[token >> 5] |= np.uint32(1 << (token & 31))
+    for word, value in bits.items():
+        row[word] = value
     return True

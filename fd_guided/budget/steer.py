@@ -137,12 +137,13 @@ class BudgetSteering(StartPlanning):
         generated = self._generated(state)
         if generated < budget.far_until:
             return None  # far from the budget (found so at an earlier step, the plan unchanged)
-        if budget.plan is None or budget.gave_up or not budget.started or not self.closing_rows:
+        plan = budget.plan
+        if plan is None or budget.gave_up or not budget.started or not self.closing_rows or self.slack_tokens:
             return None
-        if self.slack_tokens or entry.tree.num_nodes != 1 or state.in_reasoning or state.grammar is None:
+        if entry.tree.num_nodes != 1 or state.in_reasoning or state.grammar is None:
             return None
         left = budget.max_tokens - generated
-        if left > budget.plan.need + self.headroom + self.window:
+        if left > plan.need + self.headroom + self.window:
             return None  # far from the budget
         self._follow(state.grammar, state.history, budget)
         plan = budget.plan
@@ -274,12 +275,18 @@ class BudgetSteering(StartPlanning):
         budget.far_until = 0  # the plan may change here
         if plan is None:
             return
-        if len(history) == budget.seen and not budget.stale:
+        seen = budget.seen
+        if len(history) == seen and not budget.stale:
             return
-        if len(history) < budget.seen:  # jump-forward re-encoded a boundary
+        if len(history) < seen:  # jump-forward re-encoded a boundary
             budget.stale = True
         else:
-            new = b"".join(table.bytes_of[t] or b"" for t in history[budget.seen :])
+            # one token since the last look, as a plain decode step has it; else every one
+            new = (
+                table.bytes_of[history[seen]]
+                if len(history) == seen + 1
+                else b"".join([table.bytes_of[t] for t in history[seen:]])
+            )
             if new and not budget.stale and plan.text.startswith(new, plan.position):
                 plan.position += len(new)
             elif new:
@@ -333,7 +340,7 @@ class BudgetSteering(StartPlanning):
     def _allowed(self, plan: Plan, left: int, stop_ids) -> list[int]:
         """A closing row's tokens: those spelling the plan's next bytes that leave a completion
         within `left` (the token, what its rest then needs, the stop token), then the stop tokens."""
-        allowed = [token for token, after in plan.spellings(self.table) if 1 + after + 1 <= left]
+        allowed = [token for token, after in plan.spellings(self.table) if after + 2 <= left]
         allowed.extend(stop_ids)
         return allowed
 
