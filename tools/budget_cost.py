@@ -5,8 +5,8 @@
 "Guided step time at batch 32 with every row in its closing phase stays within 1.10x of guided rows
 that are not; rows far from their budget pay nothing measurable." Measured so that only the
 budget differs: four `GuidedDecodingManager`s (one compile service and backend shared) hold 32
-requests each and walk the same token sequences in lockstep, one step of each in turn (the order
-rotates every step), the same requests ending and being replaced at the same steps:
+requests each and walk the same token sequences in lockstep, one step of each in turn (in a seeded
+random order every step), the same requests ending and being replaced at the same steps:
 
   closing  ``max_tokens`` = the schema's shortest document + the headroom: every row is in its
            closing phase at every step (steering keeps it so: left - need never grows)
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -173,15 +174,18 @@ def measure(backend_name: str, steps: int, batch: int = 32, warm: int = 20) -> d
     for mode in MODES:  # one cache of start plans: the far walker's first looks search nothing
         managers[mode].budget.start_plans = recorder.budget.start_plans
     managers["filled"].budget.closing_rows = False
-    walks = []
-    for schema in SCHEMAS.values():
+    walks, skipped = [], {}
+    for name, schema in SCHEMAS.items():
         spec = parse_guided_request({"guided_json": schema}, config)
         need = start_need(recorder, spec, vocab)
-        if need is None:
-            continue  # no plan found (the search gave up): not steered, nothing to measure
+        if need is None:  # not steered, nothing to measure
+            skipped[name] = "no start plan (the search gave up, or the compile failed)"
+            continue
         tokens = record(recorder, tokenizer, vocab, spec, need + HEADROOM)
-        if tokens is not None:
-            walks.append((spec, tokens, need + HEADROOM))
+        if tokens is None:
+            skipped[name] = "the adversary's walk did not end stop"
+            continue
+        walks.append((spec, tokens, need + HEADROOM))
     budget_of = {"closing": lambda b: b, "filled": lambda b: b, "far": lambda b: FAR, "none": lambda b: None}
     walkers = {mode: Walker(managers[mode], walks, budget_of[mode], batch, vocab) for mode in MODES}
     steer_time = dict.fromkeys(MODES, 0.0)
@@ -198,11 +202,12 @@ def measure(backend_name: str, steps: int, batch: int = 32, warm: int = 20) -> d
             setattr(managers[mode].budget, hook, timed)
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
     forced_before = managers["closing"].metrics.value("budget_forced_tokens_total")
+    rng = random.Random(0)
     for step in range(warm + steps):
         if step == warm:
             steer_time = dict.fromkeys(MODES, 0.0)
             forced_before = managers["closing"].metrics.value("budget_forced_tokens_total")
-        order = MODES[step % len(MODES) :] + MODES[: step % len(MODES)]
+        order = rng.sample(MODES, len(MODES))  # no mode always after the same one
         for mode in order:
             elapsed = walkers[mode].step()
             if step >= warm:
@@ -218,6 +223,7 @@ def measure(backend_name: str, steps: int, batch: int = 32, warm: int = 20) -> d
         "batch": batch,
         "steps": steps,
         "walks": len(walks),
+        "skipped": skipped,
         "walk_tokens": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
         "closing_rows_steered_share": forced / (steps * batch),
         "modes": {mode: summary(times[mode]) | {"steer_ms": 1e3 * steer_time[mode] / steps} for mode in MODES},
