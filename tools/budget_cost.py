@@ -4,9 +4,10 @@
 
 "Guided step time at batch 32 with every row in its closing phase stays within 1.10x of guided rows
 that are not; rows far from their budget pay nothing measurable." Measured so that only the
-budget differs: four `GuidedDecodingManager`s (one compile service and backend shared) hold 32
+budget differs: five `GuidedDecodingManager`s (one compile service and backend shared) hold 32
 requests each and walk the same token sequences in lockstep, one step of each in turn (in a seeded
-random order every step), the same requests ending and being replaced at the same steps:
+random order every step), the same requests ending and being replaced at the same steps; in five
+rounds, each manager runs each mode once (`measure`):
 
   closing  ``max_tokens`` = the schema's shortest document + the headroom: every row is in its
            closing phase at every step (steering keeps it so: left - need never grows)
@@ -14,6 +15,8 @@ random order every step), the same requests ending and being replaced at the sam
            before closing rows were written from their candidates: ``closing_rows = False``)
   far      ``max_tokens`` = 2**20: budgeted, far from it
   none     no ``max_tokens``: no budget at all
+  control  the same as none, on another manager: control / none is what two identical walks
+           differ by in the same run (the noise floor of every other ratio)
 
 Each sequence is recorded first: the schema (the 33 of tests/corpus.py, DeepSeek's vocabulary)
 decoded once by the adversary of tests/budget under the closing budget (so every token is one the
@@ -21,9 +24,10 @@ closing row allows; the grammar's own row allows it too, so the far and unbudget
 timed step checks that each row allows its token and that each request ends at its last one.
 Timed: begin_step + apply + accept (the fill thread's work shows in apply's join: no forward to
 overlap), the CPU kernel masking real 129,280-wide float32 logits (restored outside the timed part).
-Reported per backend and mode: median and mean step, and closing / far and far / none as the
-ratio of the medians, of the means and the median of the per-step ratios; and the steering's own
-time per step (`BudgetSteering.prepare` and `steer`, timed by wrappers that add ~1 us a call).
+Reported per backend and mode: median and mean step; closing / far, filled / far, far / none and
+control / none as the ratio of the medians, of the means and the median of the per-step ratios;
+the steering's own time per step (`BudgetSteering.prepare` and `steer`, timed by wrappers that add
+~1 us a call).
 """
 
 from __future__ import annotations
@@ -53,7 +57,14 @@ from fd_guided.registry import create_backend  # noqa: E402
 from fd_guided.tokenizer import load_tokenizer  # noqa: E402
 
 FAR = 1 << 20
-MODES = ("closing", "filled", "far", "none")
+MODES = ("closing", "filled", "far", "none", "control")
+BUDGETS = {
+    "closing": lambda b: b,
+    "filled": lambda b: b,
+    "far": lambda b: FAR,
+    "none": lambda b: None,
+    "control": lambda b: None,
+}
 
 
 def allowed(words: np.ndarray, token: int) -> bool:
@@ -97,15 +108,24 @@ class Walker:
     """One manager replaying the walks at full batch: slot s replays walk s, then walk s + n, ...
     (modulo the walks), a finished request replaced at once by the next."""
 
-    def __init__(self, manager, walks, budget_of, batch: int, vocab: int):
-        self.manager, self.walks, self.budget_of, self.batch = manager, walks, budget_of, batch
+    def __init__(self, manager, walks, batch: int, vocab: int):
+        self.manager, self.walks, self.batch = manager, walks, batch
         self.logits = torch.randn((batch, vocab), generator=torch.Generator().manual_seed(0))
         self.pristine = self.logits.clone()
-        self.walk = list(range(batch))
-        self.position = [0] * batch
-        for slot in range(batch):
+        self.budget_of = BUDGETS["none"]
+        self.walk: list[int] = []
+        self.position: list[int] = []
+
+    def start(self, mode: str) -> None:
+        """Release every request and start the walks again from the first, with `mode`'s budgets."""
+        for slot in range(len(self.walk)):
+            self.manager.release(slot)
+        self.budget_of = BUDGETS[mode]
+        self.manager.budget.closing_rows = mode != "filled"
+        self.walk, self.position = list(range(self.batch)), [0] * self.batch
+        for slot in range(self.batch):
             self._add(slot)
-        manager.wait_ready(list(range(batch)), 120)
+        self.manager.wait_ready(list(range(self.batch)), 120)
 
     def _add(self, slot: int) -> None:
         spec, tokens, budget = self.walks[self.walk[slot] % len(self.walks)]
@@ -158,7 +178,27 @@ def ratios(over: list[float], under: list[float]) -> dict:
     }
 
 
-def measure(backend_name: str, steps: int, batch: int = 32, warm: int = 20) -> dict:
+def record_walks(manager, tokenizer, vocab: int, config) -> tuple[list, dict]:
+    """(spec, tokens, closing budget) per corpus schema, and the schemas left out with why."""
+    walks, skipped = [], {}
+    for name, schema in SCHEMAS.items():
+        spec = parse_guided_request({"guided_json": schema}, config)
+        need = start_need(manager, spec, vocab)
+        if need is None:  # not steered, nothing to measure
+            skipped[name] = "no start plan (the search gave up, or the compile failed)"
+            continue
+        tokens = record(manager, tokenizer, vocab, spec, need + HEADROOM)
+        if tokens is None:
+            skipped[name] = "the adversary's walk did not end stop"
+            continue
+        walks.append((spec, tokens, need + HEADROOM))
+    return walks, skipped
+
+
+def measure(backend_name: str, steps: int, batch: int = 32, warm: int = 10) -> dict:
+    """`steps` timed steps per mode, in one round per mode: in round r the managers take the
+    modes shifted by r (each manager runs each mode once: four unbudgeted managers differed by
+    up to 13% in one run at load 8), every walk started afresh."""
     tokenizer = load_tokenizer("deepseek")
     vocab = tokenizer.padded_vocab_size or tokenizer.vocab_size
     # auto: xgrammar whenever it compiles (not the first engine ready), so every mode and the
@@ -166,70 +206,64 @@ def measure(backend_name: str, steps: int, batch: int = 32, warm: int = 20) -> d
     config = GuidedConfig(backend=backend_name, auto_first_ready=False)
     backend = create_backend(backend_name, tokenizer, vocab_size=vocab, config=config)
     compiler = CompileService(backend)
-    managers = {
-        mode: GuidedDecodingManager(backend, max_num_seqs=batch, compile_service=compiler, metrics=GuidedMetrics())
-        for mode in MODES
-    }
-    recorder = managers["closing"]
-    for mode in MODES:  # one cache of start plans: the far walker's first looks search nothing
-        managers[mode].budget.start_plans = recorder.budget.start_plans
-    managers["filled"].budget.closing_rows = False
-    walks, skipped = [], {}
-    for name, schema in SCHEMAS.items():
-        spec = parse_guided_request({"guided_json": schema}, config)
-        need = start_need(recorder, spec, vocab)
-        if need is None:  # not steered, nothing to measure
-            skipped[name] = "no start plan (the search gave up, or the compile failed)"
-            continue
-        tokens = record(recorder, tokenizer, vocab, spec, need + HEADROOM)
-        if tokens is None:
-            skipped[name] = "the adversary's walk did not end stop"
-            continue
-        walks.append((spec, tokens, need + HEADROOM))
-    budget_of = {"closing": lambda b: b, "filled": lambda b: b, "far": lambda b: FAR, "none": lambda b: None}
-    walkers = {mode: Walker(managers[mode], walks, budget_of[mode], batch, vocab) for mode in MODES}
-    steer_time = dict.fromkeys(MODES, 0.0)
-    for mode in MODES:  # the steering's own share: BudgetSteering.prepare (begin_step) and steer (apply)
+    managers = [
+        GuidedDecodingManager(backend, max_num_seqs=batch, compile_service=compiler, metrics=GuidedMetrics())
+        for _ in MODES
+    ]
+    for manager in managers:  # one cache of start plans: no walk's first looks search
+        manager.budget.start_plans = managers[0].budget.start_plans
+    walks, skipped = record_walks(managers[0], tokenizer, vocab, config)
+    walkers = [Walker(manager, walks, batch, vocab) for manager in managers]
+    mode_of = list(MODES)  # the mode each manager runs in the current round
+    steer_time, counting = dict.fromkeys(MODES, 0.0), [False]
+    for index, manager in enumerate(managers):  # the steering's own time: prepare (begin_step) and steer (apply)
         for hook in ("prepare", "steer"):
-            inner = getattr(managers[mode].budget, hook)
+            inner = getattr(manager.budget, hook)
 
-            def timed(*args, _inner=inner, _mode=mode, **kwargs):
+            def timed(*args, _inner=inner, _index=index, **kwargs):
                 started = time.perf_counter()
                 result = _inner(*args, **kwargs)
-                steer_time[_mode] += time.perf_counter() - started
+                if counting[0]:
+                    steer_time[mode_of[_index]] += time.perf_counter() - started
                 return result
 
-            setattr(managers[mode].budget, hook, timed)
+            setattr(manager.budget, hook, timed)
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    forced_before = managers["closing"].metrics.value("budget_forced_tokens_total")
     rng = random.Random(0)
-    for step in range(warm + steps):
-        if step == warm:
-            steer_time = dict.fromkeys(MODES, 0.0)
-            forced_before = managers["closing"].metrics.value("budget_forced_tokens_total")
-        order = rng.sample(MODES, len(MODES))  # no mode always after the same one
-        for mode in order:
-            elapsed = walkers[mode].step()
-            if step >= warm:
-                times[mode].append(elapsed)
-    forced = managers["closing"].metrics.value("budget_forced_tokens_total") - forced_before
-    for manager in managers.values():
+    per_round, forced = steps // len(MODES), 0
+    for shift in range(len(MODES)):
+        mode_of[:] = MODES[shift:] + MODES[:shift]
+        for walker, mode in zip(walkers, mode_of):
+            walker.start(mode)
+        closing = managers[mode_of.index("closing")]
+        for step in range(warm + per_round):
+            counting[0] = step >= warm
+            if step == warm:
+                forced_before = closing.metrics.value("budget_forced_tokens_total")
+            for index in rng.sample(range(len(MODES)), len(MODES)):  # no mode always after the same one
+                elapsed = walkers[index].step()
+                if counting[0]:
+                    times[mode_of[index]].append(elapsed)
+        forced += closing.metrics.value("budget_forced_tokens_total") - forced_before
+    for manager in managers:
         manager.close()
     compiler.close()
     backend.close()
     lengths = [len(tokens) for _, tokens, _ in walks]
+    timed = per_round * len(MODES)
     return {
         "backend": backend_name,
         "batch": batch,
-        "steps": steps,
+        "steps": timed,
         "walks": len(walks),
         "skipped": skipped,
         "walk_tokens": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
-        "closing_rows_steered_share": forced / (steps * batch),
-        "modes": {mode: summary(times[mode]) | {"steer_ms": 1e3 * steer_time[mode] / steps} for mode in MODES},
+        "closing_rows_steered_share": forced / (timed * batch),
+        "modes": {mode: summary(times[mode]) | {"steer_ms": 1e3 * steer_time[mode] / timed} for mode in MODES},
         "closing_over_far": ratios(times["closing"], times["far"]),
         "filled_over_far": ratios(times["filled"], times["far"]),
         "far_over_none": ratios(times["far"], times["none"]),
+        "control_over_none": ratios(times["control"], times["none"]),
     }
 
 
