@@ -106,6 +106,14 @@ class Grammar(abc.ABC):
         The state is unchanged."""
         return b""
 
+    def canonical_forced_token(self) -> int | None:
+        """The one token `fill_bitmask` allows here where this engine keeps forced bytes to their
+        canonical tokenization (llguidance: the first of its fast-forward tokens); None where
+        the filled row is exactly the tokens `validate_tokens` accepts (every other engine).
+        So a caller that needs only a few bits of the row (`fd_guided.budget.closing`) can ask
+        about those tokens and write the bits the fill would have. The state is unchanged."""
+        return None
+
 
 class GuidedBackend(abc.ABC):
     """An engine-level grammar backend: compile specs, create matchers, fill bitmask rows.

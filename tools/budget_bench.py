@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "budget")]
+# This checkout's fd_guided first (the venv's editable install points at the main checkout).
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "budget")]
 
 import torch  # noqa: E402
 from adversary import pick  # noqa: E402
@@ -277,6 +278,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--only", choices=("quality", "cost"))
+    parser.add_argument("--repeats", type=int, default=3, help="cost: interleaved off/on runs of 40 steps each")
     parser.add_argument("--model", default="small", choices=models.CHOICES, help="fd_guided/harness/bench/models.py")
     parser.add_argument("--schemas", nargs="+", choices=sorted(SCHEMAS), help="a subset of tests/corpus.py (quality)")
     args = parser.parse_args()
@@ -289,7 +291,7 @@ def main() -> None:
     report["backend"] = args.backend
     report["model"] = args.model
     if args.only in (None, "cost"):
-        report["cost"] = cost(args.model, args.backend)
+        report["cost"] = cost(args.model, args.backend, repeats=args.repeats)
         print(report["cost"], flush=True)
     if args.only in (None, "quality"):
         report["quality"] = quality(args.model, args.backend, args.seeds, args.schemas or list(SCHEMAS))

@@ -60,10 +60,6 @@ WINDOW = 16  # tokens before the closing zone from which the plan is followed st
 # search runs in the background on a matcher of its own and the request is steered from the
 # step it is done. Tighter budgets search at once (they may be in the closing zone already).
 DEFER_START_ABOVE = 128
-# Engines whose matcher accepts a token exactly when its filled row allows it, so a closing row may
-# be written from its candidates (closing.py). Not llguidance: its fill allows only the canonical
-# token of forced bytes, its validate_tokens any token spelling them (tests/budget/test_budget_closing.py).
-CANDIDATE_ENGINES = frozenset({"xgrammar"})
 
 
 @dataclass
@@ -77,7 +73,10 @@ class _Slot:
     overrun: bool = False
     gave_up: bool = False
     deferred: bool = False  # its first look waits for a background start-plan search
-    by_candidates: bool | None = None  # its engine's closing rows may be written from candidates
+    # Tokens generated (reasoning included) below which the row is far from its budget with its
+    # plan as it stands: set where `_row` finds it far, cleared whenever the plan is followed
+    # (the plan does not change while far), so a far row costs a comparison per step.
+    far_until: int = 0
 
 
 @dataclass
@@ -133,17 +132,19 @@ class BudgetSteering(StartPlanning):
         its closing zone (written from them on the fill thread, `closing.write_closing_row`, no
         full fill), else None (filled as usual). Follows the plan up to the accepted tokens first."""
         budget = self._slots.get(slot) if slot is not None else None
-        if budget is None or budget.plan is None or budget.gave_up or not budget.started or not self.closing_rows:
+        if budget is None:
             return None
-        if self.slack_tokens or entry.tree.num_nodes != 1 or state.in_reasoning or state.grammar is None:
+        generated = self._generated(state)
+        if generated < budget.far_until:
+            return None  # far from the budget (found so at an earlier step, the plan unchanged)
+        plan = budget.plan
+        if plan is None or budget.gave_up or not budget.started or not self.closing_rows or self.slack_tokens:
             return None
-        left = self._left(budget, state)
-        if left > budget.plan.need + self.headroom + self.window:
+        if entry.tree.num_nodes != 1 or state.in_reasoning or state.grammar is None:
+            return None
+        left = budget.max_tokens - generated
+        if left > plan.need + self.headroom + self.window:
             return None  # far from the budget
-        if budget.by_candidates is None:
-            budget.by_candidates = engine_of(state) in CANDIDATE_ENGINES
-        if not budget.by_candidates:
-            return None
         self._follow(state.grammar, state.history, budget)
         plan = budget.plan
         if plan is None or not 0 <= left - plan.need <= self.headroom:
@@ -169,9 +170,9 @@ class BudgetSteering(StartPlanning):
         if not self._slots:
             return
         step = StepRows(fail, words, masked, stop_rows, stop_ids)
-        closed = 0
+        slots, closed = self._slots, 0
         for entry in entries:
-            budget = self._slots.get(entry.slot) if entry.slot is not None else None
+            budget = slots.get(entry.slot)  # None: no budget (or no request)
             if budget is None or budget.gave_up or entry.plans is None:
                 continue
             if entry.fill is not None and entry.fill.closed:  # written from its candidates (prepare)
@@ -183,10 +184,13 @@ class BudgetSteering(StartPlanning):
             state = get_state(entry.slot)
             if state is None or state.finish is not None or state.grammar is None:
                 continue
-            left = self._left(budget, state)
+            generated = self._generated(state)
+            left = budget.max_tokens - generated
             if state.in_reasoning:
                 self._reasoning(budget, state, left)
                 continue
+            if generated < budget.far_until and entry.tree.num_nodes == 1:
+                continue  # far from the budget (found so at an earlier step, the plan unchanged)
             if entry.first_row in masked:
                 self._row(step, entry, state, budget, left)
         if closed:
@@ -203,6 +207,7 @@ class BudgetSteering(StartPlanning):
         if plan is None:
             return
         if left > plan.need + self.headroom + self.window and entry.tree.num_nodes <= left - plan.need - self.headroom:
+            budget.far_until = budget.max_tokens - plan.need - self.headroom - self.window
             return  # far from the budget: nothing to do
         self._follow(state.grammar, state.history, budget)
         plan = budget.plan
@@ -267,14 +272,21 @@ class BudgetSteering(StartPlanning):
     def _follow(self, grammar: Grammar, history: Sequence[int], budget: _Slot) -> None:
         """Bring the plan up to the tokens the grammar accepted since the last look."""
         plan, table = budget.plan, self.table
+        budget.far_until = 0  # the plan may change here
         if plan is None:
             return
-        if len(history) == budget.seen and not budget.stale:
+        seen = budget.seen
+        if len(history) == seen and not budget.stale:
             return
-        if len(history) < budget.seen:  # jump-forward re-encoded a boundary
+        if len(history) < seen:  # jump-forward re-encoded a boundary
             budget.stale = True
         else:
-            new = b"".join(table.bytes_of[t] or b"" for t in history[budget.seen :])
+            # one token since the last look, as a plain decode step has it; else every one
+            new = (
+                table.bytes_of[history[seen]]
+                if len(history) == seen + 1
+                else b"".join([table.bytes_of[t] for t in history[seen:]])
+            )
             if new and not budget.stale and plan.text.startswith(new, plan.position):
                 plan.position += len(new)
             elif new:
@@ -328,7 +340,7 @@ class BudgetSteering(StartPlanning):
     def _allowed(self, plan: Plan, left: int, stop_ids) -> list[int]:
         """A closing row's tokens: those spelling the plan's next bytes that leave a completion
         within `left` (the token, what its rest then needs, the stop token), then the stop tokens."""
-        allowed = [token for token, after in plan.spellings(self.table) if 1 + after + 1 <= left]
+        allowed = [token for token, after in plan.spellings(self.table) if after + 2 <= left]
         allowed.extend(stop_ids)
         return allowed
 
@@ -359,10 +371,10 @@ class BudgetSteering(StartPlanning):
     # ----- helpers -------------------------------------------------------------------------------
 
     @staticmethod
-    def _left(budget: _Slot, state) -> int:
-        """The tokens `state`'s request may still generate (reasoning included)."""
+    def _generated(state) -> int:
+        """The tokens `state`'s request generated (reasoning included)."""
         reasoning = state.reasoning
-        return budget.max_tokens - len(state.history) - (reasoning.spent if reasoning is not None else 0)
+        return len(state.history) + (reasoning.spent if reasoning is not None else 0)
 
     @property
     def table(self) -> TokenTable:

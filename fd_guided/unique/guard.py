@@ -287,6 +287,11 @@ class UniqueItemsGrammar(Grammar):
         # Forced bytes could finish a duplicate; inside guarded arrays nothing is forced.
         return b"" if self.tracker.guarded() else self.inner.forced_bytes()
 
+    def canonical_forced_token(self) -> int | None:
+        # The row is the engine's, then restricted: where the engine's fill allows one token,
+        # ours allows at most that one (validate_tokens says whether the guard keeps it).
+        return self.inner.canonical_forced_token()
+
 
 def host_words(bitmask) -> np.ndarray:
     """The bitmask as a writable numpy int32 view (CPU memory, pinned or not); as the manager's."""
