@@ -20,13 +20,14 @@ three points, earliest first:
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidGrammarError
+from .instance import start_candidates
 from .plan import Plan
 from .rows import engine_of
 from .search import Completion, TokenTable, shortest_completion
@@ -66,8 +67,13 @@ class StartPlanning:
     def table(self) -> TokenTable:
         raise NotImplementedError
 
-    def _search(self, grammar) -> Completion | None:
+    def _search(self, grammar, hints: Sequence[bytes] = ()) -> Completion | None:
         raise NotImplementedError
+
+    def start_hints(self, spec, engine: str) -> list[bytes]:
+        """The start plan's candidates written from `spec` for `engine` (`instance.start_candidates`),
+        in tokens of this tokenizer; [] for EBNF, Lark and structural tags."""
+        return start_candidates(spec, engine, self.table.count)
 
     def check(self, spec, max_tokens: int | None, fit_budget: bool = True) -> None:
         """At admission: raise `BudgetTooSmallError` when `spec`'s start plan is known (any engine)
@@ -144,6 +150,7 @@ class StartPlanning:
             scratch,
             0,
             max_expansions=self.max_expansions,
+            hints=self.start_hints(compiled.spec, str(compiled.backend_name)),
         )
         return Plan.of(completion, self.table) if completion is not None else None
 
@@ -192,7 +199,7 @@ class StartPlanning:
         if self.start_plans.known(key):
             cached = self.start_plans.get(key)
             return cached.fresh() if cached is not None else None
-        completion = self._search(state.grammar)
+        completion = self._search(state.grammar, self.start_hints(state.spec, engine_of(state)))
         plan = Plan.of(completion, self.table) if completion is not None else None
         self.start_plans.remember(key, plan)
         return plan.fresh() if plan is not None else None

@@ -22,14 +22,19 @@ class Plan:
     # position -> [(token spelling the next bytes, tokens needed after it)]; shared by the copies
     # of a cached start plan (read-only but for this memo)
     spellings_at: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # The text of the start plan this one descends from: a search off the plan lands on its
+    # suffixes too (an optional address opened after the plan wrote the required one: the rest
+    # of that one completes this one).
+    origin: bytes = b""
 
     @classmethod
     def of(cls, completion: Completion, table: TokenTable) -> Plan:
         # The fewest-token spellings, when the completion's (verified) tokens are one of them;
         # else only the completion's own tokens.
+        origin = completion.origin or completion.text
         if table.tokenize(completion.text) == list(completion.tokens):
-            return cls(completion.text, fewest_tokens(table, completion.text))
-        return cls(completion.text, chain(completion, table))
+            return cls(completion.text, fewest_tokens(table, completion.text), origin=origin)
+        return cls(completion.text, chain(completion, table), origin=origin)
 
     @property
     def need(self) -> int:
@@ -37,14 +42,14 @@ class Plan:
 
     def fresh(self) -> Plan:
         """This plan from its start, sharing its tables (a cached start plan for a new request)."""
-        return Plan(self.text, self.fewest, 0, self.spellings_at)
+        return Plan(self.text, self.fewest, 0, self.spellings_at, self.origin)
 
     def spellings(self, table: TokenTable) -> list[tuple[int, int]]:
         """The tokens that spell the plan's next bytes, each with the tokens its rest then needs."""
         found = self.spellings_at.get(self.position)
         if found is None:
             found, start = [], self.position
-            for end in range(start + 1, min(len(self.text), start + table.max_len) + 1):
+            for end in table.ends(self.text, start):
                 token = table.by_bytes.get(self.text[start:end])
                 if token is not None and self.fewest[end][0] < UNSPELLED:
                     found.append((token, self.fewest[end][0]))
