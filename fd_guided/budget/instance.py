@@ -20,10 +20,11 @@ constraint says what its shortest output is, so `start_candidates` writes it:
   choice       the choice spelled in the fewest tokens
 
 "Cheapest" is (tokens of the request's tokenizer, in a value's usual context, then bytes)
-wherever there is a choice, bytes elsewhere. JSON is written in the request's layout (separators; no whitespace where the layout
-allows none), with the other layouts an engine might use as further candidates. EBNF, Lark and
-structural tags have no candidate (the search alone). A candidate is only a candidate: the search
-uses it only once the matcher accepted it, then a stop token (`search.shortest_completion`).
+wherever there is a choice, bytes elsewhere. JSON is written in the request's layout
+(separators; no whitespace where the layout allows none), with the other layouts an engine might
+use as further candidates. EBNF, Lark and structural tags have no candidate (the search alone).
+A candidate is only a candidate: the search uses it only once the matcher accepted it, then a
+stop token (`search.shortest_completion`).
 Deterministic (TP ranks write the same text); bounded (`MAX_NODES` nodes written per round,
 `MAX_ROUNDS` fixpoint rounds); any refusal of the schema package means no candidate.
 """
@@ -46,6 +47,7 @@ from .shortest_string import shortest_full_match, shortest_match
 MAX_NODES = 50_000  # schema nodes written per round
 MAX_ROUNDS = 8  # fixpoint rounds over recursive definitions
 MAX_DIGITS = 12  # decimals tried for a number between two bounds
+VARIANTS = 16  # near-shortest instances written to land on (`start_landmarks`)
 _NO_CANDIDATE = (InvalidGrammarError, Refusal, Unsatisfiable, Overrun, RecursionError, ValueError, TypeError)
 _STRING_KEYWORDS = frozenset({"type", "minLength", "maxLength", "pattern", "allOf"})
 _NUMBER_KEYWORDS = frozenset({"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
@@ -85,6 +87,66 @@ def _candidates(spec, engine: str, tokens_of: Callable[[bytes], int]) -> list[st
     return [Writer(document, layout, tokens_of).write() for layout in layouts(spec.json_format, engine)]
 
 
+def start_landmarks(spec, engine: str, tokens_of: Callable[[bytes], int], limit: int = VARIANTS) -> list[bytes]:
+    """Near-shortest outputs of a JSON schema to land on (`search.shortest_completion`'s
+    landmarks): the shortest instance with one optional property more, or one array item more,
+    each (`variants`), in the request's layout; [] for other kinds or when none can be written."""
+    if spec.kind != "json_schema":
+        return []
+    try:
+        document = for_engine(engine, spec.schema, spec.json_format, unique_guard=True)
+        return [text.encode() for text in variants(document, layouts(spec.json_format, engine)[0], tokens_of, limit)]
+    except _NO_CANDIDATE:
+        return []
+
+
+def variants(document: dict, layout: tuple[str, str], tokens_of: Callable[[bytes], int], limit: int) -> list[str]:
+    """Up to `limit` instances that differ from the shortest by one optional property of one
+    object node, or one more item of one array node (the nodes in document order, the root's
+    first): where a model that left the shortest path usually is. A search from inside such a
+    property lands on the rest of its variant."""
+    base = Writer(document, layout, tokens_of)
+    first = base.write()
+    if first is None:
+        return []
+    out: list[str] = []
+    for include, grow in _options(base.root, base.defs):
+        if len(out) >= limit:
+            break
+        writer = Writer(document, layout, tokens_of, include=include, grow=grow, costs=base.costs, root=base.root)
+        text = writer.write()
+        if text is not None and text != first and text not in out:
+            out.append(text)
+    return out
+
+
+def _options(root: Any, defs: dict):
+    """(include, grow) per optional property of every object node and per array node that may hold
+    one more item, in document order (the root's nodes, then each definition's)."""
+    queue = [root, *defs.values()]
+    seen: set[int] = set()
+    while queue:
+        node = queue.pop(0)
+        if not isinstance(node, dict) or id(node) in seen or len(seen) > MAX_NODES:
+            continue
+        seen.add(id(node))
+        if node.get("type") == "object":
+            required = set(node.get("required", ()))
+            for name in node.get("properties", {}):
+                if name not in required:
+                    yield frozenset({(id(node), name)}), frozenset()
+        elif node.get("type") == "array" and node.get("maxItems", node.get("minItems", 0) + 1) > node.get(
+            "minItems", 0
+        ):
+            yield frozenset(), frozenset({id(node)})
+        for key in ("properties", "$defs"):
+            queue.extend(node.get(key, {}).values())
+        for key in ("anyOf", "prefixItems"):
+            queue.extend(node.get(key, ()))
+        for key in ("items", "additionalProperties"):
+            queue.append(node.get(key))
+
+
 def layouts(json_format, engine: str) -> list[tuple[str, str]]:
     """(item separator, key separator) pairs, the request's own first: compact where whitespace is
     free, else the separators it asked for, else the engine's default (xgrammar's is ``", "``/``": "``)."""
@@ -100,9 +162,31 @@ def layouts(json_format, engine: str) -> list[tuple[str, str]]:
 class Writer:
     """The shortest instance of an emitted schema (`fd_guided.schema.for_engine`'s document)."""
 
-    def __init__(self, document: dict, layout: tuple[str, str], tokens_of: Callable[[bytes], int]):
+    def __init__(
+        self,
+        document: dict,
+        layout: tuple[str, str],
+        tokens_of: Callable[[bytes], int],
+        *,
+        include: frozenset[tuple[int, str]] = frozenset(),
+        grow: frozenset[int] = frozenset(),
+        costs: dict[str, tuple[int, int]] | None = None,
+        root: Any = None,
+    ):
+        """`include`: (id of an object node, an optional property) to write as well; `grow`: ids of
+        array nodes to write one item more in (`variants`); `costs`: a cost memo to share; `root`:
+        the document without its ``$defs`` (another writer's, so node ids match)."""
         self.document = document
         self.defs: dict[str, Any] = document.get("$defs", {}) if isinstance(document, dict) else {}
+        self.root = root
+        if root is None:
+            self.root = document
+            if isinstance(document, dict):
+                self.root = {k: v for k, v in document.items() if k not in ("$defs", "$schema")}
+        self.include: dict[int, set[str]] = {}
+        for node_id, name in include:
+            self.include.setdefault(node_id, set()).add(name)
+        self.grow = grow
         self.item, self.key = layout
         self.tokens_of = tokens_of
         self.known: dict[str, str | None] = {}  # definition -> its shortest instance so far
@@ -110,18 +194,15 @@ class Writer:
         self._open: set[str] = set()
         self._cut = False  # a definition was met inside itself this round (the fixpoint goes on)
         self._nodes = 0
-        self._costs: dict[str, tuple[int, int]] = {}
+        self.costs: dict[str, tuple[int, int]] = {} if costs is None else costs
 
     def write(self) -> str | None:
         """The root's shortest instance (None: none found). Recursive definitions are settled by
         rounds: a definition met inside itself counts as its best instance of the round before."""
-        root = self.document
-        if isinstance(root, dict):
-            root = {k: v for k, v in root.items() if k not in ("$defs", "$schema")}
         result = None
         for _ in range(MAX_ROUNDS):
             self._memo, self._cut, self._nodes = {}, False, 0
-            result = self.value(root)
+            result = self.value(self.root)
             changed = any(self.known.get(name) != text for name, text in self._memo.items())
             self.known.update(self._memo)
             if not self._cut or not changed:
@@ -196,7 +277,10 @@ class Writer:
     def _array(self, node: dict) -> str | None:
         prefix, items = node.get("prefixItems", []), node.get("items", True)
         values = []
-        for index in range(int(node.get("minItems", 0))):
+        count = int(node.get("minItems", 0))
+        if id(node) in self.grow and node.get("maxItems", count + 1) > count:
+            count += 1
+        for index in range(count):
             text = self.value(prefix[index] if index < len(prefix) else items)
             if text is None:
                 return None
@@ -211,7 +295,7 @@ class Writer:
         values = {name: self.value(schema) for name, schema in props.items()}
         if any(values[name] is None for name in required):
             return None
-        chosen = set(required)
+        chosen = set(required) | {name for name in self.include.get(id(node), ()) if values.get(name)}
         missing = int(node.get("minProperties", 0)) - len(chosen)
         optional = sorted((self.cost(text), name) for name, text in values.items() if name not in chosen and text)
         chosen.update(name for _, name in optional[: max(0, missing)])
@@ -238,11 +322,11 @@ class Writer:
         usually stands, after a key and before the next one, and its bytes). In context: a
         tokenizer merges a value with the quotes around it (``":""`` can be one token, ``":0``
         two)."""
-        found = self._costs.get(text)
+        found = self.costs.get(text)
         if found is None:
             data = text.encode()
             context = ('"' + self.key).encode(), (self.item + '"').encode()
-            found = self._costs[text] = (self.tokens_of(context[0] + data + context[1]), len(data))
+            found = self.costs[text] = (self.tokens_of(context[0] + data + context[1]), len(data))
         return found
 
     def cheapest(self, texts) -> str | None:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidGrammarError
-from .instance import start_candidates
+from .instance import start_candidates, start_landmarks
 from .plan import Plan
 from .rows import engine_of
 from .search import Completion, TokenTable, shortest_completion
@@ -67,13 +67,18 @@ class StartPlanning:
     def table(self) -> TokenTable:
         raise NotImplementedError
 
-    def _search(self, grammar, hints: Sequence[bytes] = ()) -> Completion | None:
+    def _search(self, grammar, hints: Sequence[bytes] = (), marks: Sequence[bytes] = ()) -> Completion | None:
         raise NotImplementedError
 
     def start_hints(self, spec, engine: str) -> list[bytes]:
         """The start plan's candidates written from `spec` for `engine` (`instance.start_candidates`),
         in tokens of this tokenizer; [] for EBNF, Lark and structural tags."""
         return start_candidates(spec, engine, self.table.count)
+
+    def start_landmarks(self, spec, engine: str) -> list[bytes]:
+        """Near-shortest outputs of `spec` (`instance.start_landmarks`: one optional property or
+        array item more each) that the start plan keeps to land on when a request leaves it."""
+        return start_landmarks(spec, engine, self.table.count)
 
     def check(self, spec, max_tokens: int | None, fit_budget: bool = True) -> None:
         """At admission: raise `BudgetTooSmallError` when `spec`'s start plan is known (any engine)
@@ -151,6 +156,7 @@ class StartPlanning:
             0,
             max_expansions=self.max_expansions,
             hints=self.start_hints(compiled.spec, str(compiled.backend_name)),
+            landmarks=self.start_landmarks(compiled.spec, str(compiled.backend_name)),
         )
         return Plan.of(completion, self.table) if completion is not None else None
 
@@ -199,7 +205,8 @@ class StartPlanning:
         if self.start_plans.known(key):
             cached = self.start_plans.get(key)
             return cached.fresh() if cached is not None else None
-        completion = self._search(state.grammar, self.start_hints(state.spec, engine_of(state)))
+        spec, engine = state.spec, engine_of(state)
+        completion = self._search(state.grammar, self.start_hints(spec, engine), self.start_landmarks(spec, engine))
         plan = Plan.of(completion, self.table) if completion is not None else None
         self.start_plans.remember(key, plan)
         return plan.fresh() if plan is not None else None

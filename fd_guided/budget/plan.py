@@ -22,19 +22,23 @@ class Plan:
     # position -> [(token spelling the next bytes, tokens needed after it)]; shared by the copies
     # of a cached start plan (read-only but for this memo)
     spellings_at: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
-    # The text of the start plan this one descends from: a search off the plan lands on its
-    # suffixes too (an optional address opened after the plan wrote the required one: the rest
-    # of that one completes this one).
-    origin: bytes = b""
+    # The texts of this plan and of the plans it descends from (the start plan's, with the
+    # near-shortest outputs written beside it: `instance.start_landmarks`, then the last re-plans:
+    # `LANDMARKS` at most): a search off the plan lands on their suffixes (an optional address
+    # opened: the rest of the variant that holds one completes it).
+    landmarks: tuple[bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.landmarks = with_landmark(self.landmarks, self.text)
 
     @classmethod
     def of(cls, completion: Completion, table: TokenTable) -> Plan:
         # The fewest-token spellings, when the completion's (verified) tokens are one of them;
         # else only the completion's own tokens.
-        origin = completion.origin or completion.text
+        marks = completion.landmarks
         if table.tokenize(completion.text) == list(completion.tokens):
-            return cls(completion.text, fewest_tokens(table, completion.text), origin=origin)
-        return cls(completion.text, chain(completion, table), origin=origin)
+            return cls(completion.text, fewest_tokens(table, completion.text), landmarks=marks)
+        return cls(completion.text, chain(completion, table), landmarks=marks)
 
     @property
     def need(self) -> int:
@@ -42,7 +46,7 @@ class Plan:
 
     def fresh(self) -> Plan:
         """This plan from its start, sharing its tables (a cached start plan for a new request)."""
-        return Plan(self.text, self.fewest, 0, self.spellings_at, self.origin)
+        return Plan(self.text, self.fewest, 0, self.spellings_at, self.landmarks)
 
     def spellings(self, table: TokenTable) -> list[tuple[int, int]]:
         """The tokens that spell the plan's next bytes, each with the tokens its rest then needs."""
@@ -63,6 +67,19 @@ class Plan:
             tokens.append(token)
             position += len(table.bytes_of[token])
         return tokens
+
+
+LANDMARKS, FIRST_LANDMARKS = 28, 20  # texts a plan keeps to land on: its first ones, then the last re-plans'
+
+
+def with_landmark(landmarks: tuple[bytes, ...], text: bytes) -> tuple[bytes, ...]:
+    """`landmarks` and `text` (unless one of them ends with it: its suffixes are there already):
+    the first `FIRST_LANDMARKS` (the start plan's: its variants and its text) and the last others
+    kept, `LANDMARKS` in all."""
+    if not text or any(mark.endswith(text) for mark in landmarks):
+        return landmarks
+    marks = (*landmarks, text)
+    return marks if len(marks) <= LANDMARKS else marks[:FIRST_LANDMARKS] + marks[FIRST_LANDMARKS - LANDMARKS :]
 
 
 def chain(completion: Completion, table: TokenTable) -> list[tuple[int, int]]:

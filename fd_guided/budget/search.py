@@ -14,11 +14,13 @@ in three steps, cheapest first:
               whose row equals one already expanded is pushed behind every fresh node (a string
               that only grew, ``"a"`` -> ``"aa"``, is not a new state), not dropped (a counted
               repetition has equal rows on different counts). Each node costs one fill.
-  landing     from each node the search also tries the hints' suffixes that its row can begin
-              (`Landing`: shortest first, each rejected within a token or two): a request that
-              left its plan (opened an optional property, grew a number) gets a completion as
-              soon as the search has written its way back onto the plan, not after searching
-              the plan's whole rest again (on a ~70-byte document, past 3,000 fills). Once a
+  landing     from each node the search also tries the suffixes of its hints and landmarks (the
+              texts of the plans the caller's plan descends from: `Plan.landmarks`) that the
+              node's row can begin (`Landing`: shortest first, each rejected within a token or
+              two): a request that left its plan (opened an optional property, grew a number)
+              gets a completion as soon as the search has written its way back onto a known
+              completion, not after searching the plan's whole rest again (on a ~70-byte
+              document, past 3,000 fills). Once a
               completion is found the search goes on only while a cheaper one can still turn up,
               and at most `after_found` more nodes.
 
@@ -68,6 +70,7 @@ _SPREAD = 6
 _PREFERRED_BYTES = b'"}])>,:0a1A-.{[tfn'
 _OTHER, _SPACE, _HIGH = 100, 200, 300
 _NOTHING = np.zeros(0, dtype=np.int64)
+_WHITESPACE = b" \t\n\r"
 # What a byte costs in the search: whitespace and non-ASCII bytes are rarely part of a shortest
 # completion, so they are tried after the others of the same length.
 _STEP = [1 + (_NON_ASCII if b >= 0x80 else _NON_ASCII - 1 if bytes((b,)).isspace() else 0) for b in range(256)]
@@ -87,13 +90,13 @@ def shortest_completion(
     max_expansions: int = 3000,
     max_bytes: int = 4096,
     hints: Sequence[bytes] = (),
-    origin: bytes = b"",
+    landmarks: Sequence[bytes] = (),
     after_found: int = 16,
 ) -> Completion | None:
     """The shortest completion of `grammar`'s state found (see the module docstring), or None when
     the search ran out of expansions (or the state has none). `hints` are tried whole, then with
-    `origin` (the start plan's text the caller's plan descends from) as texts to land on; the
-    result carries `origin`. `bitmask[row]` (viewed as `words`, the host words of that row) is
+    `landmarks` (the texts of the plans the caller's plan descends from) as texts to land on;
+    the result carries `landmarks`. `bitmask[row]` (viewed as `words`, the host words of that row) is
     scratch space. The matcher ends where it started."""
     if grammar.is_terminated():
         return Completion(b"", ())
@@ -101,8 +104,8 @@ def shortest_completion(
     for hint in hints:  # best first: the first the matcher accepts
         completion = _spelled(grammar, table, hint, stops, words, bitmask, row)
         if completion is not None:
-            return Completion(completion.text, completion.tokens, origin)
-    landing = Landing(table, [*hints, origin])
+            return Completion(completion.text, completion.tokens, tuple(landmarks))
+    landing = Landing(table, [*hints, *landmarks])
     found = _best_first(grammar, table, stops, words, bitmask, row, max_expansions, max_bytes, landing, after_found)
     if found is None:
         return None
@@ -111,7 +114,7 @@ def shortest_completion(
     completion = _spelled(grammar, table, text, stops, words, bitmask, row)
     # (else the rows' own path, its suffix in the fewest tokens, which the matcher accepted)
     tokens = completion.tokens if completion else tuple(path) + tuple(table.tokenize(suffix) or ())
-    return Completion(text, tokens, origin)
+    return Completion(text, tokens, tuple(landmarks))
 
 
 def _spelled(grammar: Grammar, table: TokenTable, text: bytes, stops, words, bitmask, row) -> Completion | None:
@@ -145,15 +148,17 @@ def _best_first(
     """(token path, suffix landed on) of the cheapest completion found, or None."""
     seen: set[int] = set()
     rows_after: dict[tuple[int, ...], set[int]] = {}  # the rows of each expanded node's children
-    # (cost, order, token path, bytes, the parent's allowed bytes, the parent's row signature)
-    heap: list[tuple[int, int, tuple[int, ...], int, np.ndarray, int]] = [(0, 0, (), 0, _NOTHING, 0)]
+    bare_seen: set[tuple[int, bytes]] = set()  # (row, text but for whitespace) of each expanded node
+    # (cost, order, token path, bytes, the parent's allowed bytes, the parent's row signature,
+    # the path's text but for whitespace)
+    heap: list[tuple[int, int, tuple[int, ...], int, np.ndarray, int, bytes]] = [(0, 0, (), 0, _NOTHING, 0, b"")]
     pushed = 1
     current: tuple[int, ...] = ()
     best: tuple[int, tuple[int, ...], bytes] | None = None  # (cost, path, suffix)
     left = max_expansions
     try:
         while heap and left > 0:
-            cost, _, path, size, before, parent = heapq.heappop(heap)
+            cost, _, path, size, before, parent, bare = heapq.heappop(heap)
             if best is not None and cost >= best[0]:
                 break  # nothing cheaper is left
             current = _move(grammar, current, path)
@@ -169,6 +174,13 @@ def _best_first(
             if signature in siblings:
                 continue  # a sibling led to the same row: the same state, as far as anyone can tell
             siblings.add(signature)
+            if signature != parent:
+                # The same row after the same text but for whitespace (`, "` where `,"` was): the
+                # same state reached at a higher cost, dropped. Not within a run of one row (a
+                # counted repetition of whitespace, `a {3}b`, has equal rows on different counts).
+                if (signature, bare) in bare_seen:
+                    continue
+                bare_seen.add((signature, bare))
             repeat = signature in seen
             seen.add(signature)
             if size >= max_bytes:
@@ -190,7 +202,8 @@ def _best_first(
             base = cost + (_REPEAT_PENALTY if repeat and signature != parent else 0)
             for token, step in children[:1] if repeat else children:
                 pushed += 1
-                heapq.heappush(heap, (base + step, pushed, path + (token,), size + step, allowed, signature))
+                child = (base + step, pushed, path + (token,), size + step, allowed, signature)
+                heapq.heappush(heap, (*child, bare + table.bytes_of[token].translate(None, _WHITESPACE)))
     finally:
         _move(grammar, current, ())
     return None if best is None else (best[1], best[2])

@@ -16,6 +16,8 @@ Every method leaves the matcher in the state it found it in.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -90,7 +92,7 @@ class Landing:
 
     def __init__(self, table: TokenTable, hints: Sequence[bytes]):
         self.table = table
-        self.hints = [(hint, fewest_tokens(table, hint)) for hint in hints if hint]
+        self.hints = [(hint, table.fewest(hint)) for hint in hints if hint]
         starts: dict[int, dict[bytes, tuple[int, int]]] = {}
         for index, (hint, best) in enumerate(self.hints):
             for start in range(len(hint)):
@@ -117,8 +119,9 @@ class Landing:
     ) -> bytes | None:
         """The shortest suffix (shorter than `below` bytes) whose first byte `allowed` holds and that
         completes the output from the matcher's state, or None. `bitmask[row]` is scratch."""
-        tries = sorted(entry for byte in allowed for entry in self.by_first.get(int(byte), ()) if entry[0] < below)
-        for _, index, start in tries[:MAX_LANDINGS]:
+        lists = [self.by_first[b] for b in map(int, allowed) if b in self.by_first]
+        tries = itertools.takewhile(lambda entry: entry[0] < below, heapq.merge(*lists))
+        for _, index, start in itertools.islice(tries, MAX_LANDINGS):
             hint, best = self.hints[index]
             if completes(grammar, spelled_from(self.table, best, start, len(hint)), stops, words, bitmask, row):
                 return hint[start:]

@@ -217,9 +217,9 @@ class BudgetSteering(StartPlanning):
             if not self._close(step, entry.first_row, plan, left, budget, state.grammar):
                 # The engine allows none of the plan's spellings here (llguidance keeps to canonical
                 # tokens of forced bytes): plan again from this very state, whose tokens it accepted.
-                completion = self._search(state.grammar, (plan.text[plan.position :],), plan.origin)
+                completion = self._search(state.grammar, (plan.text[plan.position :],), plan.landmarks)
                 if completion is not None:
-                    budget.plan = Plan(completion.text, chain(completion, self.table), origin=completion.origin)
+                    budget.plan = Plan(completion.text, chain(completion, self.table), landmarks=completion.landmarks)
                     self._close(step, entry.first_row, budget.plan, left, budget, state.grammar)
 
     def _start(self, step: StepRows, entry, state, budget: _Slot, left: int) -> bool:
@@ -286,9 +286,9 @@ class BudgetSteering(StartPlanning):
         budget.stale = False
         rest = plan.rest_tokens(table)
         if self._completes(grammar, rest):
-            budget.plan = Plan.of(Completion(plan.text[plan.position :], tuple(rest), plan.origin), table)
+            budget.plan = Plan.of(Completion(plan.text[plan.position :], tuple(rest), plan.landmarks), table)
             return
-        completion = self._search(grammar, (plan.text[plan.position :],), plan.origin)
+        completion = self._search(grammar, (plan.text[plan.position :],), plan.landmarks)
         if completion is None:
             budget.gave_up = True
             self.metrics.inc("budget_search_failures_total")
@@ -378,11 +378,11 @@ class BudgetSteering(StartPlanning):
             self._scratch = (scratch, scratch.numpy() if hasattr(scratch, "numpy") else np.asarray(scratch))
         return self._scratch[0], self._scratch[1][0]
 
-    def _search(self, grammar: Grammar, hints: Sequence[bytes] = (), origin: bytes = b"") -> Completion | None:
+    def _search(self, grammar: Grammar, hints: Sequence[bytes] = (), marks: Sequence[bytes] = ()) -> Completion | None:
         bitmask, words = self._scratch_row()  # hints: texts (or whose suffixes) may complete it
         stops, most = self.backend.stop_token_ids, self.max_expansions
         return shortest_completion(
-            grammar, self.table, stops, words, bitmask, 0, max_expansions=most, hints=hints, origin=origin
+            grammar, self.table, stops, words, bitmask, 0, max_expansions=most, hints=hints, landmarks=marks
         )
 
     def _completes(self, grammar: Grammar, tokens: list[int]) -> bool:

@@ -8,6 +8,8 @@ fewest vocabulary tokens that spell every suffix of a text (a dynamic program ov
 from __future__ import annotations
 
 import functools
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +17,7 @@ import numpy as np
 from ..tokenizer import TokenizerBundle
 
 UNSPELLED = 1 << 30  # fewest_tokens' count for a suffix no token sequence spells
+FEWEST_CACHE = 512
 
 
 @dataclass(frozen=True)
@@ -22,13 +25,13 @@ class Completion:
     """A completion from some matcher state: `text` (bytes) spelled by `tokens`, then a stop token.
 
     `length` counts the stop token: the tokens a request still has to generate to end there.
-    `origin` is the start plan's text the completion descends from (b"" for a start plan): a
-    later search lands on its suffixes (`search.shortest_completion`).
+    `landmarks` are the texts of the plans it descends from (`plan.Plan.landmarks`): a later
+    search lands on their suffixes (`search.shortest_completion`).
     """
 
     text: bytes
     tokens: tuple[int, ...]
-    origin: bytes = field(default=b"", compare=False)
+    landmarks: tuple[bytes, ...] = field(default=(), compare=False)
 
     @property
     def length(self) -> int:
@@ -59,6 +62,8 @@ class TokenTable:
         self._bytes = np.flatnonzero(present)
         self._ids = self.byte_token[present]
         self._words, self._bits = self._ids >> 5, (self._ids & 31).astype(np.uint32)
+        self._fewest: OrderedDict[bytes, list[tuple[int, int]]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def allowed_bytes(self, words: np.ndarray) -> np.ndarray:
         """The bytes whose single-byte token row `words` allows."""
@@ -75,6 +80,21 @@ class TokenTable:
     def ends(self, text: bytes, start: int) -> range:
         """The ends of the tokens that may spell `text` from `start` (`reach`)."""
         return range(start + 1, min(len(text), start + self.reach.get(text[start : start + 2], 1)) + 1)
+
+    def fewest(self, text: bytes) -> list[tuple[int, int]]:
+        """`fewest_tokens(self, text)`, remembered for the last `FEWEST_CACHE` texts (a plan's
+        landmarks are searched again at each re-plan; read-only: the list is shared)."""
+        with self._lock:
+            found = self._fewest.get(text)
+            if found is not None:
+                self._fewest.move_to_end(text)
+                return found
+        found = fewest_tokens(self, text)
+        with self._lock:
+            self._fewest[text] = found
+            if len(self._fewest) > FEWEST_CACHE:
+                self._fewest.popitem(last=False)
+        return found
 
     def count(self, text: bytes) -> int:
         """How many tokens `tokenize` spells `text` with (`UNSPELLED` if none)."""

@@ -151,45 +151,81 @@ def test_the_adversary_ends_large_schemas_valid_within_budget(backend_name):
     assert manager.metrics.value("budget_search_failures_total") == 0
 
 
+class Counted:
+    """A matcher that counts its fills (the search's cost)."""
+
+    def __init__(self, grammar):
+        self.grammar, self.fills = grammar, 0
+
+    def __getattr__(self, name):
+        return getattr(self.grammar, name)
+
+    def fill_bitmask(self, bitmask, row):
+        self.fills += 1
+        self.grammar.fill_bitmask(bitmask, row)
+
+
+def off_the_plan(engine: str, schema: dict, written_after: bytes, cut_before: bytes):
+    """A matcher at `written` (the start plan up to `cut_before`, then `written_after`), the plan's
+    rest from there, the start plan's landmarks, and what the search needs."""
+    backend = backend_of(engine)
+    spec = parse_guided_request({"guided_json": schema}, GuidedConfig(backend=engine))
+    grammar = backend.new_grammar(backend.compile_checked(spec))
+    manager = GuidedDecodingManager(backend, max_num_seqs=1)
+    try:
+        [start, *_] = manager.budget.start_hints(spec, engine)
+        landmarks = manager.budget.start_landmarks(spec, engine)
+    finally:
+        manager.close()
+    table = token_table(backend.tokenizer)
+    cut = start.index(cut_before)
+    written = start[:cut] + written_after
+    prefix = table.tokenize(written)
+    assert grammar.accept_tokens(prefix) == len(prefix)
+    scratch = backend.allocate_bitmask(1)
+    search = (table, backend.stop_token_ids, scratch.numpy()[0], scratch, 0)
+    return grammar, written, start, start[cut:], landmarks, search
+
+
 @pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
 def test_a_search_off_the_plan_lands_back_on_it(engine):
     """From a state the plan does not pass through (an optional address opened after the plan
     wrote the required one), the search with the plan's rest and its start plan to land on finds
     a completion in a few dozen fills (the rest of the required address, then the plan's rest);
     without them, the best-first search runs out."""
-    backend = backend_of(engine)
     schema = ORDERS[0]
-    spec = parse_guided_request({"guided_json": schema}, GuidedConfig(backend=engine))
-    grammar = backend.new_grammar(backend.compile_checked(spec))
-    table = token_table(backend.tokenizer)
-    manager = GuidedDecodingManager(backend, max_num_seqs=1)
-    try:
-        [start] = manager.budget.start_hints(spec, engine)[:1]
-    finally:
-        manager.close()
-    cut = start.index(b',"items":')
-    written = start[:cut] + b',"billing":{"street_o0":"x'  # billing is optional: the plan skips it
+    grammar, written, start, rest, _, search = off_the_plan(
+        engine,
+        schema,
+        b',"billing":{"street_o0":"x',
+        b',"items":',  # billing is optional: the plan skips it
+    )
     assert b"billing" not in start
-    prefix = table.tokenize(written)
-    assert grammar.accept_tokens(prefix) == len(prefix)
-    rest = start[cut:]
-    scratch = backend.allocate_bitmask(1)
-    fills = []
-
-    class Counted:
-        def __getattr__(self, name):
-            return getattr(grammar, name)
-
-        def fill_bitmask(self, bitmask, row):
-            fills.append(1)
-            grammar.fill_bitmask(bitmask, row)
-
-    words = scratch.numpy()[0]
-    found = shortest_completion(Counted(), table, backend.stop_token_ids, words, scratch, 0, hints=[rest], origin=start)
-    assert found is not None and len(fills) < 400, len(fills)
+    counted = Counted(grammar)
+    found = shortest_completion(counted, *search, hints=[rest], landmarks=[start])
+    assert found is not None and counted.fills < 100, counted.fills
     assert found.text.endswith(rest)  # it landed on the plan
     assert valid(schema, (written + found.text).decode())
     # a real completion in its own tokens, and the matcher is where it was
     assert grammar.validate_tokens(found.tokens) == len(found.tokens)
-    assert shortest_completion(grammar, table, backend.stop_token_ids, words, scratch, 0, max_expansions=400) is None
+    assert shortest_completion(grammar, *search, max_expansions=400) is None
     assert grammar.validate_tokens(found.tokens) == len(found.tokens)
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_an_optional_object_no_plan_holds_lands_on_its_variant(engine):
+    """An optional address where no address was written: the start plan's landmarks (the shortest
+    output with one optional property more each) hold one, and the search lands on its rest; with
+    the plan's text alone it searches the whole address (hundreds of fills)."""
+    schema = {**ORDERS[1], "required": [name for name in ORDERS[1]["required"] if name != "shipping"]}
+    grammar, written, start, rest, landmarks, search = off_the_plan(
+        engine, schema, b',"shipping":{"street_o1":"x', b',"items":'
+    )
+    assert b"shipping" not in start and any(b'"shipping":{' in mark for mark in landmarks)
+    counted = Counted(grammar)
+    found = shortest_completion(counted, *search, hints=[rest], landmarks=[start, *landmarks])
+    assert found is not None and counted.fills < 100, counted.fills
+    assert valid(schema, (written + found.text).decode())
+    alone = Counted(grammar)
+    assert shortest_completion(alone, *search, hints=[rest], landmarks=[start]) is not None
+    assert alone.fills > 2 * counted.fills, (alone.fills, counted.fills)
