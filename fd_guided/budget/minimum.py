@@ -147,6 +147,7 @@ class StartPlanning:
         """The start plan of `compiled`, on a matcher and scratch row of its own (any thread)."""
         scratch = self.backend.allocate_bitmask(1)
         words = scratch.numpy() if hasattr(scratch, "numpy") else np.asarray(scratch)
+        landmarks = self.start_landmarks(compiled.spec, str(compiled.backend_name))
         completion = shortest_completion(
             self.backend.new_grammar(compiled),
             self.table,
@@ -156,9 +157,17 @@ class StartPlanning:
             0,
             max_expansions=self.max_expansions,
             hints=self.start_hints(compiled.spec, str(compiled.backend_name)),
-            landmarks=self.start_landmarks(compiled.spec, str(compiled.backend_name)),
+            landmarks=landmarks,
         )
-        return Plan.of(completion, self.table) if completion is not None else None
+        return self._start_plan_of(completion, landmarks)
+
+    def _start_plan_of(self, completion: Completion | None, landmarks: Sequence[bytes]) -> Plan | None:
+        """The start plan of a completion from the start state, its landmarks its text and `landmarks`."""
+        if completion is None:
+            return None
+        plan = Plan.of(completion, self.table)
+        plan.landmarks = (completion.text, *landmarks)
+        return plan
 
     def plan_ready(self, slot: int, state) -> bool:
         """False while `slot`'s first sample should wait for its grammar's start plan: a budget close
@@ -206,7 +215,7 @@ class StartPlanning:
             cached = self.start_plans.get(key)
             return cached.fresh() if cached is not None else None
         spec, engine = state.spec, engine_of(state)
-        completion = self._search(state.grammar, self.start_hints(spec, engine), self.start_landmarks(spec, engine))
-        plan = Plan.of(completion, self.table) if completion is not None else None
+        landmarks = self.start_landmarks(spec, engine)
+        plan = self._start_plan_of(self._search(state.grammar, self.start_hints(spec, engine), landmarks), landmarks)
         self.start_plans.remember(key, plan)
         return plan.fresh() if plan is not None else None

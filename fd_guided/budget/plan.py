@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .search import UNSPELLED, Completion, TokenTable, fewest_tokens
+from .search import UNSPELLED, Completion, TokenTable
+from .tokens import spelled_from
 
 
 @dataclass
@@ -22,22 +23,25 @@ class Plan:
     # position -> [(token spelling the next bytes, tokens needed after it)]; shared by the copies
     # of a cached start plan (read-only but for this memo)
     spellings_at: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
-    # The texts of this plan and of the plans it descends from (the start plan's, with the
-    # near-shortest outputs written beside it: `instance.start_landmarks`, then the last re-plans:
-    # `LANDMARKS` at most): a search off the plan lands on their suffixes (an optional address
-    # opened: the rest of the variant that holds one completes it).
+    # The texts a search off the plan lands on (`search.shortest_completion`): the start plan's
+    # and the near-shortest outputs written beside it (`instance.start_landmarks`: an optional
+    # address opened, the rest of the variant that holds one completes it), handed down to every
+    # re-plan unchanged (one tuple per request: its landing table is built once). A plan made
+    # without any has its own text.
     landmarks: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
-        self.landmarks = with_landmark(self.landmarks, self.text)
+        if not self.landmarks:
+            self.landmarks = (self.text,)
 
     @classmethod
     def of(cls, completion: Completion, table: TokenTable) -> Plan:
         # The fewest-token spellings, when the completion's (verified) tokens are one of them;
         # else only the completion's own tokens.
         marks = completion.landmarks
-        if table.tokenize(completion.text) == list(completion.tokens):
-            return cls(completion.text, fewest_tokens(table, completion.text), landmarks=marks)
+        fewest = table.fewest(completion.text)
+        if fewest[0][0] < UNSPELLED and spelled_from(table, fewest, 0, len(completion.text)) == list(completion.tokens):
+            return cls(completion.text, fewest, landmarks=marks)
         return cls(completion.text, chain(completion, table), landmarks=marks)
 
     @property
@@ -67,19 +71,6 @@ class Plan:
             tokens.append(token)
             position += len(table.bytes_of[token])
         return tokens
-
-
-LANDMARKS, FIRST_LANDMARKS = 28, 20  # texts a plan keeps to land on: its first ones, then the last re-plans'
-
-
-def with_landmark(landmarks: tuple[bytes, ...], text: bytes) -> tuple[bytes, ...]:
-    """`landmarks` and `text` (unless one of them ends with it: its suffixes are there already):
-    the first `FIRST_LANDMARKS` (the start plan's: its variants and its text) and the last others
-    kept, `LANDMARKS` in all."""
-    if not text or any(mark.endswith(text) for mark in landmarks):
-        return landmarks
-    marks = (*landmarks, text)
-    return marks if len(marks) <= LANDMARKS else marks[:FIRST_LANDMARKS] + marks[FIRST_LANDMARKS - LANDMARKS :]
 
 
 def chain(completion: Completion, table: TokenTable) -> list[tuple[int, int]]:

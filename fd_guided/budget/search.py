@@ -44,7 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..interface import Grammar
-from .spelling import Landing, allows, completes, spell_along_rows, stop_allowed
+from .spelling import Landing, allows, completes, landing_for, spell_along_rows, stop_allowed
 from .tokens import UNSPELLED, Completion, TokenTable, fewest_tokens, token_table
 
 __all__ = [
@@ -91,7 +91,7 @@ def shortest_completion(
     max_bytes: int = 4096,
     hints: Sequence[bytes] = (),
     landmarks: Sequence[bytes] = (),
-    after_found: int = 16,
+    after_found: int = 4,
 ) -> Completion | None:
     """The shortest completion of `grammar`'s state found (see the module docstring), or None when
     the search ran out of expansions (or the state has none). `hints` are tried whole, then with
@@ -105,8 +105,10 @@ def shortest_completion(
         completion = _spelled(grammar, table, hint, stops, words, bitmask, row)
         if completion is not None:
             return Completion(completion.text, completion.tokens, tuple(landmarks))
-    landing = Landing(table, [*hints, *landmarks])
-    found = _best_first(grammar, table, stops, words, bitmask, row, max_expansions, max_bytes, landing, after_found)
+    landings = [
+        landing for landing in (landing_for(table, tuple(hints)), landing_for(table, tuple(landmarks))) if landing
+    ]
+    found = _best_first(grammar, table, stops, words, bitmask, row, max_expansions, max_bytes, landings, after_found)
     if found is None:
         return None
     path, suffix = found
@@ -119,11 +121,11 @@ def shortest_completion(
 
 def _spelled(grammar: Grammar, table: TokenTable, text: bytes, stops, words, bitmask, row) -> Completion | None:
     """`text` as a completion from here: in its fewest tokens when the matcher accepts them (then a
-    stop token) and the row here allows the first (two fills and the accepts); else spelled token
+    stop token) and the row here allows the first (one fill and the accepts); else spelled token
     by token through the rows (`spell_along_rows`: llguidance's rows allow only the canonical token
     of forced bytes, where its token checks accept any spelling); None if the matcher refuses it."""
     tokens = table.tokenize(text)
-    if tokens is None or not completes(grammar, tokens, stops, words, bitmask, row):
+    if tokens is None or not completes(grammar, tokens, stops):
         return None
     if tokens:
         grammar.fill_bitmask(bitmask, row)
@@ -142,7 +144,7 @@ def _best_first(
     row: int,
     max_expansions: int,
     max_bytes: int,
-    landing: Landing,
+    landings: list[Landing],
     after_found: int,
 ) -> tuple[tuple[int, ...], bytes] | None:
     """(token path, suffix landed on) of the cheapest completion found, or None."""
@@ -190,10 +192,12 @@ def _best_first(
                 children = [(int(table.byte_token[b]), _STEP[b]) for b in _children(allowed, before)]
             else:  # no single-byte token here (llguidance allows only the canonical token of forced bytes)
                 children = _token_children(table, words, stops)
-            if landing:
+            # Within a run of one row (string content, digits of a counted repetition) the run's
+            # first node tried the same suffixes from the same row: landing there again is waste.
+            for landing in landings if signature != parent or not path else ():
                 firsts = allowed if len(allowed) else np.array(sorted({table.bytes_of[t][0] for t, _ in children}))
                 below = best[0] - cost if best is not None else max_bytes
-                suffix = landing.land(grammar, firsts, stops, words, bitmask, row, below)
+                suffix = landing.land(grammar, firsts, stops, words, below)
                 if suffix is not None:
                     best = (cost + len(suffix), path, suffix)
                     left = min(left, after_found)

@@ -16,6 +16,7 @@ Every method leaves the matcher in the state it found it in.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections.abc import Sequence
@@ -23,9 +24,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..interface import Grammar
-from .tokens import UNSPELLED, TokenTable, fewest_tokens, spelled_from
+from .tokens import UNSPELLED, TokenTable, spelled_from
 
-MAX_LANDINGS = 24  # suffixes tried from one search node (each is rejected within a token or two)
+MAX_LANDINGS = 32  # suffixes a search node tries (each refused within a token or two, no fill)
+MAX_SCANNED = 256  # suffixes a node looks at (their first token checked against its row)
 
 
 def allows(words: np.ndarray, token: int) -> bool:
@@ -36,14 +38,13 @@ def stop_allowed(words: np.ndarray, stops: Sequence[int]) -> bool:
     return any(allows(words, stop) for stop in stops)
 
 
-def completes(grammar: Grammar, tokens: Sequence[int], stops: Sequence[int], words: np.ndarray, bitmask, row) -> bool:
-    """Whether `tokens`, then a stop token, complete the output from the matcher's state (one fill)."""
+def completes(grammar: Grammar, tokens: Sequence[int], stops: Sequence[int]) -> bool:
+    """Whether `tokens`, then a stop token, complete the output from the matcher's state: accepts
+    and roll-backs only, no fill (a matcher accepts a stop token exactly where its output is
+    complete; a stop token rolls back as one token)."""
     accepted = grammar.accept_tokens(tokens)
     try:
-        if accepted < len(tokens):
-            return False
-        grammar.fill_bitmask(bitmask, row)
-        return stop_allowed(words, stops)
+        return accepted == len(tokens) and any(grammar.validate_tokens((stop,)) == 1 for stop in stops)
     finally:
         if accepted:
             grammar.rollback(accepted)
@@ -55,7 +56,7 @@ def spell_along_rows(
     """The tokens that spell `text` from the matcher's state, each allowed by its row (the fewest
     such, chosen token by token), after which a stop token is allowed; None if there are none.
     One fill per token."""
-    best = fewest_tokens(table, text)
+    best = table.fewest(text)
     if best[0][0] >= UNSPELLED:
         return None
     tokens: list[int] = []
@@ -87,6 +88,13 @@ def _next_token(table: TokenTable, text: bytes, position: int, best, words: np.n
     return choice
 
 
+@functools.lru_cache(maxsize=256)
+def landing_for(table: TokenTable, texts: tuple[bytes, ...]) -> Landing:
+    """The `Landing` of `texts`, built once (a request's landmarks are one tuple, handed down from
+    its start plan to every re-plan); read-only, shared by threads."""
+    return Landing(table, texts)
+
+
 class Landing:
     """The suffixes of a search's hints, tried from its nodes (see the module docstring)."""
 
@@ -98,11 +106,9 @@ class Landing:
             for start in range(len(hint)):
                 if best[start][0] < UNSPELLED:
                     starts.setdefault(hint[start], {}).setdefault(hint[start:], (index, start))
-        # first byte -> [(suffix length, hint, start)], shortest first; one entry per distinct suffix
-        self.by_first = {
-            byte: sorted((len(suffix), index, start) for suffix, (index, start) in found.items())
-            for byte, found in starts.items()
-        }
+        # first byte -> [(rank, suffix length, hint, start)], shortest first (rank: its place in
+        # that order); one entry per distinct suffix
+        self.by_first = {byte: _ranked(found) for byte, found in starts.items()}
 
     def __bool__(self) -> bool:
         return bool(self.hints)
@@ -113,16 +119,27 @@ class Landing:
         allowed: np.ndarray,
         stops: Sequence[int],
         words: np.ndarray,
-        bitmask,
-        row,
         below: int,
     ) -> bytes | None:
-        """The shortest suffix (shorter than `below` bytes) whose first byte `allowed` holds and that
-        completes the output from the matcher's state, or None. `bitmask[row]` is scratch."""
+        """A suffix (shorter than `below` bytes) that completes the output from the matcher's state,
+        or None. Tried: those whose first token `words` (the state's row) allows, the shortest of
+        each first byte first, then the second shortest of each, ... (inside a string nearly every
+        byte may come next: shortest first alone would try only endings like ``}]}``)."""
         lists = [self.by_first[b] for b in map(int, allowed) if b in self.by_first]
-        tries = itertools.takewhile(lambda entry: entry[0] < below, heapq.merge(*lists))
-        for _, index, start in itertools.islice(tries, MAX_LANDINGS):
+        tried = 0
+        for _, length, index, start in itertools.islice(heapq.merge(*lists), MAX_SCANNED):
             hint, best = self.hints[index]
-            if completes(grammar, spelled_from(self.table, best, start, len(hint)), stops, words, bitmask, row):
+            if length >= below or not allows(words, best[start][1]):
+                continue
+            if completes(grammar, spelled_from(self.table, best, start, len(hint)), stops):
                 return hint[start:]
+            tried += 1
+            if tried >= MAX_LANDINGS:
+                break
         return None
+
+
+def _ranked(found: dict[bytes, tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+    """[(rank, suffix length, hint, start)] of one first byte's suffixes, shortest first."""
+    ordered = sorted((len(suffix), index, start) for suffix, (index, start) in found.items())
+    return [(rank, length, index, start) for rank, (length, index, start) in enumerate(ordered)]

@@ -17,7 +17,7 @@ import numpy as np
 from ..tokenizer import TokenizerBundle
 
 UNSPELLED = 1 << 30  # fewest_tokens' count for a suffix no token sequence spells
-FEWEST_CACHE = 512
+FEWEST_CACHE = 4096
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class TokenTable:
 
     def tokenize(self, text: bytes) -> list[int] | None:
         """The fewest vocabulary tokens that spell `text` exactly (None if no tokenization exists)."""
-        best = fewest_tokens(self, text)
+        best = self.fewest(text)
         if best[0][0] >= UNSPELLED:
             return None
         return spelled_from(self, best, 0, len(text))
@@ -98,7 +98,7 @@ class TokenTable:
 
     def count(self, text: bytes) -> int:
         """How many tokens `tokenize` spells `text` with (`UNSPELLED` if none)."""
-        return fewest_tokens(self, text)[0][0]
+        return self.fewest(text)[0][0]
 
 
 def spelled_from(table: TokenTable, best: list[tuple[int, int]], start: int, end: int) -> list[int]:
@@ -117,14 +117,17 @@ def fewest_tokens(table: TokenTable, text: bytes) -> list[tuple[int, int]]:
     size = len(text)
     best = [(UNSPELLED, -1)] * (size + 1)
     best[size] = (0, -1)
+    reach, by_bytes = table.reach, table.by_bytes
     for start in range(size - 1, -1, -1):
-        for end in table.ends(text, start):
+        first = UNSPELLED
+        for end in range(start + 1, min(size, start + reach.get(text[start : start + 2], 1)) + 1):
             after = best[end][0]
-            if after >= UNSPELLED or after + 1 >= best[start][0]:
-                continue
-            token = table.by_bytes.get(text[start:end])
+            if after + 1 >= first:
+                continue  # (an unspelled rest is UNSPELLED: never below)
+            token = by_bytes.get(text[start:end])
             if token is not None:
-                best[start] = (after + 1, token)
+                first = after + 1
+                best[start] = (first, token)
     return best
 
 
