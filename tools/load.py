@@ -14,7 +14,8 @@ Client side, per request: TTFT (send -> first content byte) and TPOT ((last - fi
 (completion tokens - 1), from the usage of the stream). Server side, per phase (`/stats` is reset
 at the start): the event loop's lag (a 10 ms timer's overshoot: p99 and max), engine step times and
 the longest inter-token gap per step (a stalled decode step shows there), plus a timeline of
-compiles and requests in flight (polled from `/health`); on the two-process server also the IPC
+compiles and requests in flight (polled from `/health`), and how many guided outputs end ``stop``
+and validate (`valid_outputs`: jsonschema with format checking); on the two-process server also the IPC
 transit of step updates (`ipc_transit`: engine send -> API decode). A probe in a process of its
 own (so the load generator's own loop does not delay it) sends ``GET /v1/models`` every
 `--probe-interval-ms` on one keep-alive connection through each phase: how long a cheap endpoint
@@ -108,6 +109,8 @@ class Sample:
     tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    text: str = ""
+    schema: dict | None = None  # a guided request's schema: its output is validated (`valid_outputs`)
 
 
 async def stream_one(client: httpx.AsyncClient, model: str, kind: str, max_tokens: int, extra: dict) -> Sample:
@@ -128,6 +131,7 @@ async def stream_one(client: httpx.AsyncClient, model: str, kind: str, max_token
                     sample.tokens = chunk["usage"]["completion_tokens"]
                 for choice in chunk.get("choices", []):
                     if choice["delta"].get("content"):
+                        sample.text += choice["delta"]["content"]
                         now = time.perf_counter()
                         first = first or now
                         last = now
@@ -180,7 +184,9 @@ async def run_phase(args, client: httpx.AsyncClient, name: str, guided: bool, bu
                 extra.update(args.guided_extra)
             else:
                 extra["ignore_eos"] = True  # unguided random text runs to max_tokens, like a long answer
-            phase.samples.append(await stream_one(client, args.model, "background", args.max_tokens, extra))
+            sample = await stream_one(client, args.model, "background", args.max_tokens, extra)
+            sample.schema = cached[(worker + count) % len(cached)] if guided else None
+            phase.samples.append(sample)
             count += 1
 
     async def burst() -> None:
@@ -198,7 +204,9 @@ async def run_phase(args, client: httpx.AsyncClient, name: str, guided: bool, bu
             jobs.append(stream_one(client, args.model, "burst", args.max_tokens, extra))
         remaining = max(1.0, deadline - time.perf_counter())
         try:
-            phase.samples.extend(await asyncio.wait_for(asyncio.gather(*jobs), remaining))
+            for i, sample in enumerate(await asyncio.wait_for(asyncio.gather(*jobs), remaining)):
+                sample.schema = complex_schema(cold_offset + i) if guided else None
+                phase.samples.append(sample)
         except asyncio.TimeoutError:
             print(f"  {name}: burst did not finish within --phase-timeout-s", flush=True)
         # a few more seconds of background load after the burst, to see the steps recover
@@ -283,6 +291,7 @@ def summarise_phase(phase: Phase, stats: dict, wall: float, started_unix: float)
     for sample in phase.samples:
         key = f"{sample.kind}:{sample.finish_reason or 'none'}"
         result["finish_reasons"][key] = result["finish_reasons"].get(key, 0) + 1
+    result["valid_outputs"] = valid_outputs(phase.samples)
     result["samples"] = {}
     for kind in kinds:
         result["ttft"][kind] = percentiles([s.ttft for s in phase.samples if s.kind == kind])
@@ -293,6 +302,24 @@ def summarise_phase(phase: Phase, stats: dict, wall: float, started_unix: float)
     for name in ("loop_lag", "engine_step", "token_gap", "ipc_transit", "heartbeat_interval"):
         result[name] = stats.get(name)
     return result
+
+
+def valid_outputs(samples: list[Sample]) -> dict:
+    """Per request kind, the guided outputs that end ``stop`` and validate (jsonschema, format checking)."""
+    import jsonschema
+
+    out: dict[str, int] = {}
+    for sample in samples:
+        if sample.schema is None or sample.finish_reason != "stop":
+            continue
+        try:
+            value = json.loads(sample.text)
+        except ValueError:
+            continue
+        checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+        if jsonschema.Draft202012Validator(sample.schema, format_checker=checker).is_valid(value):
+            out[sample.kind] = out.get(sample.kind, 0) + 1
+    return out
 
 
 # ----- the run ------------------------------------------------------------------------------------
@@ -369,7 +396,7 @@ async def run(args, url: str) -> dict:
         metrics = (await client.get("/metrics")).text
         report["server_metrics_excerpt"] = [line for line in metrics.splitlines() if line.startswith(
             ("fd_guided_cache_misses_total", "fd_guided_cache_hits_total", "fd_guided_compile_seconds_count",
-             "fd_guided_compile_seconds_sum", "fd_guided_requests_by_backend_total"))]
+             "fd_guided_compile_seconds_sum", "fd_guided_requests_by_backend_total", "fd_guided_budget_"))]
         return report
 
 
@@ -394,7 +421,8 @@ def _ms(value) -> str:
 
 def format_phase(name: str, phase: dict) -> str:
     lines = [f"  {name}: {phase['requests']} requests in {phase['wall_seconds']:.1f} s, {phase['error_count']} errors, "
-             f"peak compiles in flight {phase['peak_compiles_in_flight']}, finish {phase['finish_reasons']}"]
+             f"peak compiles in flight {phase['peak_compiles_in_flight']}, finish {phase['finish_reasons']}, "
+             f"stop and valid {phase.get('valid_outputs')}"]
     for kind in phase["ttft"]:
         ttft, tpot = phase["ttft"][kind], phase["tpot"][kind]
         lines.append(f"    {kind:<10} TTFT ms p50 {_ms(ttft.get('p50'))} p99 {_ms(ttft.get('p99'))} max {_ms(ttft.get('max'))}"

@@ -20,13 +20,14 @@ three points, earliest first:
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidGrammarError
+from .instance import start_candidates, start_landmarks
 from .plan import Plan
 from .rows import engine_of
 from .search import Completion, TokenTable, shortest_completion
@@ -66,8 +67,18 @@ class StartPlanning:
     def table(self) -> TokenTable:
         raise NotImplementedError
 
-    def _search(self, grammar) -> Completion | None:
+    def _search(self, grammar, hints: Sequence[bytes] = (), marks: Sequence[bytes] = ()) -> Completion | None:
         raise NotImplementedError
+
+    def start_hints(self, spec, engine: str) -> list[bytes]:
+        """The start plan's candidates written from `spec` for `engine` (`instance.start_candidates`),
+        in tokens of this tokenizer; [] for EBNF, Lark and structural tags."""
+        return start_candidates(spec, engine, self.table.count)
+
+    def start_landmarks(self, spec, engine: str) -> list[bytes]:
+        """Near-shortest outputs of `spec` (`instance.start_landmarks`: one optional property or
+        array item more each) that the start plan keeps to land on when a request leaves it."""
+        return start_landmarks(spec, engine, self.table.count)
 
     def check(self, spec, max_tokens: int | None, fit_budget: bool = True) -> None:
         """At admission: raise `BudgetTooSmallError` when `spec`'s start plan is known (any engine)
@@ -136,6 +147,7 @@ class StartPlanning:
         """The start plan of `compiled`, on a matcher and scratch row of its own (any thread)."""
         scratch = self.backend.allocate_bitmask(1)
         words = scratch.numpy() if hasattr(scratch, "numpy") else np.asarray(scratch)
+        landmarks = self.start_landmarks(compiled.spec, str(compiled.backend_name))
         completion = shortest_completion(
             self.backend.new_grammar(compiled),
             self.table,
@@ -144,8 +156,18 @@ class StartPlanning:
             scratch,
             0,
             max_expansions=self.max_expansions,
+            hints=self.start_hints(compiled.spec, str(compiled.backend_name)),
+            landmarks=landmarks,
         )
-        return Plan.of(completion, self.table) if completion is not None else None
+        return self._start_plan_of(completion, landmarks)
+
+    def _start_plan_of(self, completion: Completion | None, landmarks: Sequence[bytes]) -> Plan | None:
+        """The start plan of a completion from the start state, its landmarks its text and `landmarks`."""
+        if completion is None:
+            return None
+        plan = Plan.of(completion, self.table)
+        plan.landmarks = (completion.text, *landmarks)
+        return plan
 
     def plan_ready(self, slot: int, state) -> bool:
         """False while `slot`'s first sample should wait for its grammar's start plan: a budget close
@@ -192,7 +214,8 @@ class StartPlanning:
         if self.start_plans.known(key):
             cached = self.start_plans.get(key)
             return cached.fresh() if cached is not None else None
-        completion = self._search(state.grammar)
-        plan = Plan.of(completion, self.table) if completion is not None else None
+        spec, engine = state.spec, engine_of(state)
+        landmarks = self.start_landmarks(spec, engine)
+        plan = self._start_plan_of(self._search(state.grammar, self.start_hints(spec, engine), landmarks), landmarks)
         self.start_plans.remember(key, plan)
         return plan.fresh() if plan is not None else None

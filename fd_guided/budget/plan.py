@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .search import UNSPELLED, Completion, TokenTable, fewest_tokens
+from .search import UNSPELLED, Completion, TokenTable
+from .tokens import spelled_from
 
 
 @dataclass
@@ -22,14 +23,26 @@ class Plan:
     # position -> [(token spelling the next bytes, tokens needed after it)]; shared by the copies
     # of a cached start plan (read-only but for this memo)
     spellings_at: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # The texts a search off the plan lands on (`search.shortest_completion`): the start plan's
+    # and the near-shortest outputs written beside it (`instance.start_landmarks`: an optional
+    # address opened, the rest of the variant that holds one completes it), handed down to every
+    # re-plan unchanged (one tuple per request: its landing table is built once). A plan made
+    # without any has its own text.
+    landmarks: tuple[bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.landmarks:
+            self.landmarks = (self.text,)
 
     @classmethod
     def of(cls, completion: Completion, table: TokenTable) -> Plan:
         # The fewest-token spellings, when the completion's (verified) tokens are one of them;
         # else only the completion's own tokens.
-        if table.tokenize(completion.text) == list(completion.tokens):
-            return cls(completion.text, fewest_tokens(table, completion.text))
-        return cls(completion.text, chain(completion, table))
+        marks = completion.landmarks
+        fewest = table.fewest(completion.text)
+        if fewest[0][0] < UNSPELLED and spelled_from(table, fewest, 0, len(completion.text)) == list(completion.tokens):
+            return cls(completion.text, fewest, landmarks=marks)
+        return cls(completion.text, chain(completion, table), landmarks=marks)
 
     @property
     def need(self) -> int:
@@ -37,14 +50,14 @@ class Plan:
 
     def fresh(self) -> Plan:
         """This plan from its start, sharing its tables (a cached start plan for a new request)."""
-        return Plan(self.text, self.fewest, 0, self.spellings_at)
+        return Plan(self.text, self.fewest, 0, self.spellings_at, self.landmarks)
 
     def spellings(self, table: TokenTable) -> list[tuple[int, int]]:
         """The tokens that spell the plan's next bytes, each with the tokens its rest then needs."""
         found = self.spellings_at.get(self.position)
         if found is None:
             found, start = [], self.position
-            for end in range(start + 1, min(len(self.text), start + table.max_len) + 1):
+            for end in table.ends(self.text, start):
                 token = table.by_bytes.get(self.text[start:end])
                 if token is not None and self.fewest[end][0] < UNSPELLED:
                     found.append((token, self.fewest[end][0]))

@@ -1,34 +1,60 @@
 """The shortest completion of a matcher's state, measured in tokens of the request's tokenizer.
 
 `shortest_completion` drives any `Grammar` (the engine's own matcher, through `fill_bitmask`,
-`accept_tokens` and `rollback` only) to find the shortest byte string that completes the output
-from its current state: a best-first search over the vocabulary's single-byte tokens (a byte-level
-vocabulary has one per byte), ordered by length. The matcher does not expose its state, so states
-are told apart by their allowed-token rows: a node whose row equals one already expanded is
-pushed behind every fresh node (a string that only grew, ``"a"`` -> ``"aa"``, is not a new state),
-not dropped (a counted repetition has equal rows on different counts). A completion found is then
-cut into the fewest vocabulary tokens that spell it (`TokenTable.tokenize`: exact for that string),
-and the matcher checks that it accepts them. Each step of the search costs one fill; the fills of
-both engines take microseconds on DeepSeek's 129k vocabulary (measured: 3-30 us), and the search
-stops after `max_expansions` nodes. The matcher is back at its state when this returns.
+`accept_tokens` and `rollback` only) to a real completion of the output from its current state,
+in three steps, cheapest first:
 
-What the result is: a real completion (the matcher accepted it), so its length is an upper bound
-on the shortest completion in tokens, and exact whenever the shortest completion in bytes is also
-the one with the fewest tokens (the search itself is exact in bytes when no expanded row repeated,
-and prefers fresh states otherwise). Budget steering relies only on it being a real completion.
+  hints       byte strings believed to complete the output (`spelling`): a start plan written
+              from the constraint (`instance.start_candidates`), the rest of the plan a request
+              was following, best first. The first the matcher accepts, then a stop token, is
+              the answer (`_spelled`: its fewest tokens, or its rows' own where they differ).
+  best-first  otherwise a best-first search over the vocabulary's single-byte tokens (a
+              byte-level vocabulary has one per byte), ordered by length. The matcher does not
+              expose its state, so states are told apart by their allowed-token rows: a node
+              whose row equals one already expanded is pushed behind every fresh node (a string
+              that only grew, ``"a"`` -> ``"aa"``, is not a new state), not dropped (a counted
+              repetition has equal rows on different counts). Each node costs one fill.
+  landing     from each node the search also tries the suffixes of its hints and landmarks (the
+              texts of the plans the caller's plan descends from: `Plan.landmarks`) that the
+              node's row can begin (`Landing`: shortest first, each rejected within a token or
+              two): a request that left its plan (opened an optional property, grew a number)
+              gets a completion as soon as the search has written its way back onto a known
+              completion, not after searching the plan's whole rest again (on a ~70-byte
+              document, past 3,000 fills). Once a
+              completion is found the search goes on only while a cheaper one can still turn up,
+              and at most `after_found` more nodes.
+
+The completion found is spelled in its fewest tokens once the matcher accepted them (or, where
+its row refuses the first of them, token by token through the rows: `_spelled`). The search
+stops after `max_expansions` nodes (fills: 3-30 us each on DeepSeek's 129k vocabulary). The
+matcher is back at its state when this returns.
+
+What the result is: a real completion (the matcher accepted it and then a stop token), so its
+length is an upper bound on the shortest completion in tokens. The best-first search alone is
+exact in bytes when no expanded row repeated; a hint is as short as whoever wrote it (the start
+plans written from a schema are measured against the search in docs/benchmarks.md). Budget
+steering relies only on it being a real completion.
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..interface import Grammar
-from ..tokenizer import TokenizerBundle
+from .spelling import Landing, allows, completes, landing_for, spell_along_rows, stop_allowed
+from .tokens import UNSPELLED, Completion, TokenTable, fewest_tokens, token_table
+
+__all__ = [
+    "UNSPELLED",
+    "Completion",
+    "TokenTable",
+    "fewest_tokens",
+    "shortest_completion",
+    "token_table",
+]
 
 # A node whose allowed-token row equals one already expanded is followed by one child only, that
 # costs this many bytes more: a string that only grew is rarely a new state, but a counted
@@ -44,90 +70,13 @@ _SPREAD = 6
 _PREFERRED_BYTES = b'"}])>,:0a1A-.{[tfn'
 _OTHER, _SPACE, _HIGH = 100, 200, 300
 _NOTHING = np.zeros(0, dtype=np.int64)
+_WHITESPACE = b" \t\n\r"
 # What a byte costs in the search: whitespace and non-ASCII bytes are rarely part of a shortest
 # completion, so they are tried after the others of the same length.
 _STEP = [1 + (_NON_ASCII if b >= 0x80 else _NON_ASCII - 1 if bytes((b,)).isspace() else 0) for b in range(256)]
 _RANK = [_HIGH if b >= 0x80 else _SPACE if bytes((b,)).isspace() else _OTHER + b for b in range(256)]
 for _index, _byte in enumerate(_PREFERRED_BYTES):
     _RANK[_byte] = _index
-
-
-@dataclass(frozen=True)
-class Completion:
-    """A completion from some matcher state: `text` (bytes) spelled by `tokens`, then a stop token.
-
-    `length` counts the stop token: the tokens a request still has to generate to end there.
-    """
-
-    text: bytes
-    tokens: tuple[int, ...]
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens) + 1
-
-
-class TokenTable:
-    """What the search needs from a tokenizer: its single-byte tokens and a bytes -> id index."""
-
-    def __init__(self, tokenizer: TokenizerBundle):
-        self.byte_token = np.full(256, -1, dtype=np.int64)
-        self.by_bytes: dict[bytes, int] = {}
-        self.max_len = 1
-        for token_id, text in enumerate(tokenizer.token_bytes):
-            if not text:
-                continue
-            self.by_bytes.setdefault(text, token_id)
-            self.max_len = max(self.max_len, len(text))
-            if len(text) == 1 and self.byte_token[text[0]] < 0:
-                self.byte_token[text[0]] = token_id
-        self.bytes_of: tuple[bytes, ...] = tuple(text or b"" for text in tokenizer.token_bytes)  # b"": special
-        present = self.byte_token >= 0
-        self._bytes = np.flatnonzero(present)
-        self._ids = self.byte_token[present]
-        self._words, self._bits = self._ids >> 5, (self._ids & 31).astype(np.uint32)
-
-    def allowed_bytes(self, words: np.ndarray) -> np.ndarray:
-        """The bytes whose single-byte token row `words` allows."""
-        row = words.view(np.uint32)
-        return self._bytes[((row[self._words] >> self._bits) & 1).astype(bool)]
-
-    def tokenize(self, text: bytes) -> list[int] | None:
-        """The fewest vocabulary tokens that spell `text` exactly (None if no tokenization exists)."""
-        best = fewest_tokens(self, text)
-        if best[0][0] >= UNSPELLED:
-            return None
-        tokens, position = [], 0
-        while position < len(text):
-            token = best[position][1]
-            tokens.append(token)
-            position += len(self.bytes_of[token])
-        return tokens
-
-
-UNSPELLED = 1 << 30  # fewest_tokens' count for a suffix no token sequence spells
-
-
-def fewest_tokens(table: TokenTable, text: bytes) -> list[tuple[int, int]]:
-    """best[k] = (the fewest tokens that spell text[k:], the first of them), (UNSPELLED, -1) where
-    none does; best[len(text)] = (0, -1)."""
-    size = len(text)
-    best = [(UNSPELLED, -1)] * (size + 1)
-    best[size] = (0, -1)
-    for start in range(size - 1, -1, -1):
-        for end in range(start + 1, min(size, start + table.max_len) + 1):
-            after = best[end][0]
-            if after >= UNSPELLED or after + 1 >= best[start][0]:
-                continue
-            token = table.by_bytes.get(text[start:end])
-            if token is not None:
-                best[start] = (after + 1, token)
-    return best
-
-
-@functools.lru_cache(maxsize=4)
-def token_table(tokenizer: TokenizerBundle) -> TokenTable:
-    return TokenTable(tokenizer)
 
 
 def shortest_completion(
@@ -140,61 +89,128 @@ def shortest_completion(
     *,
     max_expansions: int = 3000,
     max_bytes: int = 4096,
+    hints: Sequence[bytes] = (),
+    landmarks: Sequence[bytes] = (),
+    after_found: int = 4,
 ) -> Completion | None:
     """The shortest completion of `grammar`'s state found (see the module docstring), or None when
-    the search ran out of expansions (or the state has none). `bitmask[row]` (viewed as `words`,
-    the host words of that row) is scratch space. The matcher ends where it started."""
+    the search ran out of expansions (or the state has none). `hints` are tried whole, then with
+    `landmarks` (the texts of the plans the caller's plan descends from) as texts to land on;
+    the result carries `landmarks`. `bitmask[row]` (viewed as `words`, the host words of that row) is
+    scratch space. The matcher ends where it started."""
     if grammar.is_terminated():
         return Completion(b"", ())
     stops = [int(s) for s in stop_ids if 0 <= int(s) < words.shape[0] * 32]
+    for hint in hints:  # best first: the first the matcher accepts
+        completion = _spelled(grammar, table, hint, stops, words, bitmask, row)
+        if completion is not None:
+            return Completion(completion.text, completion.tokens, tuple(landmarks))
+    landings = [
+        landing for landing in (landing_for(table, tuple(hints)), landing_for(table, tuple(landmarks))) if landing
+    ]
+    found = _best_first(grammar, table, stops, words, bitmask, row, max_expansions, max_bytes, landings, after_found)
+    if found is None:
+        return None
+    path, suffix = found
+    text = b"".join([table.bytes_of[t] for t in path]) + suffix
+    completion = _spelled(grammar, table, text, stops, words, bitmask, row)
+    # (else the rows' own path, its suffix in the fewest tokens, which the matcher accepted)
+    tokens = completion.tokens if completion else tuple(path) + tuple(table.tokenize(suffix) or ())
+    return Completion(text, tokens, tuple(landmarks))
+
+
+def _spelled(grammar: Grammar, table: TokenTable, text: bytes, stops, words, bitmask, row) -> Completion | None:
+    """`text` as a completion from here: in its fewest tokens when the matcher accepts them (then a
+    stop token) and the row here allows the first (one fill and the accepts); else spelled token
+    by token through the rows (`spell_along_rows`: llguidance's rows allow only the canonical token
+    of forced bytes, where its token checks accept any spelling); None if the matcher refuses it."""
+    tokens = table.tokenize(text)
+    if tokens is None or not completes(grammar, tokens, stops):
+        return None
+    if tokens:
+        grammar.fill_bitmask(bitmask, row)
+        if not allows(words, tokens[0]):
+            spelled = spell_along_rows(grammar, table, text, stops, words, bitmask, row)
+            return None if spelled is None else Completion(text, spelled)
+    return Completion(text, tuple(tokens))
+
+
+def _best_first(
+    grammar: Grammar,
+    table: TokenTable,
+    stops: list[int],
+    words: np.ndarray,
+    bitmask,
+    row: int,
+    max_expansions: int,
+    max_bytes: int,
+    landings: list[Landing],
+    after_found: int,
+) -> tuple[tuple[int, ...], bytes] | None:
+    """(token path, suffix landed on) of the cheapest completion found, or None."""
     seen: set[int] = set()
     rows_after: dict[tuple[int, ...], set[int]] = {}  # the rows of each expanded node's children
-    # (cost, order, token path, bytes, the parent's allowed bytes, the parent's row signature)
-    heap: list[tuple[int, int, tuple[int, ...], int, np.ndarray, int]] = [(0, 0, (), 0, _NOTHING, 0)]
+    bare_seen: set[tuple[int, bytes]] = set()  # (row, text but for whitespace) of each expanded node
+    # (cost, order, token path, bytes, the parent's allowed bytes, the parent's row signature,
+    # the path's text but for whitespace)
+    heap: list[tuple[int, int, tuple[int, ...], int, np.ndarray, int, bytes]] = [(0, 0, (), 0, _NOTHING, 0, b"")]
     pushed = 1
     current: tuple[int, ...] = ()
-    found = None
+    best: tuple[int, tuple[int, ...], bytes] | None = None  # (cost, path, suffix)
+    left = max_expansions
     try:
-        for _ in range(max_expansions):
-            if not heap:
-                break
-            cost, _, path, size, before, parent = heapq.heappop(heap)
+        while heap and left > 0:
+            cost, _, path, size, before, parent, bare = heapq.heappop(heap)
+            if best is not None and cost >= best[0]:
+                break  # nothing cheaper is left
             current = _move(grammar, current, path)
             if current != path:
                 continue  # the matcher refused a token it allowed (should not happen): skip the node
+            left -= 1
             grammar.fill_bitmask(bitmask, row)
-            if any((int(words[s >> 5]) >> (s & 31)) & 1 for s in stops):
-                found = path
-                break
+            if stop_allowed(words, stops):
+                best = (cost, path, b"")
+                break  # the cheapest node left: nothing after it can be cheaper
             signature = hash(words.tobytes())
             siblings = rows_after.setdefault(path[:-1], set()) if path else set()
             if signature in siblings:
                 continue  # a sibling led to the same row: the same state, as far as anyone can tell
             siblings.add(signature)
+            if signature != parent:
+                # The same row after the same text but for whitespace (`, "` where `,"` was): the
+                # same state reached at a higher cost, dropped. Not within a run of one row (a
+                # counted repetition of whitespace, `a {3}b`, has equal rows on different counts).
+                if (signature, bare) in bare_seen:
+                    continue
+                bare_seen.add((signature, bare))
             repeat = signature in seen
             seen.add(signature)
             if size >= max_bytes:
                 continue
-            # A run of one state (a string, a counted repetition: the parent's row again) goes on
-            # at its plain cost; a state met elsewhere before is pushed behind.
-            base = cost + (_REPEAT_PENALTY if repeat and signature != parent else 0)
             allowed = table.allowed_bytes(words)
             if len(allowed):
                 children = [(int(table.byte_token[b]), _STEP[b]) for b in _children(allowed, before)]
             else:  # no single-byte token here (llguidance allows only the canonical token of forced bytes)
                 children = _token_children(table, words, stops)
+            # Within a run of one row (string content, digits of a counted repetition) the run's
+            # first node tried the same suffixes from the same row: landing there again is waste.
+            for landing in landings if signature != parent or not path else ():
+                firsts = allowed if len(allowed) else np.array(sorted({table.bytes_of[t][0] for t, _ in children}))
+                below = best[0] - cost if best is not None else max_bytes
+                suffix = landing.land(grammar, firsts, stops, words, below)
+                if suffix is not None:
+                    best = (cost + len(suffix), path, suffix)
+                    left = min(left, after_found)
+            # A run of one state (a string, a counted repetition: the parent's row again) goes on
+            # at its plain cost; a state met elsewhere before is pushed behind.
+            base = cost + (_REPEAT_PENALTY if repeat and signature != parent else 0)
             for token, step in children[:1] if repeat else children:
                 pushed += 1
-                heapq.heappush(heap, (base + step, pushed, path + (token,), size + step, allowed, signature))
+                child = (base + step, pushed, path + (token,), size + step, allowed, signature)
+                heapq.heappush(heap, (*child, bare + table.bytes_of[token].translate(None, _WHITESPACE)))
     finally:
         _move(grammar, current, ())
-    if found is None:
-        return None
-    text = b"".join([table.bytes_of[t] for t in found])
-    tokens = table.tokenize(text)
-    if tokens is None or len(tokens) > len(found) or grammar.validate_tokens(tokens) != len(tokens):
-        tokens = list(found)
-    return Completion(text, tuple(tokens))
+    return None if best is None else (best[1], best[2])
 
 
 def _token_children(table: TokenTable, words: np.ndarray, stops: Sequence[int]) -> list[tuple[int, int]]:

@@ -222,9 +222,9 @@ class BudgetSteering(StartPlanning):
             if not self._close(step, entry.first_row, plan, left, budget, state.grammar):
                 # The engine allows none of the plan's spellings here (llguidance keeps to canonical
                 # tokens of forced bytes): plan again from this very state, whose tokens it accepted.
-                completion = self._search(state.grammar)
+                completion = self._search(state.grammar, (plan.text[plan.position :],), plan.landmarks)
                 if completion is not None:
-                    budget.plan = Plan(completion.text, chain(completion, self.table))
+                    budget.plan = Plan(completion.text, chain(completion, self.table), landmarks=completion.landmarks)
                     self._close(step, entry.first_row, budget.plan, left, budget, state.grammar)
 
     def _start(self, step: StepRows, entry, state, budget: _Slot, left: int) -> bool:
@@ -233,7 +233,8 @@ class BudgetSteering(StartPlanning):
             return self._start_late(step, entry, state, budget, left)
         plan = self._start_plan(state) if not state.history else None
         if plan is None and (state.history or not self._start_searched(state)):
-            completion = self._search(state.grammar)  # replayed tokens (or no start search ran)
+            # replayed tokens (or no start search ran)
+            completion = self._search(state.grammar, self.start_hints(state.spec, engine_of(state)))
             plan = Plan.of(completion, self.table) if completion is not None else None
         if plan is None:
             budget.gave_up = True
@@ -297,9 +298,9 @@ class BudgetSteering(StartPlanning):
         budget.stale = False
         rest = plan.rest_tokens(table)
         if self._completes(grammar, rest):
-            budget.plan = Plan.of(Completion(plan.text[plan.position :], tuple(rest)), table)
+            budget.plan = Plan.of(Completion(plan.text[plan.position :], tuple(rest), plan.landmarks), table)
             return
-        completion = self._search(grammar)
+        completion = self._search(grammar, (plan.text[plan.position :],), plan.landmarks)
         if completion is None:
             budget.gave_up = True
             self.metrics.inc("budget_search_failures_total")
@@ -389,10 +390,11 @@ class BudgetSteering(StartPlanning):
             self._scratch = (scratch, scratch.numpy() if hasattr(scratch, "numpy") else np.asarray(scratch))
         return self._scratch[0], self._scratch[1][0]
 
-    def _search(self, grammar: Grammar) -> Completion | None:
-        bitmask, words = self._scratch_row()
+    def _search(self, grammar: Grammar, hints: Sequence[bytes] = (), marks: Sequence[bytes] = ()) -> Completion | None:
+        bitmask, words = self._scratch_row()  # hints: texts (or whose suffixes) may complete it
+        stops, most = self.backend.stop_token_ids, self.max_expansions
         return shortest_completion(
-            grammar, self.table, self.backend.stop_token_ids, words, bitmask, 0, max_expansions=self.max_expansions
+            grammar, self.table, stops, words, bitmask, 0, max_expansions=most, hints=hints, landmarks=marks
         )
 
     def _completes(self, grammar: Grammar, tokens: list[int]) -> bool:
