@@ -1,7 +1,7 @@
 """How long `GuidedDecodingManager.add_request` holds the caller's thread, per request, cold and warm.
 
     flock /tmp/fd_bench.lock python tools/add_request_latency.py SCHEMA_DIR [SCHEMA_DIR ...] \\
-        [--backend auto] [--limit N] [--json out.json]
+        [--backend auto] [--limit N] [--sample N --seed S] [--heaviest K] [--json out.json]
 
 What a host's step or insertion thread pays to add a guided request (FastDeploy's model runner, the
 reference engine's step thread): every ``*.json`` under the directories is admitted as
@@ -28,6 +28,7 @@ import argparse
 import gc
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -179,12 +180,24 @@ def compare(before_path: str, after_path: str) -> int:
     return 1 if differ else 0
 
 
+def subset(items: list[tuple[str, str]], sample: int | None, seed: int, heaviest: int) -> list[tuple[str, str]]:
+    """The `heaviest` largest schemas (bytes) and `sample` others drawn with `seed`, in name order:
+    a corpus too long to run whole, its tail kept."""
+    by_size = sorted(items, key=lambda item: (-len(item[1]), item[0]))
+    heavy, rest = by_size[:heaviest], sorted(by_size[heaviest:])
+    drawn = random.Random(seed).sample(rest, min(sample, len(rest))) if sample is not None else rest
+    return sorted(heavy + drawn)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="*")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--limit", type=int, help="the first N schemas only")
     parser.add_argument("--ready-timeout", type=float, default=30.0, help="seconds to wait for each request")
+    parser.add_argument("--sample", type=int, help="N schemas drawn at random (with --seed), beside --heaviest")
+    parser.add_argument("--seed", type=int, default=22)
+    parser.add_argument("--heaviest", type=int, default=0, help="the K largest schemas (bytes), always run")
     parser.add_argument("--budget-ms", help="admission budget in ms, or 'inline' (default: the config's)")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE_JSON", "AFTER_JSON"))
     parser.add_argument("--json")
@@ -196,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         for folder in args.folders
         for path in sorted(Path(folder).rglob("*.json"))
     ][: args.limit]
+    if args.sample is not None or args.heaviest:
+        items = subset(items, args.sample, args.seed, args.heaviest)
     manager = build(args.backend, args.budget_ms)
     started = time.time()
     load_before = os.getloadavg()
@@ -206,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     report["run"] = {
         "backend": args.backend,
         "budget_ms": args.budget_ms or "default",
+        "subset": {"sample": args.sample, "seed": args.seed, "heaviest": args.heaviest, "schemas": len(items)},
         "tree": str(REPO),
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
         "seconds": round(time.time() - started, 1),
