@@ -14,7 +14,7 @@ text, or one memoised walk over the schema): admission on the caller's thread st
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,8 +200,11 @@ def schema_ref_depth(schema: Any) -> int:
     return deepest
 
 
-def check_schema(schema: Any, limits: AdmissionLimits, part: str) -> None:
-    """Bound a schema's reference depth and every regex inside it."""
+def check_schema(
+    schema: Any, limits: AdmissionLimits, part: str, before_regex: Callable[[str], None] | None = None
+) -> None:
+    """Bound a schema's reference depth and every regex inside it. `before_regex(pattern)` runs
+    before each regex is checked (admission's deadline: parsing a regex cannot stop itself)."""
     depth = schema_ref_depth(schema)
     if depth > limits.max_ref_depth:
         raise InvalidGrammarError(
@@ -218,6 +221,8 @@ def check_schema(schema: Any, limits: AdmissionLimits, part: str) -> None:
             feature=f"schemas with more than {limits.max_schema_patterns:,} regexes",
         )
     for pattern, where in patterns:
+        if before_regex is not None:
+            before_regex(pattern)
         check_regex(pattern, limits, f"{part}{where}")
 
 

@@ -1,9 +1,10 @@
 """How long admission holds the caller's thread: cold (first sight) and warm (seen before), per request.
 
     python tools/admission_latency.py SCHEMA_DIR [SCHEMA_DIR ...] [--backend auto] [--hostile]
-        [--budget-ms 2 | --budget-ms inline] [--json out.json]
+        [--budget-ms 2 | --budget-ms inline] [--as-objects] [--json out.json]
 
-Every ``*.json`` under the directories is admitted as ``{"guided_json": text}`` through
+Every ``*.json`` under the directories is admitted as ``{"guided_json": text}`` (with
+``--as-objects``: the document ``json.loads`` reads, as FastDeploy and HTTP servers pass it) through
 `parse_guided_request` with the backend's checker (what `manager.validate` and FastDeploy's engine
 checker run on their request thread), once cold (the admission caches cleared) and then again
 warm. ``--hostile`` adds the hostile-input sets of tests/admission/test_hostile_inputs.py and
@@ -15,7 +16,9 @@ thread allocates when it runs (a full pass over this process's heap: ~0.1 s on a
 host); the time each admission spent in such pauses is reported too, and the percentiles without it.
 ``--check-deferred``: no timing; for every request, the verdict it finally gets with no budget at all
 (admission, then the checks left to the worker) against the inline verdict, message included.
-Times are wall clock on whatever machine runs it: wrap it in ``flock /tmp/fd_bench.lock`` on a shared one.
+Times are wall clock on whatever machine runs it (wrap it in ``flock /tmp/fd_bench.lock`` on a shared
+one), and this thread's CPU time (``cold_cpu``): the wall time less what other processes took of the
+core meanwhile, the part that does not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -54,53 +57,64 @@ def _percentiles(values: list[float]) -> dict:
 
 
 class _GcClock:
-    """Seconds spent in garbage collection since `start` (gc.callbacks)."""
+    """Seconds spent in garbage collection (gc.callbacks): wall (`total`) and CPU (`cpu`)."""
 
     def __init__(self):
-        self.total, self._began = 0.0, 0.0
+        self.total, self.cpu, self._began, self._began_cpu = 0.0, 0.0, 0.0, 0.0
         gc.callbacks.append(self._callback)
 
     def _callback(self, phase: str, info: dict) -> None:
         if phase == "start":
-            self._began = time.perf_counter()
+            self._began, self._began_cpu = time.perf_counter(), time.thread_time()
         else:
             self.total += time.perf_counter() - self._began
+            self.cpu += time.thread_time() - self._began_cpu
 
 
 GC = _GcClock()
 
 
-def _admit(fields, config) -> tuple[float, str]:
+def _admit(fields, config) -> tuple[float, str, float]:
+    """(wall seconds, verdict, this thread's CPU seconds: the wall time less what the machine's
+    other processes took from it, the part a quiet host would see)."""
     before = DEFERRALS["deferred"]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.thread_time()
     try:
         parse_guided_request(fields, config)
         verdict = "deferred" if DEFERRALS["deferred"] > before else "admitted"
     except InvalidGrammarError as error:
         verdict = f"refused: {str(error)[:80]}"
-    return time.perf_counter() - started, verdict
+    return time.perf_counter() - started, verdict, time.thread_time() - cpu
 
 
 def _fresh(fields: dict) -> dict:
-    return {
-        name: value.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
-        if isinstance(value, str)
-        else value
-        for name, value in fields.items()
-    }
+    """The same request as new objects (a host's next request): new text, or a copy of a document."""
+    return {name: _copy(value) for name, value in fields.items()}
+
+
+def _copy(value):
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+    if isinstance(value, dict):
+        return {key: _copy(child) for key, child in value.items()}
+    if isinstance(value, list):
+        return [_copy(child) for child in value]
+    return value
 
 
 def measure(items: list[tuple[str, dict]], config) -> dict:
     cold, warm, slowest, verdicts = [], [], [], {"admitted": 0, "deferred": 0, "refused": 0}
-    cold_no_gc, gc_pauses = [], []
+    cold_no_gc, cold_cpu, cold_cpu_no_gc, gc_pauses = [], [], [], []
     for name, fields in items:
         cache.PARSED.clear()
         cache.CHECKED.clear()
-        in_gc = GC.total
-        seconds, verdict = _admit(fields, config)
-        in_gc = GC.total - in_gc
+        in_gc, in_gc_cpu = GC.total, GC.cpu
+        seconds, verdict, cpu = _admit(fields, config)
+        in_gc, in_gc_cpu = GC.total - in_gc, GC.cpu - in_gc_cpu
         cold.append(seconds)
         cold_no_gc.append(seconds - in_gc)
+        cold_cpu.append(cpu)
+        cold_cpu_no_gc.append(cpu - in_gc_cpu)
         if in_gc > 1e-3:
             gc_pauses.append(round(in_gc * 1e3, 1))
         slowest.append((seconds, name, verdict))
@@ -114,7 +128,25 @@ def measure(items: list[tuple[str, dict]], config) -> dict:
         "slowest_cold": [(round(s * 1e3, 1), n, v) for s, n, v in slowest[:8]],
         "cold_verdicts": verdicts,
         "cold_without_gc": _percentiles(cold_no_gc),
+        "cold_cpu": _percentiles(cold_cpu),
+        "cold_cpu_without_gc": _percentiles(cold_cpu_no_gc),
         "cold_gc_pauses_over_1ms": gc_pauses,
+        "seconds": {
+            "cold": cold,
+            "cold_without_gc": cold_no_gc,
+            "cold_cpu": cold_cpu,
+            "cold_cpu_without_gc": cold_cpu_no_gc,
+            "warm": warm,
+        },
+    }
+
+
+def combined(results: list[dict]) -> dict:
+    """Percentiles over the requests of several sets together (the targets' "over SchemaStore and
+    the hostile set")."""
+    return {
+        kind: _percentiles([seconds for result in results for seconds in result["seconds"][kind]])
+        for kind in ("cold", "cold_without_gc", "cold_cpu", "cold_cpu_without_gc", "warm")
     }
 
 
@@ -150,11 +182,19 @@ def check_deferred(items: list[tuple[str, dict]], backend: str) -> dict:
     return {"requests": len(items), "same": len(items) - len(differ), "differ": differ}
 
 
-def schema_items(folders: list[str]) -> list[tuple[str, dict]]:
+def schema_items(folders: list[str], as_objects: bool = False) -> list[tuple[str, dict]]:
+    """``{"guided_json": text}`` per file; `as_objects`: its document instead (files that are not
+    JSON json.loads reads stay text)."""
     items = []
     for folder in folders:
         for path in sorted(Path(folder).rglob("*.json")):
-            items.append((path.name, {"guided_json": path.read_text(encoding="utf-8", errors="replace")}))
+            value = path.read_text(encoding="utf-8", errors="replace")
+            if as_objects:
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    pass
+            items.append((path.name, {"guided_json": value}))
     return items
 
 
@@ -176,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hostile", action="store_true")
     parser.add_argument("--budget-ms", help="admission budget in ms, or 'inline' (default: the config's)")
     parser.add_argument("--check-deferred", action="store_true", help="compare verdicts, no timing")
+    parser.add_argument("--as-objects", action="store_true", help="schemas as documents, not text")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     config = GuidedConfig(backend=args.backend)
@@ -191,21 +232,29 @@ def main(argv: list[str] | None = None) -> int:
         pass
     report = {}
     if args.check_deferred:
-        items = (schema_items(args.folders) if args.folders else []) + (hostile_items() if args.hostile else [])
+        items = (schema_items(args.folders, args.as_objects) if args.folders else []) + (
+            hostile_items() if args.hostile else []
+        )
         result = check_deferred(items, args.backend)
         print(json.dumps(result, indent=1))
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         return 0 if not result["differ"] else 1
     if args.folders:
-        report["schemas"] = measure(schema_items(args.folders), config)
+        report["schemas"] = measure(schema_items(args.folders, args.as_objects), config)
     if args.hostile:
         report["hostile"] = measure(hostile_items(), config)
+    if len(report) > 1:
+        report["all"] = combined(list(report.values()))
+        print(f"all: {json.dumps({k: {q: round(v, 3) for q, v in p.items()} for k, p in report['all'].items()})}")
     for name, result in report.items():
+        if name == "all":
+            continue
         print(f"{name}: cold {json.dumps({k: round(v, 2) for k, v in result['cold'].items()})}")
         print(f"{name}: warm {json.dumps({k: round(v, 3) for k, v in result['warm'].items()})}")
         print(f"{name}: cold verdicts {json.dumps(result['cold_verdicts'])}")
         print(f"{name}: cold without GC {json.dumps({k: round(v, 2) for k, v in result['cold_without_gc'].items()})}")
+        print(f"{name}: cold CPU {json.dumps({k: round(v, 2) for k, v in result['cold_cpu'].items()})}")
         print(f"{name}: GC pauses over 1 ms during cold admissions {result['cold_gc_pauses_over_1ms']}")
         for row in result["slowest_cold"]:
             print("   ", row)

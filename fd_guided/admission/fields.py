@@ -196,7 +196,7 @@ def _parse_json_schema(value: Any, json_format: JsonFormat, limits: AdmissionLim
     limit = limits.max_constraint_bytes
     if isinstance(value, (str, bytes)) and len(value) > limit:
         # Refused unread when even its compact form is surely too large (reading 2 MB: ~20 ms).
-        at_least = len(value) if len(value) > TEXT_SLACK * limit else compact_size_at_least(value)
+        at_least = len(value) if len(value) > TEXT_SLACK * limit else compact_size_at_least(value, limit)
         if at_least > limit:
             raise InvalidGrammarError(
                 f"the schema is at least {at_least:,} bytes, over the limit of {limit:,}",

@@ -127,7 +127,7 @@ FIT_BUDGET_FIELD = "guided_fit_budget"
 # engines' checkers, Python's exact \d \w \s sets built over every code point: ~0.1 s; each
 # format's regex translated for both engines, cached per process: "uri-reference" alone held the
 # first request that used it ~25 ms, a sixth of SchemaStore's schemas use one).
-_WARM_UP_REQUESTS = (
+_WARM_UP_REQUESTS: tuple[dict[str, Any], ...] = (
     {"guided_json": {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[\\w.-]+@\\S+$"}}}},
     {"guided_json": {"type": "object", "patternProperties": {"^\\w+$": {"type": "integer"}}}},
     {"guided_regex": "(?a)\\d+\\s\\w+\\D\\W\\S"},

@@ -33,7 +33,9 @@ DANGLING = {"guided_json": {"type": "object", "properties": {"a": {"$ref": "#/$d
 GOOD = {"guided_json": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}}}
 BAD_GRAMMAR = {"guided_grammar": 'root ::= item+\nitem ::= ("a" | '}
 BAD_LARK = {"guided_grammar": 'start: item+\nitem: "a" |\n'}
-MANY_RULES = {"guided_grammar": "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(10_001)) + 'r10001 ::= "a"\n'}
+MANY_RULES = {
+    "guided_grammar": "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(10_001)) + 'r10001 ::= "a"\n'
+}
 GOOD_GRAMMAR = {"guided_grammar": 'root ::= "a" digits\ndigits ::= [0-9]+\n'}
 BAD_REGEX = {"guided_regex": "[a-z]+(@[a-z]+"}
 NESTED_REGEX = {"guided_regex": "(" * 101 + "a" + ")" * 101}
@@ -308,3 +310,29 @@ def test_fastdeploys_checker_leaves_heavy_checks_to_the_runner_and_never_reads_t
     with pytest.raises(InvalidGrammarError, match="not a valid JSON schema") as refused:
         in_process_backend("llguidance").compile_checked(spec)
     assert refused.value.part == "guided_json.properties.name.type"
+
+
+LONG_PATTERN = "(?:ab|cd)" * 6_000  # 54,000 characters: ~0.3 s of re's parser, which cannot stop itself
+
+
+@pytest.mark.parametrize(
+    "pattern, refusal",
+    [(LONG_PATTERN, None), (LONG_PATTERN + "(a{1000}){1000}", "counted repetitions expand")],
+)
+def test_a_schema_regex_that_would_not_end_in_time_is_left_to_the_worker_with_the_inline_verdict(pattern, refusal):
+    """The walks' per-byte estimate fits the budget; the regex's own check (``re``'s parser, ~6 us a
+    character) does not, so it is never started on the caller's thread."""
+    fields = {"guided_json": {"type": "object", "properties": {"code": {"type": "string", "pattern": pattern}}}}
+    spec = parse_guided_request(fields, GuidedConfig(admission_budget_s=0.2))
+    assert spec is not None and spec.pending is not None and not spec.pending.checked
+    if refusal is None:
+        assert spec.schema["properties"]["code"]["pattern"] == pattern  # admission's checks ran, and passed
+        assert spec.pending.checked
+        return
+    with pytest.raises(InvalidGrammarError, match=refusal) as later:
+        _ = spec.schema
+    cache.PARSED.clear()
+    cache.CHECKED.clear()
+    with pytest.raises(InvalidGrammarError, match=refusal) as inline:
+        parse_guided_request(fields, INLINE)
+    assert str(later.value) == str(inline.value) and later.value.part == "guided_json.properties.code.pattern"

@@ -190,14 +190,22 @@ def test_equal_documents_get_one_source_whatever_their_form():
     document = json.loads(EQUAL_FORMS[0])
     sources = {admit(form).source for form in EQUAL_FORMS}
     sources |= {admit(EQUAL_FORMS[0].encode()).source, admit(document).source, admit(dict(document)).source}
-    sources.add(parse_guided_request({"response_format": {"type": "json_schema", "json_schema": {"schema": document}}},
-                                     INLINE, check_backend=False).source)
+    sources.add(
+        parse_guided_request(
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": document}}},
+            INLINE,
+            check_backend=False,
+        ).source
+    )
     assert len(sources) == 1
     assert json.loads(sources.pop()) == document
 
 
 def _one_megabyte_schema(description: str, fields: int) -> dict:
-    return {"type": "object", "properties": {f"f{i}": {"type": "string", "description": description} for i in range(fields)}}
+    return {
+        "type": "object",
+        "properties": {f"f{i}": {"type": "string", "description": description} for i in range(fields)},
+    }
 
 
 def _largest_under_the_limit() -> dict:
@@ -239,8 +247,10 @@ def test_a_text_surely_too_large_is_refused_unread_and_the_bound_never_refuses_w
 def test_orjson_reads_json_text_as_the_standard_library_does():
     """Differential fuzzing: a text orjson reads is one json.loads reads, to the same document."""
     rng = random.Random(22)
-    seeds = ['{"a": [1, 2.5, -0, 1e5, "x\\u00e9\\n", true, false, null, {"b": {}}], "c": "d", "c": 2}',
-             '{"n": 123456789012345678901234567890, "s": "\\ud83d\\ude00"}']
+    seeds = [
+        '{"a": [1, 2.5, -0, 1e5, "x\\u00e9\\n", true, false, null, {"b": {}}], "c": "d", "c": 2}',
+        '{"n": 123456789012345678901234567890, "s": "\\ud83d\\ude00"}',
+    ]
     alphabet = list('{}[]",:0123456789.eE+-\\ubfnrt/ \t\n\r\x0c\x00\x01\x7fa\ufeff\ud800é')
     agreed = 0
     for _ in range(20_000):
@@ -265,3 +275,12 @@ def test_orjson_reads_json_text_as_the_standard_library_does():
 def test_the_depth_bound_follows_orjsons_write_limit():
     assert json_text._WRITE_LIMIT is not None and json_text._WRAPPERS == json_text._WRITE_LIMIT - 128
     assert json_text.write(nested(128)) is not None and json_text.write(nested(129)) is None
+
+
+def test_the_size_bound_given_the_limit_counts_tabs_only_when_it_must():
+    tabbed = "{\t" + "".join(f'"a{i}":\t1,\t' for i in range(200)) + '"b":\r\n2}'
+    full = compact_size_at_least(tabbed)
+    assert full <= len(compact(json.loads(tabbed)).encode())
+    assert compact_size_at_least(tabbed, limit=full - 1) == full  # over the limit: every character counted
+    assert full <= compact_size_at_least(tabbed, limit=len(tabbed)) <= len(tabbed)  # within: tabs left
+    assert compact_size_at_least(tabbed.encode()) == full
