@@ -106,6 +106,9 @@ class GuidedMetrics:
         "budget_search_failures_total": (
             "Shortest-completion searches that found nothing within their bound (the request is not steered)."
         ),
+        "first_mask_rows_total": (
+            "Rows of a request's first states copied from an earlier request's fill instead of filled."
+        ),
     }
     GAUGES = {
         "compiles_in_flight": "Compiles submitted and not finished.",

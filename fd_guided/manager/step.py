@@ -180,6 +180,8 @@ class BatchStep:
         entry.fill = TreeFill(state.grammar, nodes, entry.first_row)
         if len(nodes) == 1:  # a plain row near its budget: written from its few candidates (fd_guided.budget.closing)
             entry.fill.candidates = self.budget.prepare(entry.slot, state, entry)
+        if len(nodes) == 1 and nodes[0][1] == 0 and entry.fill.candidates is None:
+            entry.fill.first_mask = self.fill.first_mask_key(state)
         return entry.fill
 
     def apply(self, logits) -> None:
