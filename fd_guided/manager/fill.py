@@ -82,10 +82,10 @@ class BackgroundFill:
             return []
         to_keep, copied = [], 0
         for job in jobs:
-            if job.first_mask is None or job.closed:
+            if job.first_mask is None or job.closed or job.copied:
                 continue
             if first_masks.copy_into(job.first_mask, self.words[job.first_row]):
-                job.closed = True  # fill_trees skips it, as a row written from its candidates
+                job.copied = True  # fill_trees skips it
                 copied += 1
             else:
                 to_keep.append(job)

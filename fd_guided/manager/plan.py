@@ -144,6 +144,9 @@ class TreeFill:
     # A plain root row whose state repeats across requests (`fd_guided.manager.first_masks`): its
     # key there; the fill copies the row kept for it, or keeps the row it fills.
     first_mask: Hashable | None = None
+    # Set once that row was copied (not filled). Not `closed`: budget steering reads `closed` as
+    # "written from its candidates" and would leave a copied row unrestricted.
+    copied: bool = False
 
 
 def fill_trees(backend: GuidedBackend, bitmask, words: np.ndarray, jobs: Sequence[TreeFill]) -> None:
@@ -152,7 +155,7 @@ def fill_trees(backend: GuidedBackend, bitmask, words: np.ndarray, jobs: Sequenc
     for job in jobs:
         if job.candidates is not None:
             job.closed = write_closing_row(job.grammar, job.candidates, words[job.first_row])
-    jobs = [job for job in jobs if not job.closed]
+    jobs = [job for job in jobs if not job.closed and not job.copied]
     walkers = [_walk(job, words, stop_ids) for job in jobs]
     started: list[tuple[Generator[int, bool, None], TreeFill, int | None]] = [
         (walker, job, next(walker, None)) for walker, job in zip(walkers, jobs)

@@ -97,6 +97,11 @@ def test_compiles_in_flight_rise_and_return_to_zero(tokenizer):
     try:
         futures = [service.submit(regex_spec(f"[a-z]{{{n}}}x")) for n in range(1, 4)]
         joined = service.submit(regex_spec("[a-z]{1}x"))  # identical spec: joins, no new compile
+        # Each spec's checks job (not admitted here, so its engine's check runs as a job of its own)
+        # is not gated: it ends by itself, leaving the three gated compiles.
+        deadline = time.monotonic() + 10
+        while service.metrics.value("compiles_in_flight") != 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert service.metrics.value("compiles_in_flight") == 3
         assert service.metrics.value("inflight_joins_total") == 1
         backend.gate.set()
