@@ -32,7 +32,9 @@ def tokenizer():
 def masks_along(tokenizer, engine, schema, outputs, first_masks):
     """Each step's bitmask words for every output in turn through one manager (one slot), and the
     manager's FirstMasks (None: off)."""
-    config = GuidedConfig(backend=engine, compile_isolation="thread")
+    # auto waits for its preferred engine: with first-ready, which engine serves each output
+    # depends on compile timing, and two managers' rows then differ as the engines' do.
+    config = GuidedConfig(backend=engine, compile_isolation="thread", auto_first_ready=False)
     backend = create_backend(engine, tokenizer, vocab_size=VOCAB, config=config)
     manager = GuidedDecodingManager(backend, max_num_seqs=2)
     manager.step.fill.first_masks = first_masks
