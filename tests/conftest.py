@@ -15,6 +15,20 @@ import pytest
 os.environ.setdefault("FD_GUIDED_ADMISSION_BUDGET_MS", "inline")
 
 
+@pytest.fixture
+def fresh_admission_caches():
+    """Empty admission's caches (parsed texts, checked verdicts) before and after a test, so a
+    verdict one test caches is never what another test reads. Modules whose tests depend on it use
+    `pytestmark = [..., pytest.mark.usefixtures("fresh_admission_caches")]`."""
+    from fd_guided.admission import cache
+
+    cache.PARSED.clear()
+    cache.CHECKED.clear()
+    yield
+    cache.PARSED.clear()
+    cache.CHECKED.clear()
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--require-cuda",

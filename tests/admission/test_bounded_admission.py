@@ -24,7 +24,7 @@ from fd_guided.schema import deadline
 from fd_guided.spec import check_with_backend
 from fd_guided.tokenizer import load_tokenizer
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("fresh_admission_caches")]
 
 NO_BUDGET = GuidedConfig(admission_budget_s=0.0)
 INLINE = GuidedConfig(admission_budget_s=None)
@@ -40,15 +40,6 @@ GOOD_GRAMMAR = {"guided_grammar": 'root ::= "a" digits\ndigits ::= [0-9]+\n'}
 BAD_REGEX = {"guided_regex": "[a-z]+(@[a-z]+"}
 NESTED_REGEX = {"guided_regex": "(" * 101 + "a" + ")" * 101}
 GOOD_REGEX = {"guided_regex": "[a-z]{2,8}@[a-z]+\\.com"}
-
-
-@pytest.fixture(autouse=True)
-def fresh_caches():
-    cache.PARSED.clear()
-    cache.CHECKED.clear()
-    yield
-    cache.PARSED.clear()
-    cache.CHECKED.clear()
 
 
 def test_the_deadline_stops_only_past_its_time_and_only_where_it_is_set():
@@ -242,42 +233,14 @@ def test_every_hostile_input_is_refused_at_admission_or_by_the_checks_left_to_th
         assert bounded == inline, (name, inline, bounded)
 
 
-def test_a_deferred_refusal_reaches_the_host_through_the_manager_and_is_then_refused_at_admission():
-    config = GuidedConfig(admission_budget_s=0.0)
+def serve_one_deferred_refusal(bad_request: dict, good_request: dict):
+    """Admit a bad request (left undecided by a zero budget) beside a good one, serve one step of
+    both, and return the manager and the bad request's finish; the good row must stay constrained."""
     manager = GuidedDecodingManager(
-        create_backend("auto", load_tokenizer("deepseek"), vocab_size=VOCAB, config=config), max_num_seqs=4
+        create_backend("auto", load_tokenizer("deepseek"), vocab_size=VOCAB, config=NO_BUDGET), max_num_seqs=4
     )
     try:
-        bad = manager.validate(BAD_TYPE)  # not decided yet: admission had no time for it
-        good = manager.validate(GOOD)
-        assert bad is not None and bad.pending is not None and good is not None
-        add_ready(manager, 0, bad, prefill_done=True)
-        add_ready(manager, 1, good, prefill_done=True)
-        manager.begin_step([0, 1])
-        import paddle
-
-        logits = paddle.zeros([2, VOCAB], dtype="float32")
-        manager.apply(logits)
-        finishes = manager.accept([1, 1])
-        failed = [f for f in finishes if f.slot == 0]
-        assert [f.reason for f in failed] == ["error"]
-        assert "guided_json.properties.name.type" in failed[0].error
-        assert "not a valid JSON schema" in failed[0].error
-        assert 0 < int(paddle.isfinite(logits[1]).sum()) < VOCAB  # the other request stayed constrained
-        with pytest.raises(InvalidGrammarError, match="not a valid JSON schema") as again:
-            manager.validate(BAD_TYPE)
-        assert again.value.part == "guided_json.properties.name.type"
-    finally:
-        manager.close()
-
-
-def test_a_grammar_refused_in_the_worker_fails_its_request_alone_and_is_counted():
-    config = GuidedConfig(admission_budget_s=0.0)
-    manager = GuidedDecodingManager(
-        create_backend("auto", load_tokenizer("deepseek"), vocab_size=VOCAB, config=config), max_num_seqs=4
-    )
-    try:
-        bad, good = manager.validate(BAD_GRAMMAR), manager.validate(GOOD_GRAMMAR)
+        bad, good = manager.validate(bad_request), manager.validate(good_request)
         assert bad is not None and bad.pending is not None and good is not None
         add_ready(manager, 0, bad, prefill_done=True)
         add_ready(manager, 1, good, prefill_done=True)
@@ -288,8 +251,29 @@ def test_a_grammar_refused_in_the_worker_fails_its_request_alone_and_is_counted(
         manager.apply(logits)
         failed = [f for f in manager.accept([1, 1]) if f.slot == 0]
         assert [f.reason for f in failed] == ["error"]
-        assert "guided_grammar" in failed[0].error and "EBNF syntax error at line 2" in failed[0].error
         assert 0 < int(paddle.isfinite(logits[1]).sum()) < VOCAB  # the other request stayed constrained
+    except BaseException:
+        manager.close()
+        raise
+    return manager, failed[0]
+
+
+def test_a_deferred_refusal_reaches_the_host_through_the_manager_and_is_then_refused_at_admission():
+    manager, failed = serve_one_deferred_refusal(BAD_TYPE, GOOD)  # not decided at admission: no time
+    try:
+        assert "guided_json.properties.name.type" in failed.error
+        assert "not a valid JSON schema" in failed.error
+        with pytest.raises(InvalidGrammarError, match="not a valid JSON schema") as again:
+            manager.validate(BAD_TYPE)
+        assert again.value.part == "guided_json.properties.name.type"
+    finally:
+        manager.close()
+
+
+def test_a_grammar_refused_in_the_worker_fails_its_request_alone_and_is_counted():
+    manager, failed = serve_one_deferred_refusal(BAD_GRAMMAR, GOOD_GRAMMAR)
+    try:
+        assert "guided_grammar" in failed.error and "EBNF syntax error at line 2" in failed.error
         assert manager.metrics.value("deferred_admission_refusals_total") >= 1
         with pytest.raises(InvalidGrammarError, match="EBNF syntax error at line 2"):
             manager.validate(BAD_GRAMMAR)

@@ -14,19 +14,10 @@ from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
 from fd_guided.admission import cache, json_text
 from fd_guided.admission.documents import compact, compact_size_at_least
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("fresh_admission_caches")]
 
 INLINE = GuidedConfig(admission_budget_s=None)
 LIMIT = INLINE.limits.max_constraint_bytes
-
-
-@pytest.fixture(autouse=True)
-def fresh_caches():
-    cache.PARSED.clear()
-    cache.CHECKED.clear()
-    yield
-    cache.PARSED.clear()
-    cache.CHECKED.clear()
 
 
 def admit(value, **fields):

@@ -24,7 +24,7 @@ from fd_guided.manager import GuidedDecodingManager
 from fd_guided.registry import create_backend
 from fd_guided.tokenizer import load_tokenizer
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("fresh_admission_caches")]
 
 # No engine enforces it (small integers: not a finite set the guard enumerates, not one it tracks).
 UNIQUE_INTEGERS = {"type": "array", "items": {"type": "integer", "maximum": 5}, "uniqueItems": True}
@@ -63,15 +63,6 @@ def slow_schema(salt: str, properties: int = 120, refused: bool = False) -> dict
 @pytest.fixture(scope="module")
 def tokenizer():
     return load_tokenizer("deepseek")
-
-
-@pytest.fixture(autouse=True)
-def fresh_admission_caches():
-    cache.PARSED.clear()
-    cache.CHECKED.clear()
-    yield
-    cache.PARSED.clear()
-    cache.CHECKED.clear()
 
 
 def make_manager(backend) -> GuidedDecodingManager:
