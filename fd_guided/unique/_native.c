@@ -13,6 +13,7 @@
 
 static void plan_dealloc(Plan *p) {
     Py_XDECREF(p->vocab), Py_XDECREF(p->used), Py_XDECREF(p->buffer), Py_XDECREF(p->unused), Py_XDECREF(p->values);
+    Py_XDECREF(p->domain), Py_XDECREF(p->counts);
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
@@ -20,15 +21,15 @@ enum { F_COUNT, F_ITEM_START, F_WRITTEN_START, F_KIND, F_MODE, F_ESCAPE, F_IS_KE
        F_CHILD, F_DEPTH, NUM_FIELDS };
 
 static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *vocab, *used, *buffer, *unused, *fields, *values = Py_None;
+    PyObject *vocab, *used, *buffer, *unused, *fields, *values = Py_None, *domain = Py_None;
     const char *frames;
     Py_ssize_t frames_size, f[NUM_FIELDS];
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "Plan takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!O!O!OO!y#|O", &VocabType, &vocab, &UsedType, &used, &PyByteArray_Type, &buffer,
-                          &unused, &PyTuple_Type, &fields, &frames, &frames_size, &values))
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!y#|OO", &VocabType, &vocab, &UsedType, &used, &PyByteArray_Type, &buffer,
+                          &unused, &PyTuple_Type, &fields, &frames, &frames_size, &values, &domain))
         return NULL;
     if (PyTuple_GET_SIZE(fields) != NUM_FIELDS) goto bad;
     for (int k = 0; k < NUM_FIELDS; k++) {
@@ -46,6 +47,7 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
                                      (depth == 1 && (frames[2] != 'o' || !PyTuple_Check(values))))))
         goto bad;
     if (values != Py_None && !PyTuple_Check(values)) goto bad;
+    if (domain != Py_None && !PyObject_TypeCheck(domain, &DomainType)) goto bad;
     for (Py_ssize_t k = 0; values != Py_None && k < PyTuple_GET_SIZE(values); k++)
         if (!PyBytes_Check(PyTuple_GET_ITEM(values, k))) goto bad;
     for (Py_ssize_t k = 0; k <= depth; k++) {
@@ -57,8 +59,16 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(unused); k++)
             if (!PyBytes_Check(PyTuple_GET_ITEM(unused, k))) goto bad;
     }
+    PyObject *counts = NULL;
+    if (f[F_KIND] == KIND_FINITE && domain != Py_None) { /* which of the domain's spellings are unused */
+        const Domain *d = (const Domain *)domain;
+        counts = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int32_t) * (d->n + 1));
+        if (counts == NULL) return NULL;
+        if (domain_counts(d, unused, (int32_t *)PyBytes_AS_STRING(counts)) < 0) Py_CLEAR(counts); /* not its domain */
+    }
     Plan *p = (Plan *)type->tp_alloc(type, 0);
-    if (p == NULL) return NULL;
+    if (p == NULL) { Py_XDECREF(counts); return NULL; }
+    if (counts != NULL) Py_INCREF(domain), p->domain = (Domain *)domain, p->counts = counts;
     Py_INCREF(vocab), Py_INCREF(used), Py_INCREF(buffer), Py_INCREF(unused), Py_INCREF(values);
     p->vocab = (Vocab *)vocab, p->used = (Used *)used, p->buffer = buffer, p->unused = unused, p->values = values;
     p->count = f[F_COUNT], p->serial = f[F_COUNT] ? u->entries[f[F_COUNT] - 1].serial : 0, p->buffer_size = size;
@@ -85,6 +95,7 @@ static PyObject *plan_at(Plan *p, PyObject *arg) {
     if (q == NULL) return NULL;
     memcpy((char *)q + sizeof(PyObject), (char *)p + sizeof(PyObject), sizeof(Plan) - sizeof(PyObject));
     Py_INCREF(q->vocab), Py_INCREF(q->used), Py_INCREF(q->buffer), Py_INCREF(q->unused), Py_INCREF(q->values);
+    Py_XINCREF(q->domain), Py_XINCREF(q->counts);
     q->buffer_size = size;
     return (PyObject *)q;
 }
@@ -99,7 +110,7 @@ PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fd_guided.unique._native.Plan",
     .tp_basicsize = sizeof(Plan),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Plan(vocab, used, buffer, unused, fields, frames[, values]): a tracker's state as the C guard "
+    .tp_doc = "Plan(vocab, used, buffer, unused, fields, frames[, values[, domain]]): a tracker's state as the C guard "
               "reads it (made by fd_guided.unique.native.make_plan).",
     .tp_new = plan_new,
     .tp_dealloc = (destructor)plan_dealloc,
@@ -251,7 +262,9 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&VocabType) < 0 || PyType_Ready(&UsedType) < 0 || PyType_Ready(&PlanType) < 0) return NULL;
+    if (PyType_Ready(&VocabType) < 0 || PyType_Ready(&UsedType) < 0 || PyType_Ready(&PlanType) < 0 ||
+        PyType_Ready(&DomainType) < 0)
+        return NULL;
     str_tracker = PyUnicode_InternFromString("tracker");
     str_fill_plan = PyUnicode_InternFromString("fill_plan");
     if (str_tracker == NULL || str_fill_plan == NULL) return NULL;
@@ -262,9 +275,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject *tuple = Py_BuildValue("(iiiiii)", classes[0], classes[1], classes[2], classes[3], classes[4], classes[5]);
     if (tuple == NULL || PyModule_AddObject(m, "CLASSES", tuple) < 0 || PyModule_AddIntConstant(m, "MAX_FRAMES", MAX_FRAMES) < 0)
         goto fail;
-    Py_INCREF(&VocabType), Py_INCREF(&UsedType), Py_INCREF(&PlanType);
+    Py_INCREF(&VocabType), Py_INCREF(&UsedType), Py_INCREF(&PlanType), Py_INCREF(&DomainType);
     if (PyModule_AddObject(m, "Vocab", (PyObject *)&VocabType) < 0 || PyModule_AddObject(m, "Used", (PyObject *)&UsedType) < 0 ||
-        PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0)
+        PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0 || PyModule_AddObject(m, "Domain", (PyObject *)&DomainType) < 0)
         goto fail;
     return m;
 fail:

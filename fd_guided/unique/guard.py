@@ -347,7 +347,12 @@ def restrict_rows(grammars: Sequence[Grammar], bitmask, rows: Sequence[int]) -> 
         assert isinstance(grammar, UniqueItemsGrammar)  # `native.restrict` hands back guards only
         if undecided is not None:
             grammar._decide(words[rows[index]], undecided, grammar.tracker.in_finite_domain())
-        elif grammar.tracker.fill_plan is None and native.is_plan(grammar._plan()):
+            continue
+        fresh = grammar.tracker.fill_plan is None
+        plan = grammar._plan()
+        if plan is False:
+            continue  # outside every guarded array (a first fill, before any token): nothing to restrict
+        if fresh and native.is_plan(plan):
             again.append(index)  # planned just now (the tracker moved since its token): to C with the others
         else:
             grammar._restrict_words(words[rows[index]])

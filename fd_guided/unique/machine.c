@@ -32,6 +32,24 @@ typedef struct {
 static int ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 static int number_byte(uint8_t c) { return (c >= '0' && c <= '9') || c == '+' || c == '-' || c == '.' || c == 'e' || c == 'E'; }
 
+/* ---- sorted tuples of bytes ------------------------------------------------------------- */
+
+/* The index of a + b in a sorted tuple of distinct bytes (Python's order: bytewise, then
+ * shorter first), -1 if it is not there. */
+static Py_ssize_t find_concat(PyObject *tuple, const uint8_t *a, Py_ssize_t na, const uint8_t *b, Py_ssize_t nb) {
+    Py_ssize_t lo = 0, hi = PyTuple_GET_SIZE(tuple);
+    while (lo < hi) {
+        const Py_ssize_t mid = (lo + hi) / 2;
+        PyObject *x = PyTuple_GET_ITEM(tuple, mid);
+        const Py_ssize_t n = PyBytes_GET_SIZE(x);
+        int c = compare_with_concat(x, a, na, b, nb);
+        if (!c) c = (n > na + nb) - (n < na + nb);
+        if (!c) return mid;
+        if (c < 0) lo = mid + 1; else hi = mid;
+    }
+    return -1;
+}
+
 /* ---- the item being written -------------------------------------------------------------- */
 
 static int item_text(Row *row, const Machine *m, const uint8_t *d, Py_ssize_t end, int brace) {
@@ -86,20 +104,7 @@ static int member_repeats(Row *row, const Machine *m, const uint8_t *d, Py_ssize
     if (na && !row->written_clean) return -2;
     for (Py_ssize_t i = 0; i < nb; i++) if (b[i] < 0x20) return -1; /* json.loads refuses it in an object */
     if (!valid_utf8(b, nb)) return -1; /* (`written` is whole characters: the two join cleanly) */
-    PyObject *values = p->values;
-    Py_ssize_t lo = 0, hi = PyTuple_GET_SIZE(values);
-    while (lo < hi) {
-        const Py_ssize_t mid = (lo + hi) / 2;
-        PyObject *x = PyTuple_GET_ITEM(values, mid);
-        const uint8_t *s = (const uint8_t *)PyBytes_AS_STRING(x);
-        const Py_ssize_t n = PyBytes_GET_SIZE(x), ca = n < na ? n : na;
-        int c = memcmp(s, a, (size_t)ca);
-        if (!c && n > na) { const Py_ssize_t cb = n - na < nb ? n - na : nb; c = memcmp(s + na, b, (size_t)cb); }
-        if (!c) c = (n > na + nb) - (n < na + nb);
-        if (!c) return 1;
-        if (c < 0) lo = mid + 1; else hi = mid;
-    }
-    return 0;
+    return find_concat(p->values, a, na, b, nb) >= 0;
 }
 
 /* Would the item as written up to d[end] (closed with a "}" when `brace`) repeat an earlier
@@ -146,16 +151,20 @@ static int repeats(Row *row, const Machine *m, const uint8_t *d, Py_ssize_t end,
 
 /* A finite domain: is there an unused spelling (other than `removed`) beginning with a + b? */
 static int live(const Row *row, const uint8_t *a, Py_ssize_t na, const uint8_t *b, Py_ssize_t nb, Py_ssize_t removed) {
-    PyObject *unused = row->plan->unused;
+    const Plan *p = row->plan;
+    if (p->domain != NULL) { /* the domain's spellings that begin so, less the used ones (`removed`: a domain index) */
+        const int32_t *counts = (const int32_t *)PyBytes_AS_STRING(p->counts);
+        int32_t lo, hi;
+        domain_range(p->domain, a, na, b, nb, &lo, &hi);
+        return counts[hi] - counts[lo] - (removed >= lo && removed < hi) > 0;
+    }
+    PyObject *unused = p->unused;
     Py_ssize_t lo = 0, hi = PyTuple_GET_SIZE(unused);
-    while (lo < hi) { /* the first spelling >= a + b */
+    while (lo < hi) { /* the first spelling >= a + b, or beginning with it */
         const Py_ssize_t mid = (lo + hi) / 2;
         PyObject *x = PyTuple_GET_ITEM(unused, mid);
-        const uint8_t *s = (const uint8_t *)PyBytes_AS_STRING(x);
-        const Py_ssize_t n = PyBytes_GET_SIZE(x), ca = n < na ? n : na;
-        int c = memcmp(s, a, (size_t)ca);
-        if (!c && n > na) { const Py_ssize_t cb = n - na < nb ? n - na : nb; c = memcmp(s + na, b, (size_t)cb); }
-        if (!c) c = n < na + nb ? -1 : 0;
+        int c = compare_with_concat(x, a, na, b, nb);
+        if (!c) c = PyBytes_GET_SIZE(x) < na + nb ? -1 : 0;
         if (c < 0) lo = mid + 1; else hi = mid;
     }
     for (; lo < PyTuple_GET_SIZE(unused); lo++) {
@@ -193,15 +202,19 @@ static int rest_live(const Row *row, const uint8_t *d, Py_ssize_t n) {
     return PyBytes_GET_SIZE(x) - skip >= n && !memcmp(PyBytes_AS_STRING(x) + skip, d, (size_t)n);
 }
 
-/* The unused spelling equal to the item just keyed (in row->scratch), -1 if none. */
+/* The unused spelling equal to the item just keyed (in row->scratch), -1 if none: its index in the
+ * plan's `Domain` where it has one (as `live` then reads `removed`), else in `Plan.unused`. */
 static Py_ssize_t spelling(const Row *row) {
-    PyObject *unused = row->plan->unused;
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(unused); k++) {
-        PyObject *x = PyTuple_GET_ITEM(unused, k);
-        if (PyBytes_GET_SIZE(x) == row->scratch.size && !memcmp(PyBytes_AS_STRING(x), row->scratch.data, (size_t)row->scratch.size))
-            return k;
+    const Plan *p = row->plan;
+    if (p->domain != NULL) {
+        const Domain *d = p->domain;
+        const int32_t *counts = (const int32_t *)PyBytes_AS_STRING(p->counts);
+        int32_t lo, hi;
+        domain_range(d, row->scratch.data, row->scratch.size, NULL, 0, &lo, &hi);
+        const int exact = lo < hi && d->at[lo + 1] - d->at[lo] == row->scratch.size; /* (a prefix sorts first) */
+        return exact && counts[lo + 1] > counts[lo] ? lo : -1;
     }
-    return -1;
+    return find_concat(p->unused, row->scratch.data, row->scratch.size, NULL, 0);
 }
 
 /* ---- the byte machine -------------------------------------------------------------------- */

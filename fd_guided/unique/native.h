@@ -5,6 +5,7 @@
  *   canon.c    canonical keys of a JSON value's text: equal exactly when `items.item_keys` says so
  *   used.c     `Used`: one guarded array's finished items (a mirror of `items.Items`), hashed
  *   vocab.c    `Vocab`: one tokenizer's token bytes, classes, shapes and candidate lists
+ *   domain.c   `Domain`: a finite item domain's spellings, and which each token can reach per item prefix
  *   machine.c  the tracker's byte machine over one token, from a row's `Plan`
  *   rows.c     one row's candidates, walked the cheap way, each through the machine
  *   _native.c  the module: `Plan` (a tracker's state, made when a token is accepted) and `restrict`
@@ -17,6 +18,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -63,6 +65,8 @@ const uint8_t *canon_skip(const uint8_t *p, const uint8_t *end);
 uint64_t canon_hash(const uint8_t *p, Py_ssize_t n);
 int valid_utf8(const uint8_t *p, Py_ssize_t n); /* text.c: strict, as Python decodes */
 int utf8_char(const uint8_t *p, const uint8_t *end); /* the length of the character at p, 0 if none */
+/* text.c: the bytes object x against a + b over their common length (memcmp's sign; 0: one begins as the other) */
+int compare_with_concat(PyObject *x, const uint8_t *a, Py_ssize_t na, const uint8_t *b, Py_ssize_t nb);
 
 /* ---- used.c ---- */
 typedef struct {
@@ -127,6 +131,44 @@ typedef struct {
 extern PyTypeObject VocabType;
 #define LIST_MAX 4096
 
+/* ---- domain.c ---- */
+typedef struct {
+    int32_t token;
+    int32_t lo, hi;               /* the spellings beginning with the prefix and then the token; -1: the machine decides */
+} Reach;
+
+typedef struct {
+    uint8_t *w;                   /* an item's bytes so far (NULL: an empty slot) */
+    Py_ssize_t wn;
+    uint64_t hash;
+    int32_t lo, hi;               /* the spellings beginning with w */
+    Reach *slots;                 /* open addressing by token (-1: empty) */
+    Py_ssize_t cap, n;
+} Prefix;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *spellings;          /* the sorted tuple of bytes it was made from */
+    Py_ssize_t n;
+    uint8_t *flat;
+    int64_t *at;                  /* spelling i: flat[at[i]:at[i + 1]] */
+    PyObject **objects;           /* spelling i's bytes object (held by `spellings`) */
+    Prefix *prefixes;             /* the cache: open addressing by hash of w */
+    Py_ssize_t n_prefixes, cap_prefixes, entries;
+    pthread_mutex_t lock;         /* held by a row while it reads or fills the cache */
+} Domain;
+
+extern PyTypeObject DomainType;
+/* counts[i]: how many of the first i spellings are in `unused` (a sorted tuple of bytes, a subset);
+ * -1 if one of them is not a spelling of the domain. */
+int domain_counts(const Domain *d, PyObject *unused, int32_t *counts);
+/* [*lo, *hi): the spellings beginning with a + b */
+void domain_range(const Domain *d, const uint8_t *a, Py_ssize_t na, const uint8_t *b, Py_ssize_t nb, int32_t *lo, int32_t *hi);
+int domain_lock(Domain *d);       /* 1 if locked now (never waits), 0 if another row holds it */
+void domain_unlock(Domain *d);
+Prefix *domain_prefix(Domain *d, const uint8_t *w, Py_ssize_t wn); /* found or made (NULL: no memory) */
+const Reach *domain_reach(Domain *d, Prefix *x, const Vocab *v, int32_t t); /* found or made (NULL: no memory) */
+
 /* ---- the plan of one row (_native.c) and the machine (machine.c) ---- */
 enum { MODE_NONE = 0, MODE_STRING = 1, MODE_NUMBER = 2, MODE_LITERAL = 3 };
 enum { KIND_OPEN = 0, KIND_LANGUAGE = 1, KIND_FINITE = 2 };
@@ -146,6 +188,8 @@ typedef struct {
     Used *used;
     PyObject *buffer;         /* the tracker's bytearray */
     PyObject *unused;         /* a finite domain's unused spellings (sorted tuple of bytes), or None */
+    Domain *domain;           /* a finite domain's `Domain`, or NULL (then `unused` alone is read) */
+    PyObject *counts;         /* and the unused spellings before each of its spellings (int32 bytes: `domain_counts`) */
     PyObject *values;         /* a member's string value in an object item: the values after which
                                * closing it would repeat an item (sorted tuple of bytes); or None */
     Py_ssize_t count;         /* the array's finished items */

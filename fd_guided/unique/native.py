@@ -16,15 +16,14 @@ Built optional (setup.py); without it, or with `ENABLED` False, every row takes 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
 from .items import _domain_keys, never_runs_out
+from .reader import _LITERAL, _NONE, _STRING
 from .tracker import (
-    _LITERAL,
-    _NONE,
-    _STRING,
     AFTER_QUOTE,
     CLOSE,
     LITERAL_END,
@@ -76,7 +75,7 @@ def make_plan(tracker: JsonTracker, vocab_of) -> Any:
     reading = frames[1]
     if reading.__class__ is bool:
         return reading
-    unique, depth, kind, codes, ancestors = reading
+    unique, depth, kind, codes, ancestors, domain = reading
     items = unique.items
     if items.native is None:
         items.native = _native.Used()
@@ -103,7 +102,7 @@ def make_plan(tracker: JsonTracker, vocab_of) -> Any:
     child = tracker.next_array_guarded() if mode == _NONE else 1
     fields: tuple = (unique.count, unique.start, written, kind, mode, tracker.escape, tracker.is_key, literal_left)
     fields += (ancestors, child, depth)
-    plan = _native.Plan(vocab_of(), items.native, buffer, unique.unused, fields, codes, values)
+    plan = _native.Plan(vocab_of(), items.native, buffer, unique.unused, fields, codes, values, domain)
     # Inside a string with no escape, a later token that stays in it moves only the byte count
     # (finite domains and strings whose escapes change `written` are planned afresh).
     reusable = mode == _STRING and not tracker.escape and (written >= 0 or kind != KIND_FINITE)
@@ -114,7 +113,7 @@ def make_plan(tracker: JsonTracker, vocab_of) -> Any:
 def _read_frames(stack: tuple) -> Any:
     """What a plan reads off the frames: False outside every guarded array, True where the C side
     does not take the innermost one, else (its `Unique`, frames above it, kind, the frame codes
-    from it up, whether a guarded array encloses it)."""
+    from it up, whether a guarded array encloses it, a finite domain's `_native.Domain` or None)."""
     g = len(stack) - 1
     while g >= 0 and (stack[g][0] != "a" or stack[g][4] is None):
         g -= 1
@@ -124,10 +123,11 @@ def _read_frames(stack: tuple) -> Any:
     depth = len(stack) - 1 - g
     if not AVAILABLE or unique.integers or depth >= MAX_FRAMES:
         return True
+    domain = None
     if unique.unused is not None:
         if depth or len(_domain_keys(unique.domain)) != len(unique.domain):
             return True  # (an item of a finite domain is a literal; spellings must key apart)
-        kind = KIND_FINITE
+        kind, domain = KIND_FINITE, native_domain(unique.domain)
     elif unique.language is None:
         kind = KIND_OPEN
     elif never_runs_out(unique.language):
@@ -136,7 +136,15 @@ def _read_frames(stack: tuple) -> Any:
         return True
     codes = b"".join([_FRAME_CODES[frame[0], frame[3]] for frame in stack[g:]])
     ancestors = any(frame[0] == "a" and frame[4] is not None for frame in stack[:g])
-    return unique, depth, kind, codes, ancestors
+    return unique, depth, kind, codes, ancestors, domain
+
+
+@functools.lru_cache(maxsize=64)
+def native_domain(spellings: tuple[bytes, ...]) -> Any:
+    """The `_native.Domain` of a finite domain's sorted spellings, one per domain (equal tuples
+    share it): its cache of which spellings each token reaches from an item's bytes so far
+    serves every request whose array takes its items from that domain."""
+    return _native.Domain(spellings)
 
 
 def is_plan(plan: object) -> bool:

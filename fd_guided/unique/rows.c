@@ -33,6 +33,28 @@ static inline Lanes load4(const uint32_t *p) {
     return x;
 }
 
+/* The row loops below skip the row's empty stretches; where the loader can pick (GCC, x86-64,
+ * glibc: ifunc), that scan is compiled for AVX2 and AVX-512 too, as the CPU mask kernel's loops. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
+#define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define SIMD_CLONES
+#endif
+
+/* The first word of words[from:to] holding a bit (`to` if none), 64 words at a time where it can. */
+SIMD_CLONES Py_ssize_t unique_next_word(const uint32_t *words, Py_ssize_t from, Py_ssize_t to) {
+    for (; from < to && (from & 63); from++)
+        if (words[from]) return from;
+    for (; from + 64 <= to; from += 64) {
+        uint32_t any = 0;
+        for (int k = 0; k < 64; k++) any |= words[from + k];
+        if (any) break;
+    }
+    for (; from < to; from++)
+        if (words[from]) return from;
+    return to;
+}
+
 static void walk_words(Row *row, const uint32_t *map, Py_ssize_t from, Py_ssize_t to, int skip) {
     uint32_t block[16];
     unsigned nonzero = 0;
@@ -188,6 +210,34 @@ static void string_item(Row *row, int close) {
     }
 }
 
+/* A finite domain's open string item with its `Domain` (domain.c): every allowed token is tried,
+ * each found in the domain's cache for the item's bytes (made there on first need), so a token
+ * the shortcut decides costs a probe and two reads of `Plan.counts`. 0 if the cache is busy (another
+ * thread's row holds it): the caller then goes the way without it. */
+static int finite_item_cached(Row *row) {
+    const Plan *p = row->plan;
+    const Vocab *v = row->vocab;
+    Domain *d = p->domain;
+    if (!domain_lock(d)) return 0;
+    const int32_t *counts = (const int32_t *)PyBytes_AS_STRING(p->counts);
+    Prefix *prefix = domain_prefix(d, row->buf + p->item_start, p->buffer_size - p->item_start);
+    const Py_ssize_t words = (row->limit + 31) / 32;
+    for (Py_ssize_t w = unique_next_word(row->words, 0, words); w < words && prefix != NULL && !row->failed;
+         w = unique_next_word(row->words, w + 1, words)) {
+        for (uint32_t bits = row->words[w]; bits; bits &= bits - 1) {
+            const int64_t t = (int64_t)w * 32 + __builtin_ctz(bits);
+            if (t >= row->limit) break;
+            const Reach *r = domain_reach(d, prefix, v, (int32_t)t);
+            if (r == NULL) { row->failed = 1; break; }
+            if (r->hi < 0) try_token(row, t); /* a backslash, or a quote before the end: the machine */
+            else if (counts[r->hi] == counts[r->lo]) row->words[w] &= ~(1u << (t & 31)); /* no unused spelling goes on so */
+        }
+    }
+    if (prefix == NULL) row->failed = 1; /* out of memory: Python decides the row */
+    domain_unlock(d);
+    return 1;
+}
+
 /* A finite domain's open string item: every allowed token is tried (`_restrict_words`). Those
  * its shortcut decides (no backslash, a quote only last) are live exactly when an unused
  * spelling goes on from the item's bytes with them; with many, they are sorted by their bytes
@@ -196,6 +246,7 @@ static void string_item(Row *row, int close) {
 static void finite_item(Row *row) {
     const Plan *p = row->plan;
     const Vocab *v = row->vocab;
+    if (p->domain != NULL && finite_item_cached(row)) return;
     const Py_ssize_t skip = p->buffer_size - p->item_start;
     tuple_range(p->unused, row->buf + p->item_start, skip, &row->rests_lo, &row->rests_hi);
     Py_ssize_t n = 0;

@@ -57,3 +57,16 @@ int valid_utf8(const uint8_t *p, Py_ssize_t n) {
     }
     return 1;
 }
+
+/* The bytes object x against the concatenation a + b, over their common length (memcmp's sign):
+ * 0 when one begins as the other; each caller breaks that tie by length as it needs. */
+int compare_with_concat(PyObject *x, const uint8_t *a, Py_ssize_t na, const uint8_t *b, Py_ssize_t nb) {
+    const uint8_t *s = (const uint8_t *)PyBytes_AS_STRING(x);
+    const Py_ssize_t n = PyBytes_GET_SIZE(x), ca = n < na ? n : na;
+    int c = ca ? memcmp(s, a, (size_t)ca) : 0;
+    if (!c && n > na && nb) {
+        const Py_ssize_t cb = n - na < nb ? n - na : nb;
+        c = memcmp(s + na, b, (size_t)cb);
+    }
+    return c;
+}

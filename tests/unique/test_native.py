@@ -226,6 +226,71 @@ print(json.dumps({"compared": compared, "states": sum(len(chunks) for _, chunks 
     assert result["compared"] == result["states"] and result["native_rows"] >= 50, result
 
 
+def test_a_large_finite_domain_through_its_shared_cache():
+    """A finite domain past enumeration (`_native.Domain`, domain.c): its cache of the spellings
+    each token reaches from an item's bytes so far is shared by every guard of the domain. Guards
+    in different states (inside items at many prefixes, between items, after items used, commas
+    and brackets inside spellings, a number that can go on) decide rows with every token allowed
+    both ways, bit for bit; past the cache's bound (10 prefixes of 129,280 tokens) it starts
+    again and stays right. The Domain refuses spellings out of order."""
+    result = run_isolated(NO_ENGINE + r'''
+import json
+import numpy as np
+from fd_guided.schema.unique_paths import UniquePaths
+from fd_guided.tokenizer import load_tokenizer
+from fd_guided.unique import guard, native
+
+tokenizer = load_tokenizer("deepseek")
+width = (len(tokenizer.token_bytes) + 31) // 32
+VALUES = [f"tag number {i} of the list" for i in range(200)] + ["x", "xy", "xyz", "a,b", "a]b", "", "x y", 7, 70, True, None]
+SCHEMA = {"type": "array", "uniqueItems": True, "items": {"enum": VALUES}}
+paths = UniquePaths(SCHEMA)
+states = [
+    ['["tag number 1', '2'],                       # inside an item, digits going on
+    ['["tag number 12 of the list"', ', "tag number 1', '2'],  # the same prefix, one spelling used
+    ['["tag number 12 of the list", "tag number 1', ' of the l'],
+    ['["x"', ', "x'],                              # "x" used: "xy", "xyz" go on
+    ['["x", "xy", "xyz"', ', '],                   # all three used: "x is a dead end
+    ['["a,b"', ', "a'],                            # a comma and a bracket inside spellings
+    ['["a,b", "a]b"', ', "'],
+    ['[7', ', 7'],                                 # a number that can go on as 70
+    ['["tag', ' number 3'],
+    ['["tag number 19', '9 of the'],
+    ['["tag number 199 of the list"', ', '],       # between items
+    ['["x y"', ', ""', ', "x'],
+    ['[', '"'],
+]
+compared = native_rows = 0
+for chunks in states:
+    grammar = guard.UniqueItemsGrammar(NoEngine(), paths, tokenizer.token_bytes, width * 32)
+    for chunk in chunks:
+        assert grammar.tracker.push(chunk.encode()), chunk
+        grammar.tracker.fill_plan = grammar._make_plan()
+        bits = np.full((2, width), -1, dtype=np.int32)
+        native_rows += native.is_plan(grammar.tracker.fill_plan)
+        guard.restrict_rows([grammar], bits, [0])
+        native.ENABLED = False
+        guard.restrict_rows([grammar], bits, [1])
+        native.ENABLED = True
+        assert np.array_equal(bits[0], bits[1]), (chunks, chunk, np.nonzero(bits[0] != bits[1])[0][:5])
+        compared += 1
+domain = native.native_domain(grammar.tracker.stack[0][4].domain)  # the one every guard here shared
+refused = []
+for bad in [(b"b", b"a"), (b"a", b"a"), ("a",)]:
+    try:
+        native._native.Domain(bad)
+    except (ValueError, TypeError) as error:
+        refused.append(type(error).__name__)
+print(json.dumps({"compared": compared, "states": sum(map(len, states)), "native_rows": native_rows,
+                  "cached": list(domain.cached()), "refused": refused}))
+''', timeout_s=900)
+    assert result["compared"] == result["states"] and result["native_rows"] == result["states"], result
+    # 10 item prefixes of every token each (1.29M pairs) passed the bound: the cache started again
+    prefixes, entries = result["cached"]
+    assert 0 < prefixes < 10 and 0 < entries <= (1 << 20) + 130_000, result
+    assert result["refused"] == ["ValueError", "ValueError", "TypeError"], result
+
+
 def test_canonical_keys_agree_with_item_keys():
     """`canon.c` says two values are equal exactly when `item_keys` does (jsonschema's equality, and
     exact decimals), on random pairs of JSON texts spelled many ways; where it cannot say, the
