@@ -44,10 +44,11 @@ import numpy as np
 
 from ..bitmask_rows import token_row
 from ..interface import Grammar
+from .follow import PlanFollowing
 from .minimum import BudgetTooSmallError, StartPlanning
 from .plan import Plan, chain
 from .rows import StepRows, cut_drafts, engine_of, stop_entry
-from .search import Completion, TokenTable, shortest_completion, token_table
+from .search import TokenTable
 from .slack import SlackTokens
 from .start_plans import StartPlans
 
@@ -80,7 +81,7 @@ class _Slot:
 
 
 @dataclass
-class BudgetSteering(StartPlanning):
+class BudgetSteering(PlanFollowing, StartPlanning):
     """The manager's budget steering (see the module docstring); one per manager."""
 
     backend: Any
@@ -134,7 +135,8 @@ class BudgetSteering(StartPlanning):
         budget = self._slots.get(slot) if slot is not None else None
         if budget is None:
             return None
-        generated = self._generated(state)
+        reasoning = state.reasoning
+        generated = len(state.history) + (reasoning.spent if reasoning is not None else 0)
         if generated < budget.far_until:
             return None  # far from the budget (found so at an earlier step, the plan unchanged)
         plan = budget.plan
@@ -175,6 +177,15 @@ class BudgetSteering(StartPlanning):
             budget = slots.get(entry.slot)  # None: no budget (or no request)
             if budget is None or budget.gave_up or entry.plans is None:
                 continue
+            if budget.far_until and entry.tree.num_nodes == 1:
+                # Far from the budget (found so at an earlier look, the plan unchanged): one
+                # comparison. Its row was filled, not closed; a finished or reasoning one has
+                # nothing to steer while far either.
+                state = get_state(entry.slot)
+                if state is not None:
+                    reasoning = state.reasoning
+                    if len(state.history) + (reasoning.spent if reasoning is not None else 0) < budget.far_until:
+                        continue
             if entry.fill is not None and entry.fill.closed:  # written from its candidates (prepare)
                 closed += 1
                 if not budget.steered:
@@ -184,13 +195,10 @@ class BudgetSteering(StartPlanning):
             state = get_state(entry.slot)
             if state is None or state.finish is not None or state.grammar is None:
                 continue
-            generated = self._generated(state)
-            left = budget.max_tokens - generated
+            left = budget.max_tokens - self._generated(state)
             if state.in_reasoning:
                 self._reasoning(budget, state, left)
                 continue
-            if generated < budget.far_until and entry.tree.num_nodes == 1:
-                continue  # far from the budget (found so at an earlier step, the plan unchanged)
             if entry.first_row in masked:
                 self._row(step, entry, state, budget, left)
         if closed:
@@ -198,6 +206,8 @@ class BudgetSteering(StartPlanning):
 
     def _row(self, step: StepRows, entry, state, budget: _Slot, left: int) -> None:
         if not budget.started:
+            if self._far_at_start(entry, state, budget, left):
+                return  # its start plan cached, far from the budget: a comparison a step from here
             if self._start_deferred(state, left, budget):
                 return  # far from the budget: steered once the background search is done
             budget.started = True
@@ -226,6 +236,22 @@ class BudgetSteering(StartPlanning):
                 if completion is not None:
                     budget.plan = Plan(completion.text, chain(completion, self.table), landmarks=completion.landmarks)
                     self._close(step, entry.first_row, budget.plan, left, budget, state.grammar)
+
+    def _far_at_start(self, entry, state, budget: _Slot, left: int) -> bool:
+        """The first look of a request far from its budget whose start plan is cached (every
+        request of a schema seen before): the plan copied, `far_until` set, one lookup of the
+        start-plan key (its spec hashed once). False (nothing done) otherwise: `_start` decides."""
+        if state.history or budget.deferred:
+            return False
+        known, cached = self.start_plans.lookup((state.spec, engine_of(state)))
+        if cached is None:
+            return False
+        slack = left - cached.need - self.headroom
+        if slack <= self.window or entry.tree.num_nodes > slack:
+            return False
+        budget.started, budget.plan, budget.seen = True, cached.fresh(), 0
+        budget.far_until = budget.max_tokens - cached.need - self.headroom - self.window
+        return True
 
     def _start(self, step: StepRows, entry, state, budget: _Slot, left: int) -> bool:
         """The first look: a plan from the current state; fail the request if it cannot fit."""
@@ -269,44 +295,6 @@ class BudgetSteering(StartPlanning):
         if plan.need > budget.max_tokens:
             return self._refuse(step, entry, state, BudgetTooSmallError(budget.max_tokens, plan.need, state.spec.kind))
         return True
-
-    def _follow(self, grammar: Grammar, history: Sequence[int], budget: _Slot) -> None:
-        """Bring the plan up to the tokens the grammar accepted since the last look."""
-        plan, table = budget.plan, self.table
-        budget.far_until = 0  # the plan may change here
-        if plan is None:
-            return
-        seen = budget.seen
-        if len(history) == seen and not budget.stale:
-            return
-        if len(history) < seen:  # jump-forward re-encoded a boundary
-            budget.stale = True
-        else:
-            # one token since the last look, as a plain decode step has it; else every one
-            new = (
-                table.bytes_of[history[seen]]
-                if len(history) == seen + 1
-                else b"".join([table.bytes_of[t] for t in history[seen:]])
-            )
-            if new and not budget.stale and plan.text.startswith(new, plan.position):
-                plan.position += len(new)
-            elif new:
-                budget.stale = True
-        budget.seen = len(history)
-        if not budget.stale:
-            return
-        budget.stale = False
-        rest = plan.rest_tokens(table)
-        if self._completes(grammar, rest):
-            budget.plan = Plan.of(Completion(plan.text[plan.position :], tuple(rest), plan.landmarks), table)
-            return
-        completion = self._search(grammar, (plan.text[plan.position :],), plan.landmarks)
-        if completion is None:
-            budget.gave_up = True
-            self.metrics.inc("budget_search_failures_total")
-            budget.plan = None
-            return
-        budget.plan = Plan.of(completion, table)
 
     def _close(self, step: StepRows, row: int, plan: Plan, left: int, budget: _Slot, grammar: Grammar) -> bool:
         """Allow only the tokens that spell the plan's next bytes within what is left and the stop
@@ -376,38 +364,3 @@ class BudgetSteering(StartPlanning):
         """The tokens `state`'s request generated (reasoning included)."""
         reasoning = state.reasoning
         return len(state.history) + (reasoning.spent if reasoning is not None else 0)
-
-    @property
-    def table(self) -> TokenTable:
-        if self._table is None:
-            self._table = token_table(self.backend.tokenizer)
-        return self._table
-
-    def _scratch_row(self) -> tuple[Any, np.ndarray]:
-        """A one-row bitmask of our own (the search's fills must not touch the step's rows)."""
-        if self._scratch is None:
-            scratch = self.backend.allocate_bitmask(1)
-            self._scratch = (scratch, scratch.numpy() if hasattr(scratch, "numpy") else np.asarray(scratch))
-        return self._scratch[0], self._scratch[1][0]
-
-    def _search(self, grammar: Grammar, hints: Sequence[bytes] = (), marks: Sequence[bytes] = ()) -> Completion | None:
-        bitmask, words = self._scratch_row()  # hints: texts (or whose suffixes) may complete it
-        stops, most = self.backend.stop_token_ids, self.max_expansions
-        return shortest_completion(
-            grammar, self.table, stops, words, bitmask, 0, max_expansions=most, hints=hints, landmarks=marks
-        )
-
-    def _completes(self, grammar: Grammar, tokens: list[int]) -> bool:
-        """Whether `tokens` and then a stop token complete the grammar from its state (unchanged)."""
-        accepted = grammar.accept_tokens(tokens)
-        try:
-            if accepted < len(tokens):
-                return False
-            bitmask, words = self._scratch_row()
-            grammar.fill_bitmask(bitmask, 0)
-            return any(
-                (int(words[s >> 5]) >> (s & 31)) & 1 for s in self.backend.stop_token_ids if s < words.shape[0] * 32
-            )
-        finally:
-            if accepted:
-                grammar.rollback(accepted)
