@@ -30,7 +30,7 @@ from ..errors import InvalidGrammarError
 from .instance import start_candidates, start_landmarks
 from .plan import Plan
 from .rows import engine_of
-from .search import Completion, TokenTable, shortest_completion
+from .search import UNSPELLED, Completion, TokenTable, shortest_completion
 from .start_plans import StartPlans
 
 
@@ -167,7 +167,13 @@ class StartPlanning:
             return None
         plan = Plan.of(completion, self.table)
         plan.landmarks = (completion.text, *landmarks)
+        plan.growth = self._growth(completion.text, landmarks)
         return plan
+
+    def _growth(self, text: bytes, landmarks: Sequence[bytes]) -> int:
+        """The most tokens a landmark (the start plan with one optional member more) adds to `text`."""
+        start, counts = self.table.count(text), [self.table.count(mark) for mark in landmarks if mark != text]
+        return max([count - start for count in counts if count < UNSPELLED], default=0)
 
     def plan_ready(self, slot: int, state) -> bool:
         """False while `slot`'s first sample should wait for its grammar's start plan: a budget close

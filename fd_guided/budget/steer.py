@@ -7,7 +7,9 @@ what the plan still costs: the fewest tokens that spell the rest of its text, pl
 With `left` the tokens the request may still generate (its ``max_tokens`` minus every token it
 generated, reasoning included), once per step, after the fill (`BudgetSteering.steer`):
 
-  far      ``left > need + headroom + window``: nothing is done (no search, no look at tokens)
+  far      ``left > need + headroom + window``: nothing is done (no search, no look at tokens);
+           after its first look (the start plan of a schema seen before: one lookup) a far row
+           costs one comparison a step (`_Slot.far_until`)
   near     the tokens emitted since the last look are checked against the plan: on the plan, it
            advances; off it, the rest of the plan is tried from the new state (accept, one fill,
            roll back): still a completion (a string grew, whitespace), it stays; else a new search
@@ -25,10 +27,16 @@ request (reason ``error``, the minimum named): admission does not know the compi
 Speculative drafts of a request in its near or closing zone are cut (their rows allow only stop
 tokens, `draft_limits` 0), so drafts never overrun the budget.
 
+A request's ``headroom`` is `HEADROOM`, or its start plan's growth plus one where that is larger
+(`Plan.growth`: the most tokens one optional property or array item adds to the shortest output,
+from the landmarks written beside it), so that outside the closing zone the slack exceeds what
+opening any one such member costs.
+
 Guarantee: in the closing zone every allowed token keeps a verified completion within the
-budget, so a request that enters it with ``need <= left`` ends ``stop`` with a valid output. A
-token taken outside the closing zone that raises the shortest completion by more than the slack
-left then (an array item of a long required object, opened with more than ``headroom`` slack) can
+budget, so a request that enters it with ``need <= left`` ends ``stop`` with a valid output.
+Outside it a token that opens one optional member the landmarks hold still leaves room to close
+it. A token that raises the shortest completion by more than that (a costlier ``anyOf`` branch
+or type, a member of a member no landmark holds, a grammar without landmarks: EBNF, Lark) can
 still overrun; such requests are counted (``budget_overruns_total``) and end as the host's budget
 says (``length``). See docs/budget.md.
 """
@@ -78,6 +86,9 @@ class _Slot:
     # plan as it stands: set where `_row` finds it far, cleared whenever the plan is followed
     # (the plan does not change while far), so a far row costs a comparison per step.
     far_until: int = 0
+    # Slack at which its closing zone starts: the steering's headroom, or its start plan's growth
+    # (the most one optional member adds) and one more where that is larger (`_take_start`).
+    headroom: int = HEADROOM
 
 
 @dataclass
@@ -144,12 +155,12 @@ class BudgetSteering(PlanFollowing, StartPlanning):
             return None
         if entry.tree.num_nodes != 1 or state.in_reasoning or state.grammar is None:
             return None
-        left = budget.max_tokens - generated
-        if left > plan.need + self.headroom + self.window:
+        left, headroom = budget.max_tokens - generated, budget.headroom
+        if left > plan.need + headroom + self.window:
             return None  # far from the budget
         self._follow(state.grammar, state.history, budget)
         plan = budget.plan
-        if plan is None or not 0 <= left - plan.need <= self.headroom:
+        if plan is None or not 0 <= left - plan.need <= headroom:
             return None
         return tuple(self._allowed(plan, left, self.backend.stop_token_ids))
 
@@ -216,8 +227,9 @@ class BudgetSteering(PlanFollowing, StartPlanning):
         plan = budget.plan
         if plan is None:
             return
-        if left > plan.need + self.headroom + self.window and entry.tree.num_nodes <= left - plan.need - self.headroom:
-            budget.far_until = budget.max_tokens - plan.need - self.headroom - self.window
+        headroom = budget.headroom
+        if left > plan.need + headroom + self.window and entry.tree.num_nodes <= left - plan.need - headroom:
+            budget.far_until = budget.max_tokens - plan.need - headroom - self.window
             return  # far from the budget: nothing to do
         self._follow(state.grammar, state.history, budget)
         plan = budget.plan
@@ -228,7 +240,7 @@ class BudgetSteering(PlanFollowing, StartPlanning):
         if plan.need > left and not budget.overrun:
             budget.overrun = True
             self.metrics.inc("budget_overruns_total")
-        if left - plan.need <= self.headroom:
+        if left - plan.need <= headroom:
             if not self._close(step, entry.first_row, plan, left, budget, state.grammar):
                 # The engine allows none of the plan's spellings here (llguidance keeps to canonical
                 # tokens of forced bytes): plan again from this very state, whose tokens it accepted.
@@ -246,12 +258,21 @@ class BudgetSteering(PlanFollowing, StartPlanning):
         known, cached = self.start_plans.lookup((state.spec, engine_of(state)))
         if cached is None:
             return False
-        slack = left - cached.need - self.headroom
+        headroom = max(self.headroom, cached.growth + 1)
+        slack = left - cached.need - headroom
         if slack <= self.window or entry.tree.num_nodes > slack:
             return False
-        budget.started, budget.plan, budget.seen = True, cached.fresh(), 0
-        budget.far_until = budget.max_tokens - cached.need - self.headroom - self.window
+        budget.started = True
+        self._take_start(budget, cached.fresh(), 0)
+        budget.far_until = budget.max_tokens - cached.need - headroom - self.window
         return True
+
+    def _take_start(self, budget: _Slot, plan: Plan, seen: int) -> None:
+        """`plan` (a start plan, or one searched at a first look) becomes `budget`'s; its closing
+        zone starts at the headroom or past the plan's growth (see `Plan.growth`), whichever is
+        wider: a token taken outside it opens at most one optional member, which then still fits."""
+        budget.plan, budget.seen = plan, seen
+        budget.headroom = max(self.headroom, plan.growth + 1)
 
     def _start(self, step: StepRows, entry, state, budget: _Slot, left: int) -> bool:
         """The first look: a plan from the current state; fail the request if it cannot fit."""
@@ -266,7 +287,7 @@ class BudgetSteering(PlanFollowing, StartPlanning):
             budget.gave_up = True
             self.metrics.inc("budget_search_failures_total")
             return False
-        budget.plan, budget.seen = plan, len(state.history)
+        self._take_start(budget, plan, len(state.history))
         if plan.need > left:
             spent = budget.max_tokens - left
             refusal = BudgetTooSmallError(
@@ -291,7 +312,7 @@ class BudgetSteering(PlanFollowing, StartPlanning):
             budget.deferred = False
             return self._start(step, entry, state, budget, left)
         plan = cached.fresh()
-        budget.plan, budget.seen = plan, 0
+        self._take_start(budget, plan, 0)
         if plan.need > budget.max_tokens:
             return self._refuse(step, entry, state, BudgetTooSmallError(budget.max_tokens, plan.need, state.spec.kind))
         return True
@@ -342,16 +363,17 @@ class BudgetSteering(PlanFollowing, StartPlanning):
     def _reasoning(self, budget: _Slot, state, left: int) -> None:
         """Force the think-end marker while the budget still holds it and the shortest output."""
         if budget.plan is None and not budget.gave_up:
-            budget.plan, budget.seen = self._start_plan(state), 0
-            if budget.plan is None:
+            plan = self._start_plan(state)
+            if plan is None:
                 budget.gave_up = True
                 return
+            self._take_start(budget, plan, 0)
         if budget.plan is None:
             return
         reasoning = state.reasoning
         marker = len(reasoning.marker.sequences[0])
         # One step late (this step's rows were planned already): hence the 1.
-        if left - 1 - marker <= budget.plan.need + self.headroom and (
+        if left - 1 - marker <= budget.plan.need + budget.headroom and (
             reasoning.budget is None or reasoning.budget > reasoning.spent
         ):
             state.reasoning = replace(reasoning, budget=reasoning.spent)

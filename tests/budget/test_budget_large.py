@@ -151,6 +151,32 @@ def test_the_adversary_ends_large_schemas_valid_within_budget(backend_name):
     assert manager.metrics.value("budget_search_failures_total") == 0
 
 
+OPTIONAL_SHIPPING = {**ORDERS[1], "required": [name for name in ORDERS[1]["required"] if name != "shipping"]}
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_no_optional_member_is_opened_without_room_to_close_it(backend_name):
+    """The adversary opens every optional property and array item a row allows (it takes a ``,``
+    over a closing ``}`` or ``]``). At every budget from the shortest output to 44 tokens past it,
+    for an order and for one whose shipping address (an object of three required properties) is
+    optional, each output ends ``stop`` and validates, and nothing overran. Before a request's
+    closing zone was widened to its start plan's growth (the most one optional member or item
+    adds, `Plan.growth`), budgets 40-43 past the shortest ended ``length``: a second ``items``
+    entry (12 tokens) opened with 9-12 tokens of slack, past the fixed headroom of 8."""
+    cases = []
+    for schema in (ORDERS[0], OPTIONAL_SHIPPING):
+        need = start_need(backend_name, schema)
+        cases += [(schema, budget) for budget in range(need, need + 45)]
+    results, manager = decode(backend_name, [s for s, _ in cases], [b for _, b in cases])
+    cut = [
+        (budget, finish, text)
+        for (schema, budget), (finish, text, _) in zip(cases, results)
+        if finish != "stop" or not valid(schema, text)
+    ]
+    assert not cut, cut[:3]
+    assert manager.metrics.value("budget_overruns_total") == 0
+
+
 class Counted:
     """A matcher that counts its fills (the search's cost)."""
 
@@ -217,7 +243,7 @@ def test_an_optional_object_no_plan_holds_lands_on_its_variant(engine):
     """An optional address where no address was written: the start plan's landmarks (the shortest
     output with one optional property more each) hold one, and the search lands on its rest; with
     the plan's text alone it searches the whole address (hundreds of fills)."""
-    schema = {**ORDERS[1], "required": [name for name in ORDERS[1]["required"] if name != "shipping"]}
+    schema = OPTIONAL_SHIPPING
     grammar, written, start, rest, landmarks, search = off_the_plan(
         engine, schema, b',"shipping":{"street_o1":"x', b',"items":'
     )
