@@ -29,10 +29,10 @@ class Plan:
     # re-plan unchanged (one tuple per request: its landing table is built once). A plan made
     # without any has its own text.
     landmarks: tuple[bytes, ...] = ()
-    # A start plan's: the most tokens one optional property or array item adds to it (the
-    # landmarks written beside it, `instance.start_landmarks`: one more each); 0 where none is
-    # known. A request's closing zone is at least this wide (`steer._Slot.headroom`), so no such
-    # member is opened with too little slack left to close it.
+    # A start plan's: the most tokens one choice of its schema adds to a completion (an optional
+    # property or array item opened, a costlier anyOf branch, type or enum member: `growth`, or a
+    # landmark over the plan); 0 where none is known. A request's closing zone is at least this
+    # wide (`steer._Slot.headroom`), so no such choice is made without room left to close it.
     growth: int = 0
 
     def __post_init__(self) -> None:
