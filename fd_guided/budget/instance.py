@@ -11,7 +11,7 @@ constraint says what its shortest output is, so `start_candidates` writes it:
                engines write them) and, for ``minProperties``, the cheapest optional ones; an
                array its ``minItems`` items (``prefixItems`` first); a string the cheapest of its
                patterns' and length bounds' language (`shortest_string`: the schema package's own
-               automata); a number the shortest spelling in its bounds and ``multipleOf``; an enum,
+               automata); a number the shortest spelling in its bounds and ``multipleOf`` (`numbers`); an enum,
                ``anyOf`` or type list its cheapest alternative; ``$ref`` the shortest instance of its
                definition (a fixpoint over recursive definitions); any value the cheapest of
                ``0``, ``""``, ``[]``, ``{}``, ``true``, ``null``
@@ -32,21 +32,18 @@ Deterministic (TP ranks write the same text); bounded (`MAX_NODES` nodes written
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
-from decimal import Decimal
-from fractions import Fraction
 from typing import Any
 
 from ..errors import InvalidGrammarError
 from ..schema import for_engine
 from ..schema.deadline import Overrun
 from ..schema.refusal import Refusal, Unsatisfiable
+from .numbers import number
 from .shortest_string import shortest_full_match, shortest_match
 
 MAX_NODES = 50_000  # schema nodes written per round
 MAX_ROUNDS = 8  # fixpoint rounds over recursive definitions
-MAX_DIGITS = 12  # decimals tried for a number between two bounds
 VARIANTS = 16  # near-shortest instances written to land on (`start_landmarks`)
 _NO_CANDIDATE = (InvalidGrammarError, Refusal, Unsatisfiable, Overrun, RecursionError, ValueError, TypeError)
 _STRING_KEYWORDS = frozenset({"type", "minLength", "maxLength", "pattern", "allOf"})
@@ -335,79 +332,3 @@ class Writer:
             if text is not None and (best is None or self.cost(text) < self.cost(best)):
                 best = text
         return best
-
-
-# ----- numbers -------------------------------------------------------------------------------------
-
-
-def number(node: dict, integer: bool) -> str | None:
-    """The shortest spelling of a number in `node`'s bounds and ``multipleOf`` (an integer one for
-    `integer`), None if none is found."""
-    lo = _bound(node, "minimum", "exclusiveMinimum", max)
-    hi = _bound(node, "maximum", "exclusiveMaximum", min)
-    step = _fraction(node["multipleOf"]) if "multipleOf" in node else None
-    if step is not None and step <= 0:
-        return None
-    if integer:
-        step = Fraction(step.numerator) if step is not None else Fraction(1)  # integer multiples of p/q: of p
-    inside = lambda v: (
-        (lo is None or v > lo[0] or (v == lo[0] and not lo[1]))
-        and (hi is None or v < hi[0] or (v == hi[0] and not hi[1]))
-    )
-    candidates = [Fraction(0)] if inside(Fraction(0)) else _near_zero(lo, hi, step)
-    fitting = [v for v in candidates if inside(v) and (step is None or (v / step).denominator == 1)]
-    spelled = [text for text in map(_spell, fitting) if text is not None]
-    return min(spelled, key=lambda text: (len(text), text), default=None)
-
-
-def _near_zero(lo, hi, step: Fraction | None) -> list[Fraction]:
-    """Values of the range nearest zero on its side: the first multiples of `step`, or the first
-    decimals of each precision."""
-    positive = lo is not None and lo[0] >= 0
-    edge = lo[0] if positive else hi[0] if hi is not None else None
-    if edge is None:
-        return []
-    sign = 1 if positive else -1
-    magnitude = abs(edge)
-    if step is not None:
-        first = math.floor(magnitude / step) * step
-        return [sign * (first + k * step) for k in range(0, 9)]
-    out = []
-    for digits in range(MAX_DIGITS + 1):
-        unit = Fraction(1, 10**digits)
-        first = math.floor(magnitude / unit) * unit
-        out += [sign * first, sign * (first + unit)]
-    return out
-
-
-def _bound(node: dict, inclusive: str, exclusive: str, pick) -> tuple[Fraction, bool] | None:
-    bounds = []
-    if inclusive in node:
-        bounds.append((_fraction(node[inclusive]), False))
-    if exclusive in node:
-        bounds.append((_fraction(node[exclusive]), True))
-    if not bounds:
-        return None
-    if len(bounds) == 2 and bounds[0][0] == bounds[1][0]:
-        return (bounds[0][0], True)
-    return pick(bounds, key=lambda b: b[0])
-
-
-def _fraction(value) -> Fraction:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"not a number: {value!r}")
-    return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
-
-
-def _spell(value: Fraction) -> str | None:
-    """`value` as a JSON number without an exponent; None when its decimal expansion does not end."""
-    if value.denominator == 1:
-        return str(value.numerator)
-    denominator = value.denominator
-    for factor in (2, 5):
-        while denominator % factor == 0:
-            denominator //= factor
-    if denominator != 1:
-        return None
-    text = format(Decimal(value.numerator) / Decimal(value.denominator), "f")
-    return text.rstrip("0").rstrip(".") if "." in text else text

@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidGrammarError
+from .growth import start_growth
 from .instance import start_candidates, start_landmarks
 from .plan import Plan
 from .rows import engine_of
-from .search import Completion, TokenTable, shortest_completion
+from .search import UNSPELLED, Completion, TokenTable, shortest_completion
 from .start_plans import StartPlans
 
 
@@ -147,7 +148,8 @@ class StartPlanning:
         """The start plan of `compiled`, on a matcher and scratch row of its own (any thread)."""
         scratch = self.backend.allocate_bitmask(1)
         words = scratch.numpy() if hasattr(scratch, "numpy") else np.asarray(scratch)
-        landmarks = self.start_landmarks(compiled.spec, str(compiled.backend_name))
+        spec, engine = compiled.spec, str(compiled.backend_name)
+        landmarks = self.start_landmarks(spec, engine)
         completion = shortest_completion(
             self.backend.new_grammar(compiled),
             self.table,
@@ -159,14 +161,20 @@ class StartPlanning:
             hints=self.start_hints(compiled.spec, str(compiled.backend_name)),
             landmarks=landmarks,
         )
-        return self._start_plan_of(completion, landmarks)
+        return self._start_plan_of(completion, landmarks, spec, engine)
 
-    def _start_plan_of(self, completion: Completion | None, landmarks: Sequence[bytes]) -> Plan | None:
-        """The start plan of a completion from the start state, its landmarks its text and `landmarks`."""
+    def _start_plan_of(
+        self, completion: Completion | None, landmarks: Sequence[bytes], spec, engine: str
+    ) -> Plan | None:
+        """The start plan of a completion from the start state, its landmarks its text and
+        `landmarks`, its growth what one choice of `spec` (or a landmark) adds at most."""
         if completion is None:
             return None
         plan = Plan.of(completion, self.table)
         plan.landmarks = (completion.text, *landmarks)
+        start, counts = self.table.count(completion.text), [self.table.count(mark) for mark in landmarks]
+        landed = max([count - start for count in counts if count < UNSPELLED], default=0)
+        plan.growth = max(landed, start_growth(spec, engine, self.table.count))
         return plan
 
     def plan_ready(self, slot: int, state) -> bool:
@@ -216,6 +224,7 @@ class StartPlanning:
             return cached.fresh() if cached is not None else None
         spec, engine = state.spec, engine_of(state)
         landmarks = self.start_landmarks(spec, engine)
-        plan = self._start_plan_of(self._search(state.grammar, self.start_hints(spec, engine), landmarks), landmarks)
+        completion = self._search(state.grammar, self.start_hints(spec, engine), landmarks)
+        plan = self._start_plan_of(completion, landmarks, spec, engine)
         self.start_plans.remember(key, plan)
         return plan.fresh() if plan is not None else None

@@ -29,6 +29,11 @@ class Plan:
     # re-plan unchanged (one tuple per request: its landing table is built once). A plan made
     # without any has its own text.
     landmarks: tuple[bytes, ...] = ()
+    # A start plan's: the most tokens one choice of its schema adds to a completion (an optional
+    # property or array item opened, a costlier anyOf branch, type or enum member: `growth`, or a
+    # landmark over the plan); 0 where none is known. A request's closing zone is at least this
+    # wide (`steer._Slot.headroom`), so no such choice is made without room left to close it.
+    growth: int = 0
 
     def __post_init__(self) -> None:
         if not self.landmarks:
@@ -50,7 +55,7 @@ class Plan:
 
     def fresh(self) -> Plan:
         """This plan from its start, sharing its tables (a cached start plan for a new request)."""
-        return Plan(self.text, self.fewest, 0, self.spellings_at, self.landmarks)
+        return Plan(self.text, self.fewest, 0, self.spellings_at, self.landmarks, self.growth)
 
     def spellings(self, table: TokenTable) -> list[tuple[int, int]]:
         """The tokens that spell the plan's next bytes, each with the tokens its rest then needs."""

@@ -20,6 +20,7 @@ from .plan import Plan
 logger = logging.getLogger(__name__)
 
 START_PLANS = 256  # start-state plans remembered per manager
+_UNKNOWN = object()
 
 
 class StartPlans:
@@ -44,6 +45,16 @@ class StartPlans:
                 return None
             self._plans.move_to_end(key)
             return self._plans[key]
+
+    def lookup(self, key: Hashable) -> tuple[bool, Plan | None]:
+        """(whether `key`'s plan is known, the plan or None) under one lock: a request's first look
+        costs one hash of the key; marks it recently used."""
+        with self._lock:
+            plan = self._plans.get(key, _UNKNOWN)
+            if plan is _UNKNOWN:
+                return False, None
+            self._plans.move_to_end(key)
+            return True, plan  # type: ignore[return-value]
 
     def remember(self, key: Hashable, plan: Plan | None) -> None:
         with self._lock:

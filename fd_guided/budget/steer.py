@@ -7,7 +7,9 @@ what the plan still costs: the fewest tokens that spell the rest of its text, pl
 With `left` the tokens the request may still generate (its ``max_tokens`` minus every token it
 generated, reasoning included), once per step, after the fill (`BudgetSteering.steer`):
 
-  far      ``left > need + headroom + window``: nothing is done (no search, no look at tokens)
+  far      ``left > need + headroom + window``: nothing is done (no search, no look at tokens);
+           after its first look (the start plan of a schema seen before: one lookup) a far row
+           costs one comparison a step (`_Slot.far_until`)
   near     the tokens emitted since the last look are checked against the plan: on the plan, it
            advances; off it, the rest of the plan is tried from the new state (accept, one fill,
            roll back): still a completion (a string grew, whitespace), it stays; else a new search
@@ -25,10 +27,16 @@ request (reason ``error``, the minimum named): admission does not know the compi
 Speculative drafts of a request in its near or closing zone are cut (their rows allow only stop
 tokens, `draft_limits` 0), so drafts never overrun the budget.
 
+A request's ``headroom`` is `HEADROOM`, or its start plan's growth plus one where that is larger
+(`Plan.growth`: the most tokens one optional property or array item adds to the shortest output,
+from the landmarks written beside it), so that outside the closing zone the slack exceeds what
+opening any one such member costs.
+
 Guarantee: in the closing zone every allowed token keeps a verified completion within the
-budget, so a request that enters it with ``need <= left`` ends ``stop`` with a valid output. A
-token taken outside the closing zone that raises the shortest completion by more than the slack
-left then (an array item of a long required object, opened with more than ``headroom`` slack) can
+budget, so a request that enters it with ``need <= left`` ends ``stop`` with a valid output.
+Outside it a token that opens one optional member the landmarks hold still leaves room to close
+it. A token that raises the shortest completion by more than that (a costlier ``anyOf`` branch
+or type, a member of a member no landmark holds, a grammar without landmarks: EBNF, Lark) can
 still overrun; such requests are counted (``budget_overruns_total``) and end as the host's budget
 says (``length``). See docs/budget.md.
 """
@@ -44,10 +52,11 @@ import numpy as np
 
 from ..bitmask_rows import token_row
 from ..interface import Grammar
+from .follow import PlanFollowing
 from .minimum import BudgetTooSmallError, StartPlanning
 from .plan import Plan, chain
 from .rows import StepRows, cut_drafts, engine_of, stop_entry
-from .search import Completion, TokenTable, shortest_completion, token_table
+from .search import TokenTable
 from .slack import SlackTokens
 from .start_plans import StartPlans
 
@@ -77,10 +86,13 @@ class _Slot:
     # plan as it stands: set where `_row` finds it far, cleared whenever the plan is followed
     # (the plan does not change while far), so a far row costs a comparison per step.
     far_until: int = 0
+    # Slack at which its closing zone starts: the steering's headroom, or its start plan's growth
+    # (the most one optional member adds) and one more where that is larger (`_take_start`).
+    headroom: int = HEADROOM
 
 
 @dataclass
-class BudgetSteering(StartPlanning):
+class BudgetSteering(PlanFollowing, StartPlanning):
     """The manager's budget steering (see the module docstring); one per manager."""
 
     backend: Any
@@ -134,7 +146,8 @@ class BudgetSteering(StartPlanning):
         budget = self._slots.get(slot) if slot is not None else None
         if budget is None:
             return None
-        generated = self._generated(state)
+        reasoning = state.reasoning
+        generated = len(state.history) + (reasoning.spent if reasoning is not None else 0)
         if generated < budget.far_until:
             return None  # far from the budget (found so at an earlier step, the plan unchanged)
         plan = budget.plan
@@ -142,12 +155,12 @@ class BudgetSteering(StartPlanning):
             return None
         if entry.tree.num_nodes != 1 or state.in_reasoning or state.grammar is None:
             return None
-        left = budget.max_tokens - generated
-        if left > plan.need + self.headroom + self.window:
+        left, headroom = budget.max_tokens - generated, budget.headroom
+        if left > plan.need + headroom + self.window:
             return None  # far from the budget
         self._follow(state.grammar, state.history, budget)
         plan = budget.plan
-        if plan is None or not 0 <= left - plan.need <= self.headroom:
+        if plan is None or not 0 <= left - plan.need <= headroom:
             return None
         return tuple(self._allowed(plan, left, self.backend.stop_token_ids))
 
@@ -175,6 +188,15 @@ class BudgetSteering(StartPlanning):
             budget = slots.get(entry.slot)  # None: no budget (or no request)
             if budget is None or budget.gave_up or entry.plans is None:
                 continue
+            if budget.far_until and entry.tree.num_nodes == 1:
+                # Far from the budget (found so at an earlier look, the plan unchanged): one
+                # comparison. Its row was filled, not closed; a finished or reasoning one has
+                # nothing to steer while far either.
+                state = get_state(entry.slot)
+                if state is not None:
+                    reasoning = state.reasoning
+                    if len(state.history) + (reasoning.spent if reasoning is not None else 0) < budget.far_until:
+                        continue
             if entry.fill is not None and entry.fill.closed:  # written from its candidates (prepare)
                 closed += 1
                 if not budget.steered:
@@ -184,13 +206,10 @@ class BudgetSteering(StartPlanning):
             state = get_state(entry.slot)
             if state is None or state.finish is not None or state.grammar is None:
                 continue
-            generated = self._generated(state)
-            left = budget.max_tokens - generated
+            left = budget.max_tokens - self._generated(state)
             if state.in_reasoning:
                 self._reasoning(budget, state, left)
                 continue
-            if generated < budget.far_until and entry.tree.num_nodes == 1:
-                continue  # far from the budget (found so at an earlier step, the plan unchanged)
             if entry.first_row in masked:
                 self._row(step, entry, state, budget, left)
         if closed:
@@ -198,6 +217,8 @@ class BudgetSteering(StartPlanning):
 
     def _row(self, step: StepRows, entry, state, budget: _Slot, left: int) -> None:
         if not budget.started:
+            if self._far_at_start(entry, state, budget, left):
+                return  # its start plan cached, far from the budget: a comparison a step from here
             if self._start_deferred(state, left, budget):
                 return  # far from the budget: steered once the background search is done
             budget.started = True
@@ -206,8 +227,9 @@ class BudgetSteering(StartPlanning):
         plan = budget.plan
         if plan is None:
             return
-        if left > plan.need + self.headroom + self.window and entry.tree.num_nodes <= left - plan.need - self.headroom:
-            budget.far_until = budget.max_tokens - plan.need - self.headroom - self.window
+        headroom = budget.headroom
+        if left > plan.need + headroom + self.window and entry.tree.num_nodes <= left - plan.need - headroom:
+            budget.far_until = budget.max_tokens - plan.need - headroom - self.window
             return  # far from the budget: nothing to do
         self._follow(state.grammar, state.history, budget)
         plan = budget.plan
@@ -218,7 +240,7 @@ class BudgetSteering(StartPlanning):
         if plan.need > left and not budget.overrun:
             budget.overrun = True
             self.metrics.inc("budget_overruns_total")
-        if left - plan.need <= self.headroom:
+        if left - plan.need <= headroom:
             if not self._close(step, entry.first_row, plan, left, budget, state.grammar):
                 # The engine allows none of the plan's spellings here (llguidance keeps to canonical
                 # tokens of forced bytes): plan again from this very state, whose tokens it accepted.
@@ -226,6 +248,31 @@ class BudgetSteering(StartPlanning):
                 if completion is not None:
                     budget.plan = Plan(completion.text, chain(completion, self.table), landmarks=completion.landmarks)
                     self._close(step, entry.first_row, budget.plan, left, budget, state.grammar)
+
+    def _far_at_start(self, entry, state, budget: _Slot, left: int) -> bool:
+        """The first look of a request far from its budget whose start plan is cached (every
+        request of a schema seen before): the plan copied, `far_until` set, one lookup of the
+        start-plan key (its spec hashed once). False (nothing done) otherwise: `_start` decides."""
+        if state.history or budget.deferred:
+            return False
+        known, cached = self.start_plans.lookup((state.spec, engine_of(state)))
+        if cached is None:
+            return False
+        headroom = max(self.headroom, cached.growth + 1)
+        slack = left - cached.need - headroom
+        if slack <= self.window or entry.tree.num_nodes > slack:
+            return False
+        budget.started = True
+        self._take_start(budget, cached.fresh(), 0)
+        budget.far_until = budget.max_tokens - cached.need - headroom - self.window
+        return True
+
+    def _take_start(self, budget: _Slot, plan: Plan, seen: int) -> None:
+        """`plan` (a start plan, or one searched at a first look) becomes `budget`'s; its closing
+        zone starts at the headroom or past the plan's growth (see `Plan.growth`), whichever is
+        wider: a token taken outside it opens at most one optional member, which then still fits."""
+        budget.plan, budget.seen = plan, seen
+        budget.headroom = max(self.headroom, plan.growth + 1)
 
     def _start(self, step: StepRows, entry, state, budget: _Slot, left: int) -> bool:
         """The first look: a plan from the current state; fail the request if it cannot fit."""
@@ -240,7 +287,7 @@ class BudgetSteering(StartPlanning):
             budget.gave_up = True
             self.metrics.inc("budget_search_failures_total")
             return False
-        budget.plan, budget.seen = plan, len(state.history)
+        self._take_start(budget, plan, len(state.history))
         if plan.need > left:
             spent = budget.max_tokens - left
             refusal = BudgetTooSmallError(
@@ -265,48 +312,10 @@ class BudgetSteering(StartPlanning):
             budget.deferred = False
             return self._start(step, entry, state, budget, left)
         plan = cached.fresh()
-        budget.plan, budget.seen = plan, 0
+        self._take_start(budget, plan, 0)
         if plan.need > budget.max_tokens:
             return self._refuse(step, entry, state, BudgetTooSmallError(budget.max_tokens, plan.need, state.spec.kind))
         return True
-
-    def _follow(self, grammar: Grammar, history: Sequence[int], budget: _Slot) -> None:
-        """Bring the plan up to the tokens the grammar accepted since the last look."""
-        plan, table = budget.plan, self.table
-        budget.far_until = 0  # the plan may change here
-        if plan is None:
-            return
-        seen = budget.seen
-        if len(history) == seen and not budget.stale:
-            return
-        if len(history) < seen:  # jump-forward re-encoded a boundary
-            budget.stale = True
-        else:
-            # one token since the last look, as a plain decode step has it; else every one
-            new = (
-                table.bytes_of[history[seen]]
-                if len(history) == seen + 1
-                else b"".join([table.bytes_of[t] for t in history[seen:]])
-            )
-            if new and not budget.stale and plan.text.startswith(new, plan.position):
-                plan.position += len(new)
-            elif new:
-                budget.stale = True
-        budget.seen = len(history)
-        if not budget.stale:
-            return
-        budget.stale = False
-        rest = plan.rest_tokens(table)
-        if self._completes(grammar, rest):
-            budget.plan = Plan.of(Completion(plan.text[plan.position :], tuple(rest), plan.landmarks), table)
-            return
-        completion = self._search(grammar, (plan.text[plan.position :],), plan.landmarks)
-        if completion is None:
-            budget.gave_up = True
-            self.metrics.inc("budget_search_failures_total")
-            budget.plan = None
-            return
-        budget.plan = Plan.of(completion, table)
 
     def _close(self, step: StepRows, row: int, plan: Plan, left: int, budget: _Slot, grammar: Grammar) -> bool:
         """Allow only the tokens that spell the plan's next bytes within what is left and the stop
@@ -354,16 +363,17 @@ class BudgetSteering(StartPlanning):
     def _reasoning(self, budget: _Slot, state, left: int) -> None:
         """Force the think-end marker while the budget still holds it and the shortest output."""
         if budget.plan is None and not budget.gave_up:
-            budget.plan, budget.seen = self._start_plan(state), 0
-            if budget.plan is None:
+            plan = self._start_plan(state)
+            if plan is None:
                 budget.gave_up = True
                 return
+            self._take_start(budget, plan, 0)
         if budget.plan is None:
             return
         reasoning = state.reasoning
         marker = len(reasoning.marker.sequences[0])
         # One step late (this step's rows were planned already): hence the 1.
-        if left - 1 - marker <= budget.plan.need + self.headroom and (
+        if left - 1 - marker <= budget.plan.need + budget.headroom and (
             reasoning.budget is None or reasoning.budget > reasoning.spent
         ):
             state.reasoning = replace(reasoning, budget=reasoning.spent)
@@ -376,38 +386,3 @@ class BudgetSteering(StartPlanning):
         """The tokens `state`'s request generated (reasoning included)."""
         reasoning = state.reasoning
         return len(state.history) + (reasoning.spent if reasoning is not None else 0)
-
-    @property
-    def table(self) -> TokenTable:
-        if self._table is None:
-            self._table = token_table(self.backend.tokenizer)
-        return self._table
-
-    def _scratch_row(self) -> tuple[Any, np.ndarray]:
-        """A one-row bitmask of our own (the search's fills must not touch the step's rows)."""
-        if self._scratch is None:
-            scratch = self.backend.allocate_bitmask(1)
-            self._scratch = (scratch, scratch.numpy() if hasattr(scratch, "numpy") else np.asarray(scratch))
-        return self._scratch[0], self._scratch[1][0]
-
-    def _search(self, grammar: Grammar, hints: Sequence[bytes] = (), marks: Sequence[bytes] = ()) -> Completion | None:
-        bitmask, words = self._scratch_row()  # hints: texts (or whose suffixes) may complete it
-        stops, most = self.backend.stop_token_ids, self.max_expansions
-        return shortest_completion(
-            grammar, self.table, stops, words, bitmask, 0, max_expansions=most, hints=hints, landmarks=marks
-        )
-
-    def _completes(self, grammar: Grammar, tokens: list[int]) -> bool:
-        """Whether `tokens` and then a stop token complete the grammar from its state (unchanged)."""
-        accepted = grammar.accept_tokens(tokens)
-        try:
-            if accepted < len(tokens):
-                return False
-            bitmask, words = self._scratch_row()
-            grammar.fill_bitmask(bitmask, 0)
-            return any(
-                (int(words[s >> 5]) >> (s & 31)) & 1 for s in self.backend.stop_token_ids if s < words.shape[0] * 32
-            )
-        finally:
-            if accepted:
-                grammar.rollback(accepted)

@@ -3,7 +3,7 @@
 Among the tokens a row allows it picks, in order: whitespace-only tokens, then tokens that hold
 none of ``"]}`` and no stop (they extend a string or a number, or open something), the longest
 first; a stop token only when nothing else is allowed. Left alone under a mask it would write one
-string forever: only budget steering ends its outputs.
+string forever: only budget steering ends its outputs. `pick_opener` opens whatever it may first.
 """
 
 from __future__ import annotations
@@ -30,8 +30,26 @@ def _scores(tokenizer, vocab: int) -> np.ndarray:
     return scores
 
 
+@functools.lru_cache(maxsize=2)
+def _opener_scores(tokenizer, vocab: int) -> np.ndarray:
+    scores = _scores(tokenizer, vocab).copy()
+    for token, text in enumerate(tokenizer.token_bytes):
+        if text and text[:1] in (b"{", b"[", b","):
+            scores[token] = 2000 - len(text)
+    return scores
+
+
 def pick(tokenizer, words: np.ndarray, vocab: int) -> int:
     """The adversary's token for a bitmask row (int32 words)."""
     allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab].astype(bool)
     scores = np.where(allowed, _scores(tokenizer, vocab), -np.inf)
+    return int(np.argmax(scores))
+
+
+def pick_opener(tokenizer, words: np.ndarray, vocab: int) -> int:
+    """The opener: before anything else a token that opens an object or array or goes on to the
+    next member (``{``, ``[``, ``,``: an optional property, one more item, the object branch of an
+    ``anyOf`` with ``null``), the shortest first; otherwise as `pick`."""
+    allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab].astype(bool)
+    scores = np.where(allowed, _opener_scores(tokenizer, vocab), -np.inf)
     return int(np.argmax(scores))

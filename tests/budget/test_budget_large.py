@@ -14,7 +14,7 @@ import math
 import jsonschema
 import pytest
 import torch
-from adversary import pick
+from adversary import pick, pick_opener
 
 from fd_guided import GuidedConfig, GuidedDecodingManager, parse_guided_request
 from fd_guided.budget import shortest_completion, token_table
@@ -86,8 +86,10 @@ def valid(schema: dict, text: str) -> bool:
     return jsonschema.Draft202012Validator(schema, format_checker=checker).is_valid(value)
 
 
-def decode(backend_name: str, schemas: list[dict], budgets: list[int]) -> tuple[list, GuidedDecodingManager]:
-    """The adversary decodes each schema at its budget; (finish, text, tokens) each, and the manager."""
+def decode(
+    backend_name: str, schemas: list[dict], budgets: list[int], chooser=pick
+) -> tuple[list, GuidedDecodingManager]:
+    """The adversary (`chooser`) decodes each schema at its budget; (finish, text, tokens) each, and the manager."""
     tokenizer = load_tokenizer("deepseek")
     manager = GuidedDecodingManager(backend_of(backend_name), max_num_seqs=len(schemas))
     config = GuidedConfig(backend=backend_name, compile_timeout_s=COMPILE_TIMEOUT_S)
@@ -104,7 +106,7 @@ def decode(backend_name: str, schemas: list[dict], budgets: list[int]) -> tuple[
             manager.begin_step(rows)
             manager.apply(logits)
             words = manager.bitmask.numpy()
-            tokens = [pick(tokenizer, words[row], VOCAB) if rows[row] is not None else 0 for row in range(len(rows))]
+            tokens = [chooser(tokenizer, words[row], VOCAB) if rows[row] is not None else 0 for row in range(len(rows))]
             done = {f.slot: f for f in manager.accept(tokens)}
             for slot, token in enumerate(tokens):
                 if rows[slot] is None:
@@ -149,6 +151,43 @@ def test_the_adversary_ends_large_schemas_valid_within_budget(backend_name):
         assert used < budget, (budget, used)  # the stop token fits too
         assert valid(schema, text), (budget, text)
     assert manager.metrics.value("budget_search_failures_total") == 0
+
+
+OPTIONAL_SHIPPING = {**ORDERS[1], "required": [name for name in ORDERS[1]["required"] if name != "shipping"]}
+# A required contact, null or an address: no optional member, so no landmark holds the address
+# (the plan writes null); only the schema's own choice bounds what the object branch adds.
+NULL_OR_ADDRESS = {
+    "type": "object",
+    "$defs": ORDERS[0]["$defs"],
+    "properties": {"contact": ORDERS[0]["properties"]["billing"], "note": {"type": "string"}},
+    "required": ["contact", "note"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("chooser", [pick, pick_opener], ids=["adversary", "opener"])
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_no_optional_member_is_opened_without_room_to_close_it(backend_name, chooser):
+    """The adversary (and the opener, which takes ``{``, ``[`` or ``,`` first wherever a row allows
+    one) at every budget from the shortest output to 44 tokens past it, for an order, one whose
+    shipping address is optional, and one whose required contact is null or an address: each
+    output ends ``stop`` and validates, and nothing overran. On main budgets 40-43 past an order's
+    shortest ended ``length`` (a second ``items`` entry, 12 tokens, opened with 9-12 tokens of
+    slack past the fixed headroom of 8), 17-26 past the optional shipping's, and 11-14 past the
+    contact's for the opener (the address branch where the plan writes null, which no landmark
+    holds: `growth.start_growth` bounds it from the schema)."""
+    cases = []
+    for schema in (ORDERS[0], OPTIONAL_SHIPPING, NULL_OR_ADDRESS):
+        need = start_need(backend_name, schema)
+        cases += [(schema, budget) for budget in range(need, need + 45)]
+    results, manager = decode(backend_name, [s for s, _ in cases], [b for _, b in cases], chooser)
+    cut = [
+        (budget, finish, text)
+        for (schema, budget), (finish, text, _) in zip(cases, results)
+        if finish != "stop" or not valid(schema, text)
+    ]
+    assert not cut, cut[:3]
+    assert manager.metrics.value("budget_overruns_total") == 0
 
 
 class Counted:
@@ -217,7 +256,7 @@ def test_an_optional_object_no_plan_holds_lands_on_its_variant(engine):
     """An optional address where no address was written: the start plan's landmarks (the shortest
     output with one optional property more each) hold one, and the search lands on its rest; with
     the plan's text alone it searches the whole address (hundreds of fills)."""
-    schema = {**ORDERS[1], "required": [name for name in ORDERS[1]["required"] if name != "shipping"]}
+    schema = OPTIONAL_SHIPPING
     grammar, written, start, rest, landmarks, search = off_the_plan(
         engine, schema, b',"shipping":{"street_o1":"x', b',"items":'
     )
