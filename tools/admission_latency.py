@@ -1,7 +1,7 @@
 """How long admission holds the caller's thread: cold (first sight) and warm (seen before), per request.
 
     python tools/admission_latency.py SCHEMA_DIR [SCHEMA_DIR ...] [--backend auto] [--hostile]
-        [--budget-ms 2 | --budget-ms inline] [--as-objects] [--json out.json]
+        [--budget-ms 2 | --budget-ms inline] [--as-objects] [--unread-chars N] [--json out.json]
 
 Every ``*.json`` under the directories is admitted as ``{"guided_json": text}`` (with
 ``--as-objects``: the document ``json.loads`` reads, as FastDeploy and HTTP servers pass it) through
@@ -222,8 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-ms", help="admission budget in ms, or 'inline' (default: the config's)")
     parser.add_argument("--check-deferred", action="store_true", help="compare verdicts, no timing")
     parser.add_argument("--as-objects", action="store_true", help="schemas as documents, not text")
+    parser.add_argument("--unread-chars", type=int, help="admission.unread.UNREAD_TEXT_CHARS (choosing it)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    if args.unread_chars is not None:
+        from fd_guided.admission import unread
+
+        unread.UNREAD_TEXT_CHARS = args.unread_chars
     config = GuidedConfig(backend=args.backend)
     if args.budget_ms is not None:
         budget = None if args.budget_ms == "inline" else float(args.budget_ms) / 1e3

@@ -94,7 +94,8 @@ def parse_guided_request(
     found = None if refused_by_length(fields, config.limits) else canonical_key(fields, CACHED_FIELDS)
     key, size = (None, 0) if found is None else ((found[0], config), found[1])
     request_state.deadline = deadline_at
-    request_state.written = dict(found[0]) if found is not None else {}  # the key's JSON text, reused as a source
+    # The key's JSON text per field, reused as a source.
+    request_state.written = {name: getattr(text, "text", text) for name, text in found[0]} if found is not None else {}
     try:
         spec = PARSED.verdict(key, size, lambda: _parse(fields, config))
     finally:
