@@ -217,3 +217,17 @@ def test_a_text_past_twice_the_limit_or_choices_past_theirs_are_refused_without_
             with pytest.raises(InvalidGrammarError, match="over the limit"):
                 parse_guided_request(fields, BUDGET)
         assert len(cache.PARSED) == 0
+
+
+@pytest.mark.parametrize("text", [text_of(large_schema(2000)) + "\n", "{" + " " * 70_000 + "}\n"])
+def test_fastdeploys_request_field_carries_an_unread_text_with_its_options(text):
+    """FastDeploy's checker writes the spec back into the request (options appended to the source,
+    on the engine's thread, without reading it): an unread text, padded as sent, stays valid JSON."""
+    from fd_guided.integrations.fastdeploy.admission import OPTIONS_KEY, request_field_for
+
+    spec = parse_guided_request({"guided_json": text}, BUDGET)
+    assert spec.pending is not None and spec.pending.unread
+    field, value = request_field_for(spec)
+    document = json.loads(value)
+    assert field == "guided_json" and document.pop(OPTIONS_KEY)["strict"] is True
+    assert document == json.loads(text)
