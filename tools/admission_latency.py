@@ -1,7 +1,7 @@
 """How long admission holds the caller's thread: cold (first sight) and warm (seen before), per request.
 
     python tools/admission_latency.py SCHEMA_DIR [SCHEMA_DIR ...] [--backend auto] [--hostile]
-        [--budget-ms 2 | --budget-ms inline] [--as-objects] [--json out.json]
+        [--budget-ms 2 | --budget-ms inline] [--as-objects] [--unread-chars N] [--json out.json]
 
 Every ``*.json`` under the directories is admitted as ``{"guided_json": text}`` (with
 ``--as-objects``: the document ``json.loads`` reads, as FastDeploy and HTTP servers pass it) through
@@ -13,7 +13,8 @@ tests/schema/test_hostile_schemas.py. Prints p50/p90/p99/max per set, and the sl
 every verdict at admission, as before issue #22); a verdict left to the compile worker shows as
 ``deferred`` (admitted here; the worker decides). Python's garbage collector pauses whatever
 thread allocates when it runs (a full pass over this process's heap: ~0.1 s on a loaded 2-core
-host); the time each admission spent in such pauses is reported too, and the percentiles without it.
+host); the time each admission spent in such pauses is reported too, the percentiles without it,
+and how many passes of each generation fell in cold admissions (what allocating less shows as).
 ``--check-deferred``: no timing; for every request, the verdict it finally gets with no budget at all
 (admission, then the checks left to the worker) against the inline verdict, message included.
 Times are wall clock on whatever machine runs it (wrap it in ``flock /tmp/fd_bench.lock`` on a shared
@@ -105,12 +106,15 @@ def _copy(value):
 def measure(items: list[tuple[str, dict]], config) -> dict:
     cold, warm, slowest, verdicts = [], [], [], {"admitted": 0, "deferred": 0, "refused": 0}
     cold_no_gc, cold_cpu, cold_cpu_no_gc, gc_pauses = [], [], [], []
+    collections = [0, 0, 0]  # the collector's passes per generation that fell in cold admissions
     for name, fields in items:
         cache.PARSED.clear()
         cache.CHECKED.clear()
-        in_gc, in_gc_cpu = GC.total, GC.cpu
+        in_gc, in_gc_cpu, passes = GC.total, GC.cpu, [stat["collections"] for stat in gc.get_stats()]
         seconds, verdict, cpu = _admit(fields, config)
         in_gc, in_gc_cpu = GC.total - in_gc, GC.cpu - in_gc_cpu
+        for generation, stat in enumerate(gc.get_stats()):
+            collections[generation] += stat["collections"] - passes[generation]
         cold.append(seconds)
         cold_no_gc.append(seconds - in_gc)
         cold_cpu.append(cpu)
@@ -131,6 +135,7 @@ def measure(items: list[tuple[str, dict]], config) -> dict:
         "cold_cpu": _percentiles(cold_cpu),
         "cold_cpu_without_gc": _percentiles(cold_cpu_no_gc),
         "cold_gc_pauses_over_1ms": gc_pauses,
+        "cold_gc_collections_per_generation": collections,
         "seconds": {
             "cold": cold,
             "cold_without_gc": cold_no_gc,
@@ -217,8 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-ms", help="admission budget in ms, or 'inline' (default: the config's)")
     parser.add_argument("--check-deferred", action="store_true", help="compare verdicts, no timing")
     parser.add_argument("--as-objects", action="store_true", help="schemas as documents, not text")
+    parser.add_argument("--unread-chars", type=int, help="admission.unread.UNREAD_TEXT_CHARS (choosing it)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    if args.unread_chars is not None:
+        from fd_guided.admission import unread
+
+        unread.UNREAD_TEXT_CHARS = args.unread_chars
     config = GuidedConfig(backend=args.backend)
     if args.budget_ms is not None:
         budget = None if args.budget_ms == "inline" else float(args.budget_ms) / 1e3
@@ -256,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: cold without GC {json.dumps({k: round(v, 2) for k, v in result['cold_without_gc'].items()})}")
         print(f"{name}: cold CPU {json.dumps({k: round(v, 2) for k, v in result['cold_cpu'].items()})}")
         print(f"{name}: GC pauses over 1 ms during cold admissions {result['cold_gc_pauses_over_1ms']}")
+        print(f"{name}: GC passes (generations 0-2) in cold admissions {result['cold_gc_collections_per_generation']}")
         for row in result["slowest_cold"]:
             print("   ", row)
     if args.json:

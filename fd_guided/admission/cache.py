@@ -11,6 +11,12 @@ of the constraint; a field that is not plain JSON, such as a pydantic class, is 
 the config.
 Entries and their key text are bounded (`MAX_ENTRIES`, `MAX_BYTES`); nothing expires otherwise:
 verdicts never change within a process.
+
+A request's text is its own key, looked up by `TextKey`: hashing a new megabyte string is ~0.5-1 ms
+(Python caches a string's hash, but each request brings a new string), so a long text is hashed
+by its length and a sample of it, and told apart from others by comparing it whole (memcmp, ~0.1
+ms a megabyte). Texts made to share a sample cost a comparison each: at most `MAX_PER_HASH`
+entries share a hash, so a lookup compares at most that many.
 """
 
 from __future__ import annotations
@@ -25,6 +31,31 @@ from .documents import compact
 
 MAX_ENTRIES = 4096
 MAX_BYTES = 64 << 20  # key text held, summed
+MAX_PER_HASH = 4  # entries kept under one hash (texts made to collide are compared, not hashed)
+SAMPLED_TEXT_CHARS = 4096  # longer texts are hashed by a sample (`TextKey`)
+_SAMPLES = 2048  # characters taken at even steps through a long text, besides both its ends
+
+
+class TextKey:
+    """A long request text as a cache key: hashed by its length, its first and last
+    `_SAMPLES` characters and `_SAMPLES` characters at even steps (microseconds, whatever its
+    length), equal only to the same text (compared whole)."""
+
+    __slots__ = ("text", "_hash")
+
+    def __init__(self, text: str | bytes):
+        self.text = text
+        step = max(1, len(text) // _SAMPLES)
+        self._hash = hash((type(text), len(text), text[:_SAMPLES], text[-_SAMPLES:], text[::step]))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TextKey) and self._hash == other._hash and self.text == other.text
+
+    def __len__(self) -> int:
+        return len(self.text)
 
 
 class _Refused:
@@ -51,6 +82,7 @@ class VerdictCache:
     def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES):
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._per_hash: dict[int, int] = {}  # entries under each hash, at most MAX_PER_HASH
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
@@ -90,18 +122,27 @@ class VerdictCache:
     def _store(self, key: Hashable, value: Any, size: int) -> None:
         if size > self.max_bytes:
             return
+        hashed = hash(key)
         with self._lock:
-            if key in self._entries:
+            if key in self._entries or self._per_hash.get(hashed, 0) >= MAX_PER_HASH:
                 return
             self._entries[key] = (value, size)
+            self._per_hash[hashed] = self._per_hash.get(hashed, 0) + 1
             self._bytes += size
             while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
-                _, (_, dropped) = self._entries.popitem(last=False)
+                old, (_, dropped) = self._entries.popitem(last=False)
                 self._bytes -= dropped
+                self._forget_hash(hash(old))
+
+    def _forget_hash(self, hashed: int) -> None:
+        left = self._per_hash.pop(hashed) - 1
+        if left:
+            self._per_hash[hashed] = left
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._per_hash.clear()
             self._bytes = 0
             self.hits = self.misses = 0
 
@@ -110,17 +151,22 @@ class VerdictCache:
 
 
 def canonical_key(fields: Mapping[str, Any], names: tuple[str, ...]) -> tuple[tuple, int] | None:
-    """(key, size) for `fields`' entries named in `names`: text as given (hashing it is cheaper than
-    writing it as JSON again), anything else as compact JSON (`documents.compact`: checked, so one
-    text is one document); None if a value is not plain JSON nested at most 128 deep."""
+    """(key, size) for `fields`' entries named in `names`: text as given (a long one as a
+    `TextKey`; hashing text is cheaper than writing it as JSON again), anything else as compact
+    JSON (`documents.compact`: checked, so one text is one document); None if a value is not plain
+    JSON nested at most 128 deep."""
     key, size = [], 0
     for name in names:
         if name in fields:
             value = fields[name]
-            if not isinstance(value, str):
+            if isinstance(value, (str, bytes)) and len(value) > SAMPLED_TEXT_CHARS:
+                value = TextKey(value)  # hashed by a sample, compared whole
+            elif not isinstance(value, str):
                 value = compact(value)
                 if value is None:
                     return None
+                if len(value) > SAMPLED_TEXT_CHARS:  # a new string: hashing it whole is ~0.5 ms a MB
+                    value = TextKey(value)
                 name = f"{name}:json"  # the text '"a"' and the JSON string "a" are different requests
             key.append((name, value))
             size += len(value)

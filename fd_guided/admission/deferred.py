@@ -22,9 +22,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidGrammarError
-from ..limits import AdmissionLimits, check_schema
+from ..limits import AdmissionLimits, check_schema, check_size
 from ..schema.deadline import afford, unbounded
 from .cache import CHECKED, _Refused
+from .documents import check_text_size, schema_and_source
 from .meta import check_json_schema
 from .syntax import REGEX_SECONDS_PER_CHAR, check_grammar_text, check_regex_syntax
 
@@ -50,19 +51,20 @@ def count(name: str) -> None:
 
 class Pending:
     """What admission left undone for one spec: the checks of its kind (`checked` False until they
-    pass), with the request field they name (`part`) and the limits they apply. The verdict is
-    remembered here; a copy sent to a compile worker carries `checked` only."""
+    pass), with the request field they name (`part`) and the limits they apply; `unread`: the
+    spec's source is a schema text as the request gave it, not read yet (`admission.unread`). The
+    verdict is remembered here; a copy sent to a compile worker carries `checked` only."""
 
-    def __init__(self, part: str, limits: AdmissionLimits, checked: bool = False):
-        self.part, self.limits, self.checked = part, limits, checked
+    def __init__(self, part: str, limits: AdmissionLimits, checked: bool = False, unread: bool = False):
+        self.part, self.limits, self.checked, self.unread = part, limits, checked, unread
         self._refused: _Refused | None = None
         self._lock = threading.RLock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"part": self.part, "limits": self.limits, "checked": self.checked}
+        return {"part": self.part, "limits": self.limits, "checked": self.checked, "unread": self.unread}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["part"], state["limits"], state["checked"])  # type: ignore[misc]
+        self.__init__(state["part"], state["limits"], state["checked"], state.get("unread", False))  # type: ignore[misc]
 
     @property
     def refused(self) -> bool:
@@ -118,7 +120,9 @@ def finish_deferred_checks(spec: GrammarSpec) -> None:
 
 
 def _run_checks(spec: GrammarSpec, pending: Pending) -> None:
-    if spec.kind == "json_schema":
+    if spec.kind == "json_schema" and pending.unread:
+        check_schema_document(read_schema_text(spec.source, pending.limits, pending.part), pending.limits, pending.part)
+    elif spec.kind == "json_schema":
         check_schema_document(json.loads(spec.source), pending.limits, pending.part)
     elif spec.kind in ("ebnf", "lark"):
         check_grammar_text(spec.source, spec.kind == "lark", pending.limits, pending.part)
@@ -126,6 +130,16 @@ def _run_checks(spec: GrammarSpec, pending: Pending) -> None:
         check_regex_syntax(spec.source, pending.limits, pending.part)
     else:
         raise TypeError(f"no deferred checks for a {spec.kind} spec")
+
+
+def read_schema_text(text: str, limits: AdmissionLimits, part: str) -> dict:
+    """A schema text admission left unread (`admission.unread`), read and refused as admission
+    reads a text (`fields._parse_json_schema`): its size bound, its reading (UTF-8, JSON, depth,
+    an object, valid Unicode) and its compact size; returns the document."""
+    check_text_size(text, limits.max_constraint_bytes, part)
+    schema, source = schema_and_source(text, part)
+    check_size(source, limits.max_constraint_bytes, part, "schema")
+    return schema
 
 
 def learned(spec: GrammarSpec, error: InvalidGrammarError) -> tuple[InvalidGrammarError, bool]:

@@ -26,12 +26,18 @@ def load_json(text: str | bytes, part: str) -> Any:
     return _load_json_exactly(text, part)
 
 
+def utf8_text(text: str | bytes, part: str) -> str:
+    """`text` as a str: bytes decoded as UTF-8, or an InvalidGrammarError naming the first bad byte."""
+    if not isinstance(text, (bytes, bytearray)):
+        return text
+    try:
+        return bytes(text).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidGrammarError(f"not valid UTF-8 ({error.reason} at byte {error.start})", part=part) from None
+
+
 def _load_json_exactly(text: str | bytes, part: str) -> Any:
-    if isinstance(text, (bytes, bytearray)):
-        try:
-            text = bytes(text).decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise InvalidGrammarError(f"not valid UTF-8 ({error.reason} at byte {error.start})", part=part) from None
+    text = utf8_text(text, part)
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
@@ -177,6 +183,25 @@ def _read_text(document: dict, part: str) -> str:
         check_document(document, part)  # raises, naming the value and where it is
         raise InvalidGrammarError("not a plain JSON document", part=part) from None
     return text
+
+
+# Schema text this many times the byte limit is refused before it is parsed: indentation rarely
+# doubles a schema, and reading a 5 MB text into Python objects costs ~1 s on the caller's thread.
+TEXT_SLACK = 2
+
+
+def check_text_size(text: str | bytes, limit: int, part: str) -> None:
+    """Refuse schema text whose compact form is surely over `limit` bytes, unread (reading 2 MB:
+    ~20 ms): by its length past `TEXT_SLACK` times the limit, else by `compact_size_at_least`."""
+    if len(text) <= limit:
+        return
+    at_least = len(text) if len(text) > TEXT_SLACK * limit else compact_size_at_least(text, limit)
+    if at_least > limit:
+        raise InvalidGrammarError(
+            f"the schema is at least {at_least:,} bytes, over the limit of {limit:,}",
+            part=part,
+            feature=f"schema larger than {limit:,} bytes",
+        )
 
 
 def compact_size_at_least(text: str | bytes, limit: int = -1) -> int:

@@ -17,10 +17,11 @@ from ..errors import InvalidGrammarError
 from ..limits import AdmissionLimits, check_choices, check_size
 from ..schema.deadline import Overrun, afford, checkpoint, until
 from .deferred import BOUNDS_SECONDS_PER_BYTE, Pending, check_schema_document, count
-from .documents import as_dict, check_text, compact_size_at_least, document_of, schema_and_source
+from .documents import TEXT_SLACK, as_dict, check_text, check_text_size, document_of, schema_and_source
 from .spec import GrammarSpec, JsonFormat
 from .syntax import check_grammar_text, check_regex_syntax
 from .tags import parse_structural_tag
+from .unread import unread_schema
 
 KIND_FIELDS = ("guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar", "structural_tag")
 COMPACT_SEPARATORS = (",", ":")
@@ -136,8 +137,8 @@ def _parse_choice(value: Any, json_format: JsonFormat, limits: AdmissionLimits) 
         raise InvalidGrammarError("must be a list of strings", part="guided_choice")
     if not value:
         raise InvalidGrammarError("must offer at least one choice", part="guided_choice")
-    if len(value) > limits.max_choices:
-        check_choices(list(value), limits, "guided_choice")  # refused by count before any choice is read
+    if len(value) > limits.max_choices:  # refused by count before any choice is read (or copied)
+        check_choices(value if isinstance(value, list) else list(value), limits, "guided_choice")
     for index, choice in enumerate(value):
         if not isinstance(choice, str):
             raise InvalidGrammarError(f"must be a string, got {type(choice).__name__}", part=f"guided_choice[{index}]")
@@ -187,22 +188,17 @@ def grammar_is_lark(text: str) -> bool:
     return bool(_LARK_RULE.search(text)) or text.lstrip().startswith("%")
 
 
-# Schema text this many times the byte limit is refused before it is parsed: indentation rarely
-# doubles a schema, and reading a 5 MB text into Python objects costs ~1 s on the caller's thread.
-TEXT_SLACK = 2
-
-
 def _parse_json_schema(value: Any, json_format: JsonFormat, limits: AdmissionLimits, *, part: str) -> GrammarSpec:
-    limit = limits.max_constraint_bytes
-    if isinstance(value, (str, bytes)) and len(value) > limit:
-        # Refused unread when even its compact form is surely too large (reading 2 MB: ~20 ms).
-        at_least = len(value) if len(value) > TEXT_SLACK * limit else compact_size_at_least(value, limit)
-        if at_least > limit:
-            raise InvalidGrammarError(
-                f"the schema is at least {at_least:,} bytes, over the limit of {limit:,}",
-                part=part,
-                feature=f"schema larger than {limit:,} bytes",
-            )
+    if isinstance(value, (str, bytes)):
+        if len(value) > TEXT_SLACK * limits.max_constraint_bytes:
+            check_text_size(value, limits.max_constraint_bytes, part)  # by its length alone
+        deadline_at = getattr(request_state, "deadline", None)
+        if deadline_at is not None:  # a budget: a large text is read by the compile worker
+            spec = unread_schema(value, json_format, limits, part)
+            if spec is not None:
+                count("deferred")
+                return spec
+        check_text_size(value, limits.max_constraint_bytes, part)
     # An object admission's cache key wrote already: that text is its source, and its checks read
     # the text's document (read back only when they have the time: a megabyte is ~10 ms).
     written = getattr(request_state, "written", {}).get(f"{part}:json") if isinstance(value, dict) else None

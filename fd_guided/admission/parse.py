@@ -33,6 +33,7 @@ from ..schema.deadline import Overrun, until
 from ..schema.formats import FORMAT_PATTERNS
 from .cache import CHECKED, PARSED, VerdictCache, canonical_key
 from .deferred import count
+from .documents import TEXT_SLACK
 from .fields import (
     KIND_FIELDS,
     as_written,
@@ -90,10 +91,11 @@ def parse_guided_request(
     budget = config.admission_budget_s
     deadline_at = None if budget is None else time.perf_counter() + budget
     fit_budget_requested(fields)  # a bad value is this request's 400 too
-    found = canonical_key(fields, CACHED_FIELDS)
+    found = None if refused_by_length(fields, config.limits) else canonical_key(fields, CACHED_FIELDS)
     key, size = (None, 0) if found is None else ((found[0], config), found[1])
     request_state.deadline = deadline_at
-    request_state.written = dict(found[0]) if found is not None else {}  # the key's JSON text, reused as a source
+    # The key's JSON text per field, reused as a source.
+    request_state.written = {name: getattr(text, "text", text) for name, text in found[0]} if found is not None else {}
     try:
         spec = PARSED.verdict(key, size, lambda: _parse(fields, config))
     finally:
@@ -104,6 +106,18 @@ def parse_guided_request(
     if spec is not None and check_backend:
         check_with_backend(get_backend_class(config.backend), spec)
     return spec
+
+
+def refused_by_length(fields: Mapping[str, Any], limits) -> bool:
+    """A request refused by a length alone (text `TEXT_SLACK` times the byte limit, a choice list
+    past the limit): not remembered, since finding it again in the cache (comparing megabytes of
+    text, writing 100,000 choices to find their key) costs more than refusing it again."""
+    for name in CACHED_FIELDS:
+        value = fields.get(name)
+        if isinstance(value, (str, bytes)) and len(value) > TEXT_SLACK * limits.max_constraint_bytes:
+            return True
+    choices = fields.get("guided_choice")
+    return isinstance(choices, (list, tuple)) and len(choices) > limits.max_choices
 
 
 def _parse(fields: Mapping[str, Any], config: GuidedConfig) -> GrammarSpec | None:

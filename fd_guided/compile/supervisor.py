@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..backends.composite import CHECKS
 from ..errors import GrammarCompileCrash, GrammarCompileMemoryError, GrammarCompileTimeout, error_class
 from .threads import lower_priority
 
@@ -74,7 +75,8 @@ class WorkerSupervisor:
         max_workers: foreground workers; at most twice as many run demoted.
         timeout_s: a job running longer is killed (`GrammarCompileTimeout`).
         memory_limit_bytes: a job growing its worker by more is killed (`GrammarCompileMemoryError`).
-        demote_after_s: a job running longer gets a lowered CPU priority.
+        demote_after_s: a job running longer gets a lowered CPU priority (not a `composite.CHECKS`
+            job: short, and the request it gates waits for its verdict).
         on_event: called with "killed_timeout", "killed_memory", "crashed", "demoted" (and the
             pool's "forked").
     """
@@ -171,7 +173,9 @@ class WorkerSupervisor:
                     ),
                     "killed_memory",
                 )
-            elif not worker.lowered and elapsed > self.demote_after_s:
+            elif not worker.lowered and elapsed > self.demote_after_s and job.engine != CHECKS:
+                # A checks job is short and gates its request (its refusal names the feature):
+                # demoted among nice-19 jobs under load it ran past the budget instead.
                 self._demote_worker(worker)
 
     def _kill_job(self, worker: Worker, error: BaseException, event: str) -> None:

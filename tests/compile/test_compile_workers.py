@@ -407,3 +407,31 @@ def test_a_zygote_that_cannot_start_fails_its_jobs_naming_why_and_the_pool_goes_
             assert "fd_guided_no_such_module" in message
     finally:
         pool.close()
+
+
+def test_a_checks_job_past_the_demotion_time_keeps_its_priority(tokenizer):
+    """A `composite.CHECKS` job gates its request and its refusal names the feature: demoted to
+    niceness 19 among other nice-19 work it could run past the compile budget and fail naming the
+    budget instead. It runs past `compile_demote_after_s` here, at full priority, not demoted."""
+    from fd_guided.backends.composite import CHECKS
+
+    service = service_for(tokenizer, "auto", compile_demote_after_s=0.02)
+    properties = {f"p{i}": {"type": "string", "pattern": f"^a{i}[0-9]+$"} for i in range(900)}
+    either = [{"type": "integer"}, {"type": "string"}]
+    properties.update({f"q{i}": {"anyOf": either} for i in range(3000)})
+    spec = spec_of({"guided_json": {"type": "object", "properties": properties}})
+    try:
+        pool = service._runner
+        started = time.monotonic()
+        job = pool.submit(CHECKS, spec)
+        niceness = []
+        while not job.done():
+            niceness += [os.getpriority(os.PRIO_PROCESS, pid) for pid in pool.worker_pids() if alive(pid)]
+            time.sleep(0.01)
+        job.exception(timeout=0)  # its verdict, whichever, came back from an undemoted worker
+        assert time.monotonic() - started > 0.2  # well past the demotion time
+        assert service.metrics.labelled("compile_worker_events_total").get("demoted", 0) == 0
+        if os.getpriority(os.PRIO_PROCESS, 0) < 19:  # under nice 19 already: demotion would not show
+            assert 19 not in niceness
+    finally:
+        service.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -173,11 +174,14 @@ def _schema_with_options(spec: GrammarSpec) -> str:
     """`_with_options` for a JSON schema, written from the spec's compact source: not through
     ``spec.schema``, which would run checks admission left to the worker (`admission.deferred`)
     here, on the engine's thread; and without reading and writing the whole schema again."""
-    source = spec.source
+    source = spec.source.strip(" \t\n\r")  # a large text admitted unread is as sent (`admission.unread`)
     if not (source.startswith("{") and source.endswith("}")) or f'"{OPTIONS_KEY}"' in source:
         return _with_options(json.loads(source), spec)
     options = _with_options({}, spec)[1:-1]  # '"x-fd-guided":{...}'
-    return source[:-1] + ("," if source != "{}" else "") + options + "}"
+    return source[:-1] + ("" if _EMPTY_OBJECT.fullmatch(source) else ",") + options + "}"
+
+
+_EMPTY_OBJECT = re.compile(r"\{[ \t\n\r]*\}")
 
 
 def _with_options(document: dict, spec: GrammarSpec, kind: str | None = None) -> str:
