@@ -21,21 +21,12 @@ from fd_guided.errors import error_class
 from fd_guided.registry import get_backend_class
 from fd_guided.spec import check_with_backend
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("fresh_admission_caches")]
 
 INLINE = GuidedConfig(admission_budget_s=None)
 BUDGET = GuidedConfig(admission_budget_s=0.002)  # the default budget (tests default to inline: conftest)
 NO_BUDGET = GuidedConfig(admission_budget_s=0.0)
 MIB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def fresh_caches():
-    cache.PARSED.clear()
-    cache.CHECKED.clear()
-    yield
-    cache.PARSED.clear()
-    cache.CHECKED.clear()
 
 
 def large_schema(properties: int = 9000, **extra) -> dict:
