@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..schema import for_engine
-from .instance import _NO_CANDIDATE, MAX_NODES, Writer, layouts
+from .instance import _NO_CANDIDATE, MAX_NODES, Writer, layouts, subschemas
 
 
 def start_growth(spec, engine: str, tokens_of: Callable[[bytes], int]) -> int:
@@ -78,9 +78,4 @@ def _nodes(root: Any, defs: dict):
             continue
         seen.add(id(node))
         yield node
-        for key in ("properties", "$defs"):
-            queue.extend(node.get(key, {}).values())
-        for key in ("anyOf", "prefixItems"):
-            queue.extend(node.get(key, ()))
-        for key in ("items", "additionalProperties"):
-            queue.append(node.get(key))
+        queue.extend(subschemas(node))

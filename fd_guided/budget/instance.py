@@ -117,6 +117,20 @@ def variants(document: dict, layout: tuple[str, str], tokens_of: Callable[[bytes
     return out
 
 
+def subschemas(node: dict) -> list:
+    """The subschemas of `node` that the instance writer follows, in document order: properties,
+    definitions, anyOf branches, prefixItems, items, additionalProperties (not dicts included:
+    the walks skip them)."""
+    return [
+        *node.get("properties", {}).values(),
+        *node.get("$defs", {}).values(),
+        *node.get("anyOf", ()),
+        *node.get("prefixItems", ()),
+        node.get("items"),
+        node.get("additionalProperties"),
+    ]
+
+
 def _options(root: Any, defs: dict):
     """(include, grow) per optional property of every object node and per array node that may hold
     one more item, in document order (the root's nodes, then each definition's)."""
@@ -136,12 +150,7 @@ def _options(root: Any, defs: dict):
             "minItems", 0
         ):
             yield frozenset(), frozenset({id(node)})
-        for key in ("properties", "$defs"):
-            queue.extend(node.get(key, {}).values())
-        for key in ("anyOf", "prefixItems"):
-            queue.extend(node.get(key, ()))
-        for key in ("items", "additionalProperties"):
-            queue.append(node.get(key))
+        queue.extend(subschemas(node))
 
 
 def layouts(json_format, engine: str) -> list[tuple[str, str]]:
