@@ -25,6 +25,25 @@ class NoEngine(Grammar):  # allows every token (asked only where closing an obje
     def is_terminated(self): return False
     def rollback(self, num_tokens): pass
     def reset(self): pass
+
+
+def push_and_compare(grammar, chunk, data, width):
+    """Push `data` into the guard's tracker, then restrict an all-allowed row natively and by the
+    Python reference; both rows must be equal, bit for bit. Returns 1 when the plan was native."""
+    import numpy as np
+    from fd_guided.unique import guard, native
+
+    assert grammar.tracker.push(data), chunk
+    grammar.tracker.fill_plan = grammar._make_plan()
+    bits = np.full((2, width), -1, dtype=np.int32)
+    native.ENABLED = True
+    native_row = native.is_plan(grammar.tracker.fill_plan)
+    guard.restrict_rows([grammar], bits, [0])
+    native.ENABLED = False
+    guard.restrict_rows([grammar], bits, [1])
+    native.ENABLED = True
+    assert np.array_equal(bits[0], bits[1]), (chunk, np.nonzero(bits[0] != bits[1])[0][:5])
+    return native_row
 '''
 
 
@@ -210,16 +229,8 @@ compared = native_rows = 0
 for schema, chunks in cases:
     grammar = guard.UniqueItemsGrammar(NoEngine(), UniquePaths(schema), tokenizer.token_bytes, width * 32)
     for chunk in chunks:
-        assert grammar.tracker.push(chunk.encode("latin-1") if "\xff" in chunk or "\xc3" in chunk else chunk.encode()), chunk
-        grammar.tracker.fill_plan = grammar._make_plan()
-        bits = np.full((2, width), -1, dtype=np.int32)
-        native.ENABLED = True
-        native_rows += native.is_plan(grammar.tracker.fill_plan)
-        guard.restrict_rows([grammar], bits, [0])
-        native.ENABLED = False
-        guard.restrict_rows([grammar], bits, [1])
-        native.ENABLED = True
-        assert np.array_equal(bits[0], bits[1]), (schema, chunk, np.nonzero(bits[0] != bits[1])[0][:5])
+        data = chunk.encode("latin-1") if "\xff" in chunk or "\xc3" in chunk else chunk.encode()
+        native_rows += push_and_compare(grammar, (schema, chunk), data, width)
         compared += 1
 print(json.dumps({"compared": compared, "states": sum(len(chunks) for _, chunks in cases), "native_rows": native_rows}))
 ''', timeout_s=900)
@@ -264,15 +275,7 @@ compared = native_rows = 0
 for chunks in states:
     grammar = guard.UniqueItemsGrammar(NoEngine(), paths, tokenizer.token_bytes, width * 32)
     for chunk in chunks:
-        assert grammar.tracker.push(chunk.encode()), chunk
-        grammar.tracker.fill_plan = grammar._make_plan()
-        bits = np.full((2, width), -1, dtype=np.int32)
-        native_rows += native.is_plan(grammar.tracker.fill_plan)
-        guard.restrict_rows([grammar], bits, [0])
-        native.ENABLED = False
-        guard.restrict_rows([grammar], bits, [1])
-        native.ENABLED = True
-        assert np.array_equal(bits[0], bits[1]), (chunks, chunk, np.nonzero(bits[0] != bits[1])[0][:5])
+        native_rows += push_and_compare(grammar, (chunks, chunk), chunk.encode(), width)
         compared += 1
 domain = native.native_domain(grammar.tracker.stack[0][4].domain)  # the one every guard here shared
 refused = []
