@@ -39,22 +39,14 @@ class StartPlans:
             return key in self._plans
 
     def get(self, key: Hashable) -> Plan | None:
-        """The remembered plan (None if unknown or none was found); marks it recently used."""
-        with self._lock:
-            if key not in self._plans:
-                return None
-            self._plans.move_to_end(key)
-            return self._plans[key]
-
-    def lookup(self, key: Hashable) -> tuple[bool, Plan | None]:
-        """(whether `key`'s plan is known, the plan or None) under one lock: a request's first look
-        costs one hash of the key; marks it recently used."""
+        """The remembered plan (None if unknown or none was found); marks it recently used. One
+        lookup of the key (a request's first look hashes its spec once here)."""
         with self._lock:
             plan = self._plans.get(key, _UNKNOWN)
             if plan is _UNKNOWN:
-                return False, None
+                return None
             self._plans.move_to_end(key)
-            return True, plan  # type: ignore[return-value]
+            return plan  # type: ignore[return-value]
 
     def remember(self, key: Hashable, plan: Plan | None) -> None:
         with self._lock:

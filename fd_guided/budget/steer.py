@@ -146,8 +146,7 @@ class BudgetSteering(PlanFollowing, StartPlanning):
         budget = self._slots.get(slot) if slot is not None else None
         if budget is None:
             return None
-        reasoning = state.reasoning
-        generated = len(state.history) + (reasoning.spent if reasoning is not None else 0)
+        generated = self._generated(state)
         if generated < budget.far_until:
             return None  # far from the budget (found so at an earlier step, the plan unchanged)
         plan = budget.plan
@@ -193,10 +192,8 @@ class BudgetSteering(PlanFollowing, StartPlanning):
                 # comparison. Its row was filled, not closed; a finished or reasoning one has
                 # nothing to steer while far either.
                 state = get_state(entry.slot)
-                if state is not None:
-                    reasoning = state.reasoning
-                    if len(state.history) + (reasoning.spent if reasoning is not None else 0) < budget.far_until:
-                        continue
+                if state is not None and self._generated(state) < budget.far_until:
+                    continue
             if entry.fill is not None and entry.fill.closed:  # written from its candidates (prepare)
                 closed += 1
                 if not budget.steered:
@@ -255,10 +252,10 @@ class BudgetSteering(PlanFollowing, StartPlanning):
         start-plan key (its spec hashed once). False (nothing done) otherwise: `_start` decides."""
         if state.history or budget.deferred:
             return False
-        known, cached = self.start_plans.lookup((state.spec, engine_of(state)))
+        cached = self.start_plans.get((state.spec, engine_of(state)))
         if cached is None:
             return False
-        headroom = max(self.headroom, cached.growth + 1)
+        headroom = self._headroom_of(cached)
         slack = left - cached.need - headroom
         if slack <= self.window or entry.tree.num_nodes > slack:
             return False
@@ -272,7 +269,12 @@ class BudgetSteering(PlanFollowing, StartPlanning):
         zone starts at the headroom or past the plan's growth (see `Plan.growth`), whichever is
         wider: a token taken outside it opens at most one optional member, which then still fits."""
         budget.plan, budget.seen = plan, seen
-        budget.headroom = max(self.headroom, plan.growth + 1)
+        budget.headroom = self._headroom_of(plan)
+
+    def _headroom_of(self, start_plan: Plan) -> int:
+        """The slack at which a request with `start_plan` enters its closing zone: the steering's
+        headroom, or one more than the plan's growth where that is wider."""
+        return max(self.headroom, start_plan.growth + 1)
 
     def _start(self, step: StepRows, entry, state, budget: _Slot, left: int) -> bool:
         """The first look: a plan from the current state; fail the request if it cannot fit."""
