@@ -190,12 +190,17 @@ def _read_text(document: dict, part: str) -> str:
 TEXT_SLACK = 2
 
 
+def surely_too_long(text: str | bytes, limit: int) -> bool:
+    """Whether schema text is refused by its length alone: past `TEXT_SLACK` times the byte limit."""
+    return len(text) > TEXT_SLACK * limit
+
+
 def check_text_size(text: str | bytes, limit: int, part: str) -> None:
     """Refuse schema text whose compact form is surely over `limit` bytes, unread (reading 2 MB:
     ~20 ms): by its length past `TEXT_SLACK` times the limit, else by `compact_size_at_least`."""
     if len(text) <= limit:
         return
-    at_least = len(text) if len(text) > TEXT_SLACK * limit else compact_size_at_least(text, limit)
+    at_least = len(text) if surely_too_long(text, limit) else compact_size_at_least(text, limit)
     if at_least > limit:
         raise InvalidGrammarError(
             f"the schema is at least {at_least:,} bytes, over the limit of {limit:,}",

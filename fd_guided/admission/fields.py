@@ -17,7 +17,7 @@ from ..errors import InvalidGrammarError
 from ..limits import AdmissionLimits, check_choices, check_size
 from ..schema.deadline import Overrun, afford, checkpoint, until
 from .deferred import BOUNDS_SECONDS_PER_BYTE, Pending, check_schema_document, count
-from .documents import TEXT_SLACK, as_dict, check_text, check_text_size, document_of, schema_and_source
+from .documents import as_dict, check_text, check_text_size, document_of, schema_and_source, surely_too_long
 from .spec import GrammarSpec, JsonFormat
 from .syntax import check_grammar_text, check_regex_syntax
 from .tags import parse_structural_tag
@@ -190,7 +190,7 @@ def grammar_is_lark(text: str) -> bool:
 
 def _parse_json_schema(value: Any, json_format: JsonFormat, limits: AdmissionLimits, *, part: str) -> GrammarSpec:
     if isinstance(value, (str, bytes)):
-        if len(value) > TEXT_SLACK * limits.max_constraint_bytes:
+        if surely_too_long(value, limits.max_constraint_bytes):
             check_text_size(value, limits.max_constraint_bytes, part)  # by its length alone
         deadline_at = getattr(request_state, "deadline", None)
         if deadline_at is not None:  # a budget: a large text is read by the compile worker

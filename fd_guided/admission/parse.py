@@ -33,7 +33,7 @@ from ..schema.deadline import Overrun, until
 from ..schema.formats import FORMAT_PATTERNS
 from .cache import CHECKED, PARSED, VerdictCache, canonical_key
 from .deferred import count
-from .documents import TEXT_SLACK
+from .documents import surely_too_long
 from .fields import (
     KIND_FIELDS,
     as_written,
@@ -114,7 +114,7 @@ def refused_by_length(fields: Mapping[str, Any], limits) -> bool:
     text, writing 100,000 choices to find their key) costs more than refusing it again."""
     for name in CACHED_FIELDS:
         value = fields.get(name)
-        if isinstance(value, (str, bytes)) and len(value) > TEXT_SLACK * limits.max_constraint_bytes:
+        if isinstance(value, (str, bytes)) and surely_too_long(value, limits.max_constraint_bytes):
             return True
     choices = fields.get("guided_choice")
     return isinstance(choices, (list, tuple)) and len(choices) > limits.max_choices
