@@ -52,7 +52,16 @@ class TextKey:
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TextKey) and self._hash == other._hash and self.text == other.text
+        if not isinstance(other, TextKey) or self._hash != other._hash:
+            return False
+        if self.text is other.text:
+            return True
+        if self.text != other.text:
+            return False
+        # Equal: share one string, so the lookups that follow (the LRU's move to the end, the
+        # checker's key) compare by identity instead of comparing megabytes again.
+        self.text = other.text
+        return True
 
     def __len__(self) -> int:
         return len(self.text)

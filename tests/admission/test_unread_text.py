@@ -181,6 +181,30 @@ def test_a_text_seen_before_is_found_by_its_text_and_only_by_the_same_text():
     assert other is not first and other.source is changed
 
 
+class _CountedText(str):
+    """A text that counts how often it is compared whole."""
+
+    compared = 0
+
+    def __ne__(self, other):
+        _CountedText.compared += 1
+        return str.__ne__(self, other)
+
+
+def test_a_text_found_again_is_compared_whole_once_per_lookup():
+    """The LRU's lookup and its move to the end both compare the key: after the first equal
+    comparison the two keys share one string, so the second is an identity check (a megabyte
+    compared once, not twice, in a seen-before admission)."""
+    text = text_of(large_schema(3000))
+    stored, asked = TextKey(_CountedText(text)), TextKey(_CountedText("".join(list(text))))
+    assert stored.text is not asked.text
+    verdicts = VerdictCache()
+    verdicts.verdict(stored, len(text), lambda: "verdict")
+    _CountedText.compared = 0
+    assert verdicts.verdict(asked, len(text), lambda: "decided again") == "verdict"
+    assert _CountedText.compared == 1 and asked.text is stored.text
+
+
 class _Colliding(str):
     """Texts sharing one hash: what an attacker could craft against a sampled hash."""
 
