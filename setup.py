@@ -20,7 +20,10 @@ CPU_MASK_EXTENSION = Extension(
 # is the reference and serves without it).
 UNIQUE_GUARD_EXTENSION = Extension(
     "fd_guided.unique._native",
-    sources=[f"fd_guided/unique/{name}.c" for name in ("_native", "text", "canon", "used", "vocab", "domain", "machine", "rows")],
+    sources=[
+        f"fd_guided/unique/{name}.c"
+        for name in ("_native", "text", "canon", "used", "vocab", "domain", "machine", "rows", "push")
+    ],
     depends=["fd_guided/unique/native.h"],
     extra_compile_args=["-O3", "-std=c11"],
     optional=True,

@@ -84,7 +84,7 @@ bad:
 }
 
 /* The same plan with the tracker's bytes grown to `size` inside the same string (no other change). */
-static PyObject *plan_at(Plan *p, PyObject *arg) {
+PyObject *plan_at(Plan *p, PyObject *arg) {
     const Py_ssize_t size = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
     if (size == -1 && PyErr_Occurred()) return NULL;
     if (p->mode != MODE_STRING || size < p->buffer_size || size != PyByteArray_GET_SIZE(p->buffer)) {
@@ -252,6 +252,10 @@ static PyMethodDef methods[] = {
      "2-D array of 32-bit words (read only if a row needs it). Returns, for the guards Python must finish, their\n"
      "position in grammars and the token ids left undecided, or None for a row without a current plan (or out\n"
      "of memory). The GIL is released while the rows are decided."},
+    {"push_plain", push_plain, METH_VARARGS,
+     "push_plain(tracker, data) -> True | False | None: a token of plain bytes inside a string, pushed into the\n"
+     "JsonTracker and its plan grown as `accept_token` would (push.c); False: refused (a dead end, the state as it\n"
+     "was); None: not this step (the caller takes the Python path)."},
     {"canon", canon, METH_O,
      "canon(text) -> (judged, exact) | None: the canonical keys of one JSON value (None: Python must key it)."},
     {NULL, NULL, 0, NULL},
@@ -269,6 +273,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     str_fill_plan = PyUnicode_InternFromString("fill_plan");
     if (str_tracker == NULL || str_fill_plan == NULL) return NULL;
     canon_init();
+    if (push_init() < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     const int classes[] = {C_QUOTE, C_NUMBER_END, C_LITERAL_END, C_CLOSE, C_AFTER_QUOTE, C_LITERAL_START};

@@ -188,7 +188,16 @@ class UniqueItemsGrammar(Grammar):
     def accept_token(self, token_id: int) -> bool:
         if not self.inner.accept_token(token_id):
             return False
-        if not self.tracker.push(self._bytes(int(token_id))):
+        data = self._bytes(int(token_id))
+        if native.ENABLED:
+            # Plain bytes inside a string (most tokens): pushed and planned in C, the same state as
+            # below; the Python path's footprint between two fills slowed the engine's next fill.
+            pushed = native.push_plain(self.tracker, data)
+            if pushed is not None:
+                if not pushed:
+                    self.inner.rollback(1)
+                return pushed
+        if not self.tracker.push(data):
             self.inner.rollback(1)
             return False
         if self.tracker.closing and not self._comma_allowed():

@@ -8,6 +8,7 @@
  *   domain.c   `Domain`: a finite item domain's spellings, and which each token can reach per item prefix
  *   machine.c  the tracker's byte machine over one token, from a row's `Plan`
  *   rows.c     one row's candidates, walked the cheap way, each through the machine
+ *   push.c     the tracker's commonest step (plain bytes inside a string) and its plan, without Python code
  *   _native.c  the module: `Plan` (a tracker's state, made when a token is accepted) and `restrict`
  *
  * Nothing here runs Python code or touches Python objects' reference counts once the GIL is
@@ -204,6 +205,7 @@ typedef struct {
 } Plan;
 
 extern PyTypeObject PlanType;
+PyObject *plan_at(Plan *p, PyObject *size); /* the plan grown to `size` bytes within the same string */
 
 typedef struct {
     const Plan *plan;
@@ -232,5 +234,7 @@ int decide(Row *row, int64_t t); /* machine.c: one token, as `JsonTracker.finish
 void run_row(Row *row);          /* rows.c */
 void row_free(Row *row);
 void canon_init(void);
+int push_init(void);                       /* push.c */
+PyObject *push_plain(PyObject *self, PyObject *args);
 
 #endif

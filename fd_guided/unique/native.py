@@ -158,6 +158,14 @@ def restrict(words_of, bitmask, grammars, rows, guard_type) -> list[tuple[int, l
     return _native.restrict(words_of, bitmask, grammars, rows, guard_type)
 
 
+# push_plain(tracker, data) -> True | False | None: a token of plain bytes (no quote, no backslash)
+# inside a string, pushed into `tracker` with its plan grown as `JsonTracker.push` and `make_plan`
+# would (push.c: no Python code; most tokens of a guarded output): True pushed, False refused (a
+# finite item's dead end; the state as it was), None where this is not such a step (the caller
+# then runs the Python path). The C function itself: `accept_token` calls it once per token.
+push_plain: Any = _native.push_plain if AVAILABLE else None
+
+
 def canon(text: bytes) -> tuple[bytes, bytes] | None:
     """The C side's canonical keys of one JSON value, or None where Python must key it (tests)."""
     return _native.canon(text)

@@ -72,11 +72,16 @@ class JsonTracker(JsonReader):
         state = self._history[-tokens]
         del self._history[-tokens:]
         self.restore(state)
+        # `make_plan` grows the last plan of a string while its bytes only grow; back to fewer
+        # bytes, the string may go on differently (shorter, or with an escape before the plan's
+        # end), so the next plan is made afresh (it raised ValueError, or missed the escape).
+        self.plan_frames = None
 
     def reset(self) -> None:
         if self._history:
             self.restore(self._history[0])
             self._history.clear()
+            self.plan_frames = None
 
     # ----- state queries ----------------------------------------------------------------------
 

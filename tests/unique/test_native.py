@@ -401,3 +401,89 @@ out["seconds"] = round(time.time() - started, 1)
 print(json.dumps(out))
 ''', timeout_s=900)
     assert result["grew_mb"] < 400, result
+
+
+
+def test_plain_pushes_in_c_leave_the_python_state():
+    """`native.push_plain` (push.c): a token of plain bytes inside a string, pushed and planned in C
+    by `accept_token`, leaves the tracker as the Python path does (bytes, snapshot history, flags)
+    with a plan that restricts an all-allowed row as the reference does; a finite item's dead end
+    is refused both ways with the state kept. Random documents (string items, a finite domain with
+    shared prefixes, member values of object items, escapes, multi-byte characters), random plain
+    tokens tried inside strings and rolled back, as speculative decoding does; after a rollback
+    inside a string the next token is shorter, or holds an escape (the plan is made afresh: the
+    reused one raised ValueError, or missed the escape). Each step's plan restricts a row of 1,500
+    random tokens as the reference does."""
+    result = run_isolated(NO_ENGINE + r'''
+import json, random
+import numpy as np
+from fd_guided.schema.unique_paths import UniquePaths
+from fd_guided.tokenizer import load_tokenizer
+from fd_guided.unique import guard, native
+
+rng = random.Random(11)
+tokenizer = load_tokenizer("deepseek")
+width = (len(tokenizer.token_bytes) + 31) // 32
+ENUM = ["tag number %d of the list" % i for i in range(30)] + ["x", "xy", "xyz", "a,b", ""]
+WORDS = ["a", "b", "é", "\\n", "日本", "x y", " of the list"]
+SCHEMAS = [
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+     lambda: list(dict.fromkeys("tag " + rng.choice(WORDS) * rng.randint(0, 3) for _ in range(rng.randint(1, 6))))),
+    ({"type": "array", "uniqueItems": True, "items": {"enum": ENUM}}, lambda: rng.sample(ENUM, rng.randint(1, 12))),
+    ({"type": "array", "uniqueItems": True, "items": {"type": "object", "additionalProperties": False,
+      "properties": {"id": {"type": "integer"}, "name": {"type": "string"}}, "required": ["id", "name"]}},
+     lambda: [{"id": i, "name": rng.choice(["tag one", "tag two", "tag"])} for i in range(rng.randint(1, 5))]),
+]
+plain = [t for t, b in enumerate(tokenizer.token_bytes) if b and b'"' not in b and b"\\" not in b]
+taken = {"c": 0}
+push_plain = native.push_plain
+def counted(tracker, data):
+    pushed = push_plain(tracker, data)
+    taken["c"] += pushed is not None
+    return pushed
+native.push_plain = counted
+
+def state(grammar):
+    t = grammar.tracker
+    return (bytes(t.buffer), t.mode, t.escape, t.is_key, t.start, t.closing, t.duplicate,
+            [(h[0], h[2], h[3], h[4], h[5]) for h in t._history], native.is_plan(t.fill_plan))
+
+def accept_both(c_side, python, token):
+    native.ENABLED = True
+    ok = c_side.accept_token(token)
+    native.ENABLED = False
+    assert python.accept_token(token) == ok, token
+    native.ENABLED = True
+    assert state(c_side) == state(python), (token, state(c_side)[0][-40:])
+    return ok
+
+steps = refused = rows = 0
+for case in range(90):
+    schema, make = SCHEMAS[case % len(SCHEMAS)]
+    paths = UniquePaths(schema)
+    ids = tokenizer.encode(json.dumps(make(), ensure_ascii=rng.random() < 0.3))
+    c_side, python = (guard.UniqueItemsGrammar(NoEngine(), paths, tokenizer.token_bytes, width * 32) for _ in "cp")
+    for token in ids:
+        if c_side.tracker.mode == 1:  # inside a string: plain tokens tried and rolled back
+            for tried in [rng.choice(plain) for _ in range(3)]:
+                steps += 1
+                if accept_both(c_side, python, tried):
+                    c_side.rollback(1), python.rollback(1)
+                else:
+                    refused += 1
+        steps += 1
+        assert accept_both(c_side, python, token), (case, tokenizer.decode(ids))
+        bits = np.zeros((2, width), dtype=np.int32)  # 1,500 random tokens allowed (the reference tries each)
+        allowed = np.array(rng.sample(range(len(tokenizer.token_bytes)), 1500))
+        np.bitwise_or.at(bits[0].view(np.uint32), allowed >> 5, (1 << (allowed & 31)).astype(np.uint32))
+        bits[1] = bits[0]
+        guard.restrict_rows([c_side], bits, [0])
+        native.ENABLED = False
+        guard.restrict_rows([python], bits, [1])
+        native.ENABLED = True
+        assert np.array_equal(bits[0], bits[1]), (case, bytes(c_side.tracker.buffer)[-40:])
+        rows += 1
+native.push_plain = push_plain
+print(json.dumps({"steps": steps, "taken": taken["c"], "refused": refused, "rows": rows}))
+''', timeout_s=900)
+    assert result["taken"] >= result["steps"] // 5 and result["refused"] >= 50 and result["rows"] >= 1000, result
