@@ -54,6 +54,10 @@ SCHEMASTORE = next(
 )
 
 
+# SchemaStore's outputs are decoded under xgrammar's mask, whichever engines are walked.
+DECODER = "xgrammar"
+
+
 def suite_cases(n: int, seed: int) -> list[tuple[str, dict, list[str]]]:
     """(name, schema, valid instances as compact JSON) from the JSON-Schema-Test-Suite."""
     from fd_guided.harness.conformance import suite_root
@@ -107,6 +111,10 @@ class Engines:
                 self.backends[base] = get_backend_class(base)(
                     self.tokenizer, vocab_size=self.tokenizer.padded_vocab_size, config=GuidedConfig(backend=base)
                 )
+        if DECODER not in self.backends:  # SchemaStore outputs are decoded under its mask, walked or not
+            self.backends[DECODER] = get_backend_class(DECODER)(
+                self.tokenizer, vocab_size=self.tokenizer.padded_vocab_size, config=GuidedConfig(backend=DECODER)
+            )
         self.first_masks = {name: FirstMasks() for name in names if name.endswith("+first_masks")}
         self.bitmask = torch.zeros((1, (self.tokenizer.padded_vocab_size + 31) // 32), dtype=torch.int32)
         self.row = self.bitmask[0].numpy()
@@ -149,6 +157,19 @@ class Engines:
             report["refused_schemas"][name] += 1
             report["refusals"].append((name, type(error).__name__, str(error)[:120]))
             return {}
+
+    def decoder(self, schema: dict, compiled: dict) -> tuple | None:
+        """The decoding engine's grammar for `schema` (the walked one when that engine is walked; compiled
+        here otherwise), or None when it cannot compile the schema."""
+        if DECODER in compiled:
+            return compiled[DECODER]
+        from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
+
+        try:
+            spec = parse_guided_request({"guided_json": schema}, GuidedConfig(backend=DECODER))
+            return self.backends[DECODER], self.backends[DECODER].compile(spec)
+        except (InvalidGrammarError, ValueError, RuntimeError):
+            return None
 
     def walk(self, case: str, compiled: dict, tokens: list[int], report: dict) -> dict[str, list[float]]:
         """Every engine walks `tokens` from a fresh grammar, one timed fill per step; returns each
@@ -225,6 +246,16 @@ def percentiles(values: list[float]) -> dict:
     }
 
 
+def per_part(report: dict) -> dict:
+    """`percentiles` per engine of the suite's outputs and of SchemaStore's apart."""
+    parts: dict[str, dict[str, list[float]]] = {}
+    for case, _, _, own in report["sample"]:
+        part = parts.setdefault(case.split("/")[0], {})
+        for name, values in own.items():
+            part.setdefault(name, []).extend(values)
+    return {part: {name: percentiles(values) for name, values in fills.items()} for part, fills in parts.items()}
+
+
 def slow_steps(report: dict, name: str, threshold: float) -> dict:
     """How many fills took over `threshold` seconds, and how many of those were among an output's
     first three steps (where a probe at compile time, filling those states, would see them)."""
@@ -258,6 +289,54 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def walk_sample(engines: Engines, args: argparse.Namespace, report: dict) -> None:
+    """Walk the suite's valid instances of `args.suite` schemas, then `args.schemastore` SchemaStore
+    schemas' decoded outputs (those the decoding engine compiles), into `report`."""
+    for case, schema, instances in suite_cases(args.suite, args.seed):
+        compiled = engines.grammars(schema, report)
+        if not compiled:
+            continue
+        report["schemas"] += 1
+        stop = engines.tokenizer.eos_token_ids[0]
+        for instance in instances:
+            tokens = engines.tokenizer.encode(instance) + [stop]
+            fills = engines.walk(case, compiled, tokens, report)
+            report["sample"].append((case, schema, tokens, fills))
+            report["outputs"] += 1
+    rng = random.Random(args.seed)
+    done = 0
+    for case, schema in schemastore_schemas(args.schemastore_dir, args.schemastore, args.seed):
+        if done >= args.schemastore:
+            break
+        compiled = engines.grammars(schema, report)
+        decoder = engines.decoder(schema, compiled) if compiled else None
+        if decoder is None:
+            continue
+        done += 1
+        report["schemas"] += 1
+        report["schemastore_schemas"] += 1
+        tokens = engines.decode(decoder, rng, args.tokens)
+        fills = engines.walk(case, compiled, tokens, report)
+        report["sample"].append((case, schema, tokens, fills))
+        report["outputs"] += 1
+
+
+def new_report(names: list[str]) -> dict:
+    return {
+        "fills": {name: [] for name in names},
+        "steps": {name: [] for name in names},  # each fill's step in its output
+        "compile_s": {name: [] for name in names},
+        "refused_schemas": {name: 0 for name in names},
+        "stopped": {name: 0 for name in names},
+        "refusals": [],
+        "slow": [],
+        "sample": [],  # (case, schema, tokens, {engine: fill seconds per step}) per output
+        "schemas": 0,
+        "schemastore_schemas": 0,
+        "outputs": 0,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", type=int, default=80, help="JSON-Schema-Test-Suite schemas (their valid instances)")
@@ -284,51 +363,18 @@ def main() -> None:
         return
     names = args.engines.split(",")
     engines = Engines(names)
-    report: dict = {
-        "fills": {name: [] for name in names},
-        "steps": {name: [] for name in names},  # each fill's step in its output
-        "compile_s": {name: [] for name in names},
-        "refused_schemas": {name: 0 for name in names},
-        "stopped": {name: 0 for name in names},
-        "refusals": [],
-        "slow": [],
-        "sample": [],  # (case, schema, tokens, {engine: fill seconds per step}) per output
-        "schemas": 0,
-        "outputs": 0,
-    }
+    report = new_report(names)
     started = time.time()
-    for case, schema, instances in suite_cases(args.suite, args.seed):
-        compiled = engines.grammars(schema, report)
-        if not compiled:
-            continue
-        report["schemas"] += 1
-        stop = engines.tokenizer.eos_token_ids[0]
-        for instance in instances:
-            tokens = engines.tokenizer.encode(instance) + [stop]
-            fills = engines.walk(case, compiled, tokens, report)
-            report["sample"].append((case, schema, tokens, fills))
-            report["outputs"] += 1
-    rng = random.Random(args.seed)
-    done = 0
-    for case, schema in schemastore_schemas(args.schemastore_dir, args.schemastore, args.seed):
-        if done >= args.schemastore:
-            break
-        compiled = engines.grammars(schema, report)
-        if "xgrammar" not in compiled:
-            continue
-        done += 1
-        report["schemas"] += 1
-        tokens = engines.decode(compiled["xgrammar"], rng, args.tokens)
-        fills = engines.walk(case, compiled, tokens, report)
-        report["sample"].append((case, schema, tokens, fills))
-        report["outputs"] += 1
+    walk_sample(engines, args, report)
     summary = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "seconds": round(time.time() - started, 1),
         "load_average": os.getloadavg(),
         "schemas": report["schemas"],
         "outputs": report["outputs"],
+        "schemastore_schemas": report["schemastore_schemas"],
         "per_engine": {name: percentiles(values) for name, values in report["fills"].items()},
+        "per_part": per_part(report),
         "over_200us": {name: slow_steps(report, name, 200e-6) for name in names},
         "compile_ms_median": {n: statistics.median(v) * 1e3 for n, v in report["compile_s"].items() if v},
         "compile_ms_max": {n: max(v) * 1e3 for n, v in report["compile_s"].items() if v},

@@ -1,0 +1,42 @@
+"""tools/fill_tails.py's sample: SchemaStore schemas are decoded and walked whichever engines are
+named (with only ``auto+first_masks`` it walked none: the decoding engine was never compiled)."""
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+
+_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "fill_tails.py")
+
+
+@pytest.fixture(scope="module")
+def fill_tails():
+    spec = importlib.util.spec_from_file_location("fd_guided_fill_tails_tool", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+SCHEMAS = {
+    "point": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x"]},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+}
+
+
+@pytest.mark.parametrize("engines", [["auto+first_masks"], ["llguidance"], ["xgrammar", "auto"]])
+def test_schemastore_schemas_are_walked_by_every_engine_set(fill_tails, tmp_path, engines):
+    for name, schema in SCHEMAS.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(schema))
+    args = argparse.Namespace(suite=0, schemastore=2, schemastore_dir=tmp_path, tokens=12, seed=0)
+    report = fill_tails.new_report(engines)
+    fill_tails.walk_sample(fill_tails.Engines(engines), args, report)
+    assert report["schemastore_schemas"] == 2
+    assert sorted(case for case, *_ in report["sample"]) == ["schemastore/point", "schemastore/tags"]
+    for name in engines:
+        assert report["fills"][name], name  # every named engine walked the decoded outputs
+    assert set(fill_tails.per_part(report)) == {"schemastore"}
