@@ -34,7 +34,8 @@ def test_schemastore_schemas_are_walked_by_every_engine_set(fill_tails, tmp_path
         (tmp_path / f"{name}.json").write_text(json.dumps(schema))
     args = argparse.Namespace(suite=0, schemastore=2, schemastore_dir=tmp_path, tokens=12, seed=0)
     report = fill_tails.new_report(engines)
-    fill_tails.walk_sample(fill_tails.Engines(engines), args, report)
+    tool = fill_tails.Engines(engines)
+    fill_tails.walk_sample(tool, fill_tails.prepare_sample(tool, args, report), report)
     assert report["schemastore_schemas"] == 2
     assert sorted(case for case, *_ in report["sample"]) == ["schemastore/point", "schemastore/tags"]
     for name in engines:
