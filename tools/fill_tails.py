@@ -13,9 +13,12 @@ one) and that call alone is timed:
   - SchemaStore (`--schemastore-dir`, default the copy under /tmp/pysch): `--schemastore` schemas of
     at most 24 KB (seeded sample) have no instances, so xgrammar's mask decodes one (a seeded random
     allowed token per step, at most `--tokens` tokens) and every engine walks those tokens.
-``ENGINE+first_masks`` walks ENGINE's grammar as the manager's fill does since issue #25 item 2:
-the rows of a request's first states (at most two tokens in) are copied when an earlier output of
-the same schema filled them (`fd_guided.manager.first_masks`); the copy is timed as the fill.
+``ENGINE+first_masks`` walks ENGINE's grammar as the manager's fill did after issue #25 item 2's
+first design: the rows of a request's first states (at most two tokens in) are copied when an
+earlier output of the same schema filled them (`fd_guided.manager.first_masks`); the copy is timed
+as the fill. ``ENGINE+recurring`` walks it as the manager's fill does now: first states as above,
+and a slow engine's (llguidance's) deeper states reached by the same tokens as an earlier output
+of the schema (`fd_guided.manager.recurring_rows`).
 An engine that refuses a token, or cannot compile the schema, stops there (counted). Reports p50, p90,
 p99, p99.9 and max per engine, the slowest fills (schema, step, the output's last bytes) and the
 compile times. Timings are per row on one thread: read them as ratios between engines in one run.
@@ -40,6 +43,7 @@ import torch  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from fd_guided.manager.first_masks import FirstMasks  # noqa: E402
+from fd_guided.manager.recurring_rows import RecurringRows  # noqa: E402
 
 SCHEMASTORE = next(
     (
@@ -56,6 +60,15 @@ SCHEMASTORE = next(
 
 # SchemaStore's outputs are decoded under xgrammar's mask, whichever engines are walked.
 DECODER = "xgrammar"
+
+
+def kept_rows(mode: str) -> list[FirstMasks]:
+    """The stores a column ``ENGINE+MODE`` copies rows from, in the order the manager's fill tries them."""
+    if mode == "first_masks":
+        return [FirstMasks()]
+    if mode == "recurring":
+        return [FirstMasks(), RecurringRows()]
+    raise SystemExit(f"unknown column mode {mode!r}: first_masks or recurring")
 
 
 def suite_cases(n: int, seed: int) -> list[tuple[str, dict, list[str]]]:
@@ -115,7 +128,7 @@ class Engines:
             self.backends[DECODER] = get_backend_class(DECODER)(
                 self.tokenizer, vocab_size=self.tokenizer.padded_vocab_size, config=GuidedConfig(backend=DECODER)
             )
-        self.first_masks = {name: FirstMasks() for name in names if name.endswith("+first_masks")}
+        self.kept_rows = {name: kept_rows(name.split("+", 1)[1]) for name in names if "+" in name}
         self.bitmask = torch.zeros((1, (self.tokenizer.padded_vocab_size + 31) // 32), dtype=torch.int32)
         self.row = self.bitmask[0].numpy()
 
@@ -148,6 +161,9 @@ class Engines:
         here otherwise), or None when it cannot compile the schema."""
         if DECODER in compiled:
             return compiled[DECODER]
+        for backend, grammar in compiled.values():  # auto's own, when it chose the decoding engine
+            if getattr(grammar, "backend_name", None) == DECODER and backend.name == "auto":
+                return backend.engine(DECODER), grammar
         from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
 
         try:
@@ -164,17 +180,24 @@ class Engines:
             grammar = backend.new_grammar(grammar_compiled)
             times = report["fills"][name]
             own[name] = []
-            first_masks = self.first_masks.get(name)
+            stores = self.kept_rows.get(name, [])
             for step, token in enumerate(tokens):
                 started = time.perf_counter()
-                if first_masks is None:
+                # as `fd_guided.manager.fill.BackgroundFill` does: copied, or filled (and kept)
+                kept = next(
+                    (
+                        (store, key)
+                        for store in stores
+                        if step <= store.max_prefix_tokens
+                        and (key := store.key(grammar_compiled.backend_name, grammar_compiled.spec, tokens[:step]))
+                        is not None
+                    ),
+                    None,
+                )
+                if kept is None or not kept[0].copy_into(kept[1], self.row):
                     grammar.fill_bitmask(self.bitmask, 0)
-                else:  # as `fd_guided.manager.fill.BackgroundFill` does: copied, or filled and kept
-                    key = first_masks.key(grammar_compiled.backend_name, grammar_compiled.spec, tokens[:step])
-                    if key is None or not first_masks.copy_into(key, self.row):
-                        grammar.fill_bitmask(self.bitmask, 0)
-                        if key is not None:
-                            first_masks.keep(key, self.row)
+                    if kept is not None:
+                        kept[0].keep(kept[1], self.row)
                 elapsed = time.perf_counter() - started
                 times.append(elapsed)
                 own[name].append(elapsed)

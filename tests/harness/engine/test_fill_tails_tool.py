@@ -1,5 +1,6 @@
 """tools/fill_tails.py's sample: SchemaStore schemas are decoded and walked whichever engines are
 named (with only ``auto+first_masks`` it walked none: the decoding engine was never compiled)."""
+
 import argparse
 import importlib.util
 import json
@@ -28,7 +29,9 @@ SCHEMAS = {
 }
 
 
-@pytest.mark.parametrize("engines", [["auto+first_masks"], ["llguidance"], ["xgrammar", "auto"]])
+@pytest.mark.parametrize(
+    "engines", [["auto+first_masks"], ["llguidance"], ["xgrammar", "auto"], ["auto+first_masks", "auto+recurring"]]
+)
 def test_schemastore_schemas_are_walked_by_every_engine_set(fill_tails, tmp_path, engines):
     for name, schema in SCHEMAS.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(schema))
