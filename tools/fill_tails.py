@@ -2,7 +2,8 @@
 
     OMP_WAIT_POLICY=PASSIVE python tools/fill_tails.py [--suite 80] [--schemastore 40] [--tokens 160]
         [--engines xgrammar,llguidance,auto,auto+first_masks] [--json docs/bench_fill_tails.json]
-        [--plot docs/img/fill_tails.png] [--save-sample /tmp/fill_sample.json]
+        [--plot docs/img/fill_tails.png] [--save-sample /tmp/fill_sample.json] [--sample /tmp/fill_sample.json]
+        [--lock /tmp/fd_bench.lock]
 
 Two sources, each walked token by token with deepseek's tokenizer (129,280 tokens); at every step each
 engine's grammar fills one row (`fill_bitmask`, the uniqueItems guard included where the schema has
@@ -19,6 +20,8 @@ earlier output of the same schema filled them (`fd_guided.manager.first_masks`);
 as the fill. ``ENGINE+recurring`` walks it as the manager's fill does now: first states as above,
 and a slow engine's (llguidance's) deeper states reached by the same tokens as an earlier output
 of the schema (`fd_guided.manager.recurring_rows`).
+Each output is walked by every column in turn, the first column rotating from one output to the next
+(columns sharing a compiled grammar share its lazily built caches: the first to reach a state pays).
 An engine that refuses a token, or cannot compile the schema, stops there (counted). Reports p50, p90,
 p99, p99.9 and max per engine, the slowest fills (schema, step, the output's last bytes) and the
 compile times. Timings are per row on one thread: read them as ratios between engines in one run.
@@ -172,11 +175,16 @@ class Engines:
         except (InvalidGrammarError, ValueError, RuntimeError):
             return None
 
-    def walk(self, case: str, compiled: dict, tokens: list[int], report: dict) -> dict[str, list[float]]:
-        """Every engine walks `tokens` from a fresh grammar, one timed fill per step; returns each
-        engine's fill times along this output (in seconds)."""
+    def walk(
+        self, case: str, compiled: dict, tokens: list[int], report: dict, first: int = 0
+    ) -> dict[str, list[float]]:
+        """Every engine walks `tokens` from a fresh grammar, one timed fill per step, the `first`-th
+        column first (columns sharing a compiled grammar share its caches: the first to reach a
+        state pays for them); returns each engine's fill times along this output (in seconds)."""
         own: dict[str, list[float]] = {}
-        for name, (backend, grammar_compiled) in compiled.items():
+        order = list(compiled.items())
+        shift = first % len(order) if order else 0
+        for name, (backend, grammar_compiled) in order[shift:] + order[:shift]:
             grammar = backend.new_grammar(grammar_compiled)
             times = report["fills"][name]
             own[name] = []
@@ -301,6 +309,8 @@ def prepare_sample(engines: Engines, args: argparse.Namespace, report: dict) -> 
     """(case, schema, each engine's grammar, tokens) per output: the suite's valid instances of `args.suite`
     schemas, then `args.schemastore` SchemaStore schemas' decoded outputs (those the decoding engine
     compiles). Compiles and decodes; nothing here is timed but the compiles."""
+    if getattr(args, "sample", None):  # the outputs of an earlier --save-sample, compiled again
+        return replayed_sample(engines, args.sample, report)
     sample = []
     for case, schema, instances in suite_cases(args.suite, args.seed):
         compiled = engines.grammars(schema, report)
@@ -325,10 +335,24 @@ def prepare_sample(engines: Engines, args: argparse.Namespace, report: dict) -> 
     return sample
 
 
+def replayed_sample(engines: Engines, path: Path, report: dict) -> list[tuple[str, dict, dict, list[int]]]:
+    """`prepare_sample` from a --save-sample file: the same outputs' tokens, no decoding."""
+    sample, grammars = [], {}
+    for case, schema, tokens, _ in json.loads(path.read_text()):
+        if case not in grammars:  # one compile per schema, shared by its outputs as when decoded
+            grammars[case] = engines.grammars(schema, report)
+            report["schemas"] += bool(grammars[case])
+            report["schemastore_schemas"] += bool(grammars[case]) and case.startswith("schemastore/")
+        if grammars[case]:
+            sample.append((case, schema, grammars[case], tokens))
+    return sample
+
+
 def walk_sample(engines: Engines, sample: list[tuple[str, dict, dict, list[int]]], report: dict) -> None:
-    """Every engine walks every output of `sample` (timed fills) into `report`."""
-    for case, schema, compiled, tokens in sample:
-        fills = engines.walk(case, compiled, tokens, report)
+    """Every engine walks every output of `sample` (timed fills) into `report`; the column that walks
+    an output first rotates from one output to the next."""
+    for index, (case, schema, compiled, tokens) in enumerate(sample):
+        fills = engines.walk(case, compiled, tokens, report, first=index)  # each column first in turn
         report["sample"].append((case, schema, tokens, fills))
         report["outputs"] += 1
 
@@ -369,6 +393,7 @@ def main() -> None:
         type=Path,
         help="compile and decode at nice 19, then hold this flock (e.g. /tmp/fd_bench.lock) for the timed walks only",
     )
+    parser.add_argument("--sample", type=Path, help="walk the outputs of this --save-sample file (no decoding)")
     parser.add_argument("--replot", type=Path, help="only draw --plot from a --save-sample file")
     args = parser.parse_args()
     if args.replot:

@@ -44,3 +44,20 @@ def test_schemastore_schemas_are_walked_by_every_engine_set(fill_tails, tmp_path
     for name in engines:
         assert report["fills"][name], name  # every named engine walked the decoded outputs
     assert set(fill_tails.per_part(report)) == {"schemastore"}
+
+
+def test_a_saved_sample_is_walked_again_with_its_tokens(fill_tails, tmp_path):
+    # --save-sample then --sample: the same outputs, each schema compiled once, every column first in turn.
+    for name, schema in SCHEMAS.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(schema))
+    engines = ["auto+first_masks", "auto+recurring"]
+    tool = fill_tails.Engines(engines)
+    args = argparse.Namespace(suite=0, schemastore=2, schemastore_dir=tmp_path, tokens=12, seed=0, sample=None)
+    first = fill_tails.new_report(engines)
+    fill_tails.walk_sample(tool, fill_tails.prepare_sample(tool, args, first), first)
+    saved = tmp_path / "sample.json"
+    saved.write_text(json.dumps(first["sample"]))
+    again = fill_tails.new_report(engines)
+    replay = fill_tails.prepare_sample(tool, argparse.Namespace(sample=saved), again)
+    assert [(case, tokens) for case, _, _, tokens in replay] == [(case, tokens) for case, _, tokens, _ in first["sample"]]
+    assert again["schemastore_schemas"] == 2 and len(again["compile_s"]["auto+recurring"]) == 2
