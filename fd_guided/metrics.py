@@ -109,9 +109,6 @@ class GuidedMetrics:
         "first_mask_rows_total": (
             "Rows of a request's first states copied from an earlier request's fill instead of filled."
         ),
-        "recurring_rows_total": (
-            "Rows of a slow engine's deeper states copied from an earlier request's fill instead of filled."
-        ),
     }
     GAUGES = {
         "compiles_in_flight": "Compiles submitted and not finished.",

@@ -14,12 +14,9 @@ one) and that call alone is timed:
   - SchemaStore (`--schemastore-dir`, default the copy under /tmp/pysch): `--schemastore` schemas of
     at most 24 KB (seeded sample) have no instances, so xgrammar's mask decodes one (a seeded random
     allowed token per step, at most `--tokens` tokens) and every engine walks those tokens.
-``ENGINE+first_masks`` walks ENGINE's grammar as the manager's fill did after issue #25 item 2's
-first design: the rows of a request's first states (at most two tokens in) are copied when an
-earlier output of the same schema filled them (`fd_guided.manager.first_masks`); the copy is timed
-as the fill. ``ENGINE+recurring`` walks it as the manager's fill does now: first states as above,
-and a slow engine's (llguidance's) deeper states reached by the same tokens as an earlier output
-of the schema (`fd_guided.manager.recurring_rows`).
+``ENGINE+first_masks`` walks ENGINE's grammar as the manager's fill does since issue #25 item 2:
+the rows of a request's first states (at most two tokens in) are copied when an earlier output of
+the same schema filled them (`fd_guided.manager.first_masks`); the copy is timed as the fill.
 Each output is walked by every column in turn, the first column rotating from one output to the next
 (columns sharing a compiled grammar share its lazily built caches: the first to reach a state pays).
 An engine that refuses a token, or cannot compile the schema, stops there (counted). Reports p50, p90,
@@ -46,7 +43,6 @@ import torch  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from fd_guided.manager.first_masks import FirstMasks  # noqa: E402
-from fd_guided.manager.recurring_rows import RecurringRows  # noqa: E402
 
 SCHEMASTORE = next(
     (
@@ -69,9 +65,7 @@ def kept_rows(mode: str) -> list[FirstMasks]:
     """The stores a column ``ENGINE+MODE`` copies rows from, in the order the manager's fill tries them."""
     if mode == "first_masks":
         return [FirstMasks()]
-    if mode == "recurring":
-        return [FirstMasks(), RecurringRows()]
-    raise SystemExit(f"unknown column mode {mode!r}: first_masks or recurring")
+    raise SystemExit(f"unknown column mode {mode!r}: first_masks")
 
 
 def suite_cases(n: int, seed: int) -> list[tuple[str, dict, list[str]]]:

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +22,6 @@ from ..kernels.prefetch import BitmaskUploader, Upload, uploader_for
 from ..metrics import GuidedMetrics
 from .first_masks import FirstMasks
 from .plan import TreeFill, fill_trees
-from .recurring_rows import RecurringRows
 from .slot import SlotState, StepTimings
 
 
@@ -45,24 +43,16 @@ class BackgroundFill:
         self._future: Future | None = None
         # Rows of first states, copied for new requests instead of filled (None: always fill).
         self.first_masks: FirstMasks | None = FirstMasks()
-        # Rows of a slow engine's deeper states, copied when a request reaches one by the same tokens.
-        self.recurring_rows: RecurringRows | None = RecurringRows()
 
-    def first_mask_key(self, state: SlotState) -> tuple[FirstMasks, Hashable] | None:
-        """Where `state`'s next root row is kept and its key there (a `FirstMasks` for a first state,
-        the `RecurringRows` for a slow engine's deeper one), or None (not kept)."""
-        stores = [store for store in (self.first_masks, self.recurring_rows) if store is not None]
-        if not any(len(state.history) <= store.max_prefix_tokens for store in stores):
+    def first_mask_key(self, state: SlotState):
+        """The `FirstMasks` key of `state`'s next root row, or None (not kept: too many tokens in)."""
+        if self.first_masks is None or len(state.history) > self.first_masks.max_prefix_tokens:
             return None
         try:
             compiled = state.ticket.result(timeout=0)
         except Exception:  # noqa: BLE001 - a failed ticket has no grammar to fill: nothing to key
             return None
-        for store in stores:
-            key = store.key(compiled.backend_name, state.spec, state.history)
-            if key is not None:
-                return store, key
-        return None
+        return self.first_masks.key(compiled.backend_name, state.spec, state.history)
 
     def start(self, jobs: list[TreeFill], rows: int, *, overlap: bool) -> None:
         """Fill `jobs` (the step has `rows` logits rows): in the background, or now."""
@@ -85,32 +75,31 @@ class BackgroundFill:
         self.metrics.observe("fill_seconds", elapsed)
 
     def _copy_first_masks(self, jobs: list[TreeFill]) -> list[TreeFill]:
-        """Write the kept rows of first states and recurring ones (those jobs are then done);
-        returns the jobs whose row is to be kept once filled."""
-        to_keep, first, recurring = [], 0, 0
+        """Write the kept rows of first states (those jobs are then done); returns the jobs whose
+        row is to be kept once filled."""
+        first_masks = self.first_masks
+        if first_masks is None:
+            return []
+        to_keep, copied = [], 0
         for job in jobs:
             if job.first_mask is None or job.closed or job.copied:
                 continue
-            store, key = _kept_at(job)
-            if store.copy_into(key, self.words[job.first_row]):
+            if first_masks.copy_into(job.first_mask, self.words[job.first_row]):
                 job.copied = True  # fill_trees skips it
-                if store is self.recurring_rows:
-                    recurring += 1
-                else:
-                    first += 1
+                copied += 1
             else:
                 to_keep.append(job)
-        if first:
-            self.metrics.inc("first_mask_rows_total", first)
-        if recurring:
-            self.metrics.inc("recurring_rows_total", recurring)
+        if copied:
+            self.metrics.inc("first_mask_rows_total", copied)
         return to_keep
 
     def _keep_first_masks(self, jobs: list[TreeFill]) -> None:
+        first_masks = self.first_masks
+        if first_masks is None:
+            return
         for job in jobs:
             if not job.root_dead and 0 not in job.invalid and 0 not in job.stops:
-                store, key = _kept_at(job)
-                store.keep(key, self.words[job.first_row])
+                first_masks.keep(job.first_mask, self.words[job.first_row])
 
     def join(self) -> None:
         """Wait for the background fill (re-raising its error)."""
@@ -131,8 +120,3 @@ class BackgroundFill:
     def close(self) -> None:
         self.join()
         self._pool.shutdown(wait=True)
-
-
-def _kept_at(job: TreeFill) -> tuple[FirstMasks, Hashable]:
-    """The store and key `BackgroundFill.first_mask_key` gave `job` (its `first_mask`)."""
-    return cast(tuple[FirstMasks, Hashable], job.first_mask)

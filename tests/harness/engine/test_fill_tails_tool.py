@@ -30,7 +30,7 @@ SCHEMAS = {
 
 
 @pytest.mark.parametrize(
-    "engines", [["auto+first_masks"], ["llguidance"], ["xgrammar", "auto"], ["auto+first_masks", "auto+recurring"]]
+    "engines", [["auto+first_masks"], ["llguidance"], ["xgrammar", "auto"], ["auto+first_masks", "llguidance+first_masks"]]
 )
 def test_schemastore_schemas_are_walked_by_every_engine_set(fill_tails, tmp_path, engines):
     for name, schema in SCHEMAS.items():
@@ -50,7 +50,7 @@ def test_a_saved_sample_is_walked_again_with_its_tokens(fill_tails, tmp_path):
     # --save-sample then --sample: the same outputs, each schema compiled once, every column first in turn.
     for name, schema in SCHEMAS.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(schema))
-    engines = ["auto+first_masks", "auto+recurring"]
+    engines = ["auto+first_masks", "llguidance+first_masks"]
     tool = fill_tails.Engines(engines)
     args = argparse.Namespace(suite=0, schemastore=2, schemastore_dir=tmp_path, tokens=12, seed=0, sample=None)
     first = fill_tails.new_report(engines)
@@ -60,4 +60,4 @@ def test_a_saved_sample_is_walked_again_with_its_tokens(fill_tails, tmp_path):
     again = fill_tails.new_report(engines)
     replay = fill_tails.prepare_sample(tool, argparse.Namespace(sample=saved), again)
     assert [(case, tokens) for case, _, _, tokens in replay] == [(case, tokens) for case, _, tokens, _ in first["sample"]]
-    assert again["schemastore_schemas"] == 2 and len(again["compile_s"]["auto+recurring"]) == 2
+    assert again["schemastore_schemas"] == 2 and len(again["compile_s"]["llguidance+first_masks"]) == 2
