@@ -2,7 +2,8 @@
 
     OMP_WAIT_POLICY=PASSIVE python tools/fill_tails.py [--suite 80] [--schemastore 40] [--tokens 160]
         [--engines xgrammar,llguidance,auto,auto+first_masks] [--json docs/bench_fill_tails.json]
-        [--plot docs/img/fill_tails.png] [--save-sample /tmp/fill_sample.json]
+        [--plot docs/img/fill_tails.png] [--save-sample /tmp/fill_sample.json] [--sample /tmp/fill_sample.json]
+        [--lock /tmp/fd_bench.lock]
 
 Two sources, each walked token by token with deepseek's tokenizer (129,280 tokens); at every step each
 engine's grammar fills one row (`fill_bitmask`, the uniqueItems guard included where the schema has
@@ -16,6 +17,8 @@ one) and that call alone is timed:
 ``ENGINE+first_masks`` walks ENGINE's grammar as the manager's fill does since issue #25 item 2:
 the rows of a request's first states (at most two tokens in) are copied when an earlier output of
 the same schema filled them (`fd_guided.manager.first_masks`); the copy is timed as the fill.
+Each output is walked by every column in turn, the first column rotating from one output to the next
+(columns sharing a compiled grammar share its lazily built caches: the first to reach a state pays).
 An engine that refuses a token, or cannot compile the schema, stops there (counted). Reports p50, p90,
 p99, p99.9 and max per engine, the slowest fills (schema, step, the output's last bytes) and the
 compile times. Timings are per row on one thread: read them as ratios between engines in one run.
@@ -52,6 +55,17 @@ SCHEMASTORE = next(
     ),
     Path("schemastore"),
 )
+
+
+# SchemaStore's outputs are decoded under xgrammar's mask, whichever engines are walked.
+DECODER = "xgrammar"
+
+
+def kept_rows(mode: str) -> list[FirstMasks]:
+    """The stores a column ``ENGINE+MODE`` copies rows from, in the order the manager's fill tries them."""
+    if mode == "first_masks":
+        return [FirstMasks()]
+    raise SystemExit(f"unknown column mode {mode!r}: first_masks")
 
 
 def suite_cases(n: int, seed: int) -> list[tuple[str, dict, list[str]]]:
@@ -107,68 +121,85 @@ class Engines:
                 self.backends[base] = get_backend_class(base)(
                     self.tokenizer, vocab_size=self.tokenizer.padded_vocab_size, config=GuidedConfig(backend=base)
                 )
-        self.first_masks = {name: FirstMasks() for name in names if name.endswith("+first_masks")}
+        if DECODER not in self.backends:  # SchemaStore outputs are decoded under its mask, walked or not
+            self.backends[DECODER] = get_backend_class(DECODER)(
+                self.tokenizer, vocab_size=self.tokenizer.padded_vocab_size, config=GuidedConfig(backend=DECODER)
+            )
+        self.kept_rows = {name: kept_rows(name.split("+", 1)[1]) for name in names if "+" in name}
         self.bitmask = torch.zeros((1, (self.tokenizer.padded_vocab_size + 31) // 32), dtype=torch.int32)
         self.row = self.bitmask[0].numpy()
 
     def grammars(self, schema: dict, report: dict) -> dict:
+        """Each named column's (backend, compiled grammar) for `schema`: one compile per engine, shared
+        by ``ENGINE`` and ``ENGINE+MODE`` (its time and refusals counted under each of them)."""
         from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
 
         out = {}
-        for name, backend in self.backends.items():
-            if name not in self.names:
-                continue
+        for base in dict.fromkeys(name.split("+")[0] for name in self.names):
+            columns = [name for name in self.names if name.split("+")[0] == base]
+            backend = self.backends[base]
             try:
-                spec = parse_guided_request({"guided_json": schema}, GuidedConfig(backend=name))
+                spec = parse_guided_request({"guided_json": schema}, GuidedConfig(backend=base))
                 started = time.perf_counter()
                 compiled = backend.compile(spec)
-                report["compile_s"][name].append(time.perf_counter() - started)
-                out[name] = (backend, compiled)
+                elapsed = time.perf_counter() - started
             except (InvalidGrammarError, ValueError, RuntimeError) as error:
-                report["refused_schemas"][name] += 1
-                report["refusals"].append((name, type(error).__name__, str(error)[:120]))
-        for name in self.first_masks:  # the base engine's grammar (its compile counted once)
-            base = name.split("+")[0]
-            if base in out:
-                out[name] = out[base]
-            elif base not in self.names:
-                out.update({name: compiled for name, compiled in self.grammars_of(base, schema, report).items()})
+                for name in columns:
+                    report["refused_schemas"][name] += 1
+                report["refusals"].append((base, type(error).__name__, str(error)[:120]))
+                continue
+            for name in columns:
+                report["compile_s"][name].append(elapsed)
+                out[name] = (backend, compiled)
         return out
 
-    def grammars_of(self, base: str, schema: dict, report: dict) -> dict:
+    def decoder(self, schema: dict, compiled: dict) -> tuple | None:
+        """The decoding engine's grammar for `schema` (the walked one when that engine is walked; compiled
+        here otherwise), or None when it cannot compile the schema."""
+        if DECODER in compiled:
+            return compiled[DECODER]
+        for backend, grammar in compiled.values():  # auto's own, when it chose the decoding engine
+            if getattr(grammar, "backend_name", None) == DECODER and backend.name == "auto":
+                return backend.engine(DECODER), grammar
         from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
 
-        name = f"{base}+first_masks"
         try:
-            spec = parse_guided_request({"guided_json": schema}, GuidedConfig(backend=base))
-            started = time.perf_counter()
-            compiled = self.backends[base].compile(spec)
-            report["compile_s"][name].append(time.perf_counter() - started)
-            return {name: (self.backends[base], compiled)}
-        except (InvalidGrammarError, ValueError, RuntimeError) as error:
-            report["refused_schemas"][name] += 1
-            report["refusals"].append((name, type(error).__name__, str(error)[:120]))
-            return {}
+            spec = parse_guided_request({"guided_json": schema}, GuidedConfig(backend=DECODER))
+            return self.backends[DECODER], self.backends[DECODER].compile(spec)
+        except (InvalidGrammarError, ValueError, RuntimeError):
+            return None
 
-    def walk(self, case: str, compiled: dict, tokens: list[int], report: dict) -> dict[str, list[float]]:
-        """Every engine walks `tokens` from a fresh grammar, one timed fill per step; returns each
-        engine's fill times along this output (in seconds)."""
+    def walk(
+        self, case: str, compiled: dict, tokens: list[int], report: dict, first: int = 0
+    ) -> dict[str, list[float]]:
+        """Every engine walks `tokens` from a fresh grammar, one timed fill per step, the `first`-th
+        column first (columns sharing a compiled grammar share its caches: the first to reach a
+        state pays for them); returns each engine's fill times along this output (in seconds)."""
         own: dict[str, list[float]] = {}
-        for name, (backend, grammar_compiled) in compiled.items():
+        order = list(compiled.items())
+        shift = first % len(order) if order else 0
+        for name, (backend, grammar_compiled) in order[shift:] + order[:shift]:
             grammar = backend.new_grammar(grammar_compiled)
             times = report["fills"][name]
             own[name] = []
-            first_masks = self.first_masks.get(name)
+            stores = self.kept_rows.get(name, [])
             for step, token in enumerate(tokens):
                 started = time.perf_counter()
-                if first_masks is None:
+                # as `fd_guided.manager.fill.BackgroundFill` does: copied, or filled (and kept)
+                kept = next(
+                    (
+                        (store, key)
+                        for store in stores
+                        if step <= store.max_prefix_tokens
+                        and (key := store.key(grammar_compiled.backend_name, grammar_compiled.spec, tokens[:step]))
+                        is not None
+                    ),
+                    None,
+                )
+                if kept is None or not kept[0].copy_into(kept[1], self.row):
                     grammar.fill_bitmask(self.bitmask, 0)
-                else:  # as `fd_guided.manager.fill.BackgroundFill` does: copied, or filled and kept
-                    key = first_masks.key(grammar_compiled.backend_name, grammar_compiled.spec, tokens[:step])
-                    if key is None or not first_masks.copy_into(key, self.row):
-                        grammar.fill_bitmask(self.bitmask, 0)
-                        if key is not None:
-                            first_masks.keep(key, self.row)
+                    if kept is not None:
+                        kept[0].keep(kept[1], self.row)
                 elapsed = time.perf_counter() - started
                 times.append(elapsed)
                 own[name].append(elapsed)
@@ -225,6 +256,16 @@ def percentiles(values: list[float]) -> dict:
     }
 
 
+def per_part(report: dict) -> dict:
+    """`percentiles` per engine of the suite's outputs and of SchemaStore's apart."""
+    parts: dict[str, dict[str, list[float]]] = {}
+    for case, _, _, own in report["sample"]:
+        part = parts.setdefault(case.split("/")[0], {})
+        for name, values in own.items():
+            part.setdefault(name, []).extend(values)
+    return {part: {name: percentiles(values) for name, values in fills.items()} for part, fills in parts.items()}
+
+
 def slow_steps(report: dict, name: str, threshold: float) -> dict:
     """How many fills took over `threshold` seconds, and how many of those were among an output's
     first three steps (where a probe at compile time, filling those states, would see them)."""
@@ -258,6 +299,74 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def prepare_sample(engines: Engines, args: argparse.Namespace, report: dict) -> list[tuple[str, dict, dict, list[int]]]:
+    """(case, schema, each engine's grammar, tokens) per output: the suite's valid instances of `args.suite`
+    schemas, then `args.schemastore` SchemaStore schemas' decoded outputs (those the decoding engine
+    compiles). Compiles and decodes; nothing here is timed but the compiles."""
+    if getattr(args, "sample", None):  # the outputs of an earlier --save-sample, compiled again
+        return replayed_sample(engines, args.sample, report)
+    sample = []
+    for case, schema, instances in suite_cases(args.suite, args.seed):
+        compiled = engines.grammars(schema, report)
+        if not compiled:
+            continue
+        report["schemas"] += 1
+        stop = engines.tokenizer.eos_token_ids[0]
+        sample += [(case, schema, compiled, engines.tokenizer.encode(instance) + [stop]) for instance in instances]
+    rng = random.Random(args.seed)
+    done = 0
+    for case, schema in schemastore_schemas(args.schemastore_dir, args.schemastore, args.seed):
+        if done >= args.schemastore:
+            break
+        compiled = engines.grammars(schema, report)
+        decoder = engines.decoder(schema, compiled) if compiled else None
+        if decoder is None:
+            continue
+        done += 1
+        report["schemas"] += 1
+        report["schemastore_schemas"] += 1
+        sample.append((case, schema, compiled, engines.decode(decoder, rng, args.tokens)))
+    return sample
+
+
+def replayed_sample(engines: Engines, path: Path, report: dict) -> list[tuple[str, dict, dict, list[int]]]:
+    """`prepare_sample` from a --save-sample file: the same outputs' tokens, no decoding."""
+    sample, grammars = [], {}
+    for case, schema, tokens, _ in json.loads(path.read_text()):
+        if case not in grammars:  # one compile per schema, shared by its outputs as when decoded
+            grammars[case] = engines.grammars(schema, report)
+            report["schemas"] += bool(grammars[case])
+            report["schemastore_schemas"] += bool(grammars[case]) and case.startswith("schemastore/")
+        if grammars[case]:
+            sample.append((case, schema, grammars[case], tokens))
+    return sample
+
+
+def walk_sample(engines: Engines, sample: list[tuple[str, dict, dict, list[int]]], report: dict) -> None:
+    """Every engine walks every output of `sample` (timed fills) into `report`; the column that walks
+    an output first rotates from one output to the next."""
+    for index, (case, schema, compiled, tokens) in enumerate(sample):
+        fills = engines.walk(case, compiled, tokens, report, first=index)  # each column first in turn
+        report["sample"].append((case, schema, tokens, fills))
+        report["outputs"] += 1
+
+
+def new_report(names: list[str]) -> dict:
+    return {
+        "fills": {name: [] for name in names},
+        "steps": {name: [] for name in names},  # each fill's step in its output
+        "compile_s": {name: [] for name in names},
+        "refused_schemas": {name: 0 for name in names},
+        "stopped": {name: 0 for name in names},
+        "refusals": [],
+        "slow": [],
+        "sample": [],  # (case, schema, tokens, {engine: fill seconds per step}) per output
+        "schemas": 0,
+        "schemastore_schemas": 0,
+        "outputs": 0,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", type=int, default=80, help="JSON-Schema-Test-Suite schemas (their valid instances)")
@@ -273,6 +382,12 @@ def main() -> None:
         type=Path,
         help="write every output walked (case, schema, tokens, each engine's fill times) as JSON",
     )
+    parser.add_argument(
+        "--lock",
+        type=Path,
+        help="compile and decode at nice 19, then hold this flock (e.g. /tmp/fd_bench.lock) for the timed walks only",
+    )
+    parser.add_argument("--sample", type=Path, help="walk the outputs of this --save-sample file (no decoding)")
     parser.add_argument("--replot", type=Path, help="only draw --plot from a --save-sample file")
     args = parser.parse_args()
     if args.replot:
@@ -284,51 +399,33 @@ def main() -> None:
         return
     names = args.engines.split(",")
     engines = Engines(names)
-    report: dict = {
-        "fills": {name: [] for name in names},
-        "steps": {name: [] for name in names},  # each fill's step in its output
-        "compile_s": {name: [] for name in names},
-        "refused_schemas": {name: 0 for name in names},
-        "stopped": {name: 0 for name in names},
-        "refusals": [],
-        "slow": [],
-        "sample": [],  # (case, schema, tokens, {engine: fill seconds per step}) per output
-        "schemas": 0,
-        "outputs": 0,
-    }
+    report = new_report(names)
+    if args.lock:  # compile and decode at the lowest priority, outside the lock
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
+    prepare_started = time.time()
+    sample = prepare_sample(engines, args, report)
+    prepare_s = time.time() - prepare_started
+    lock = open(args.lock, "w") if args.lock else None  # noqa: SIM115 - held until the process exits
+    if lock is not None:
+        import fcntl
+
+        os.setpriority(os.PRIO_PROCESS, 0, 0)  # the timed walks at normal priority, under the lock
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    load_before = os.getloadavg()
     started = time.time()
-    for case, schema, instances in suite_cases(args.suite, args.seed):
-        compiled = engines.grammars(schema, report)
-        if not compiled:
-            continue
-        report["schemas"] += 1
-        stop = engines.tokenizer.eos_token_ids[0]
-        for instance in instances:
-            tokens = engines.tokenizer.encode(instance) + [stop]
-            fills = engines.walk(case, compiled, tokens, report)
-            report["sample"].append((case, schema, tokens, fills))
-            report["outputs"] += 1
-    rng = random.Random(args.seed)
-    done = 0
-    for case, schema in schemastore_schemas(args.schemastore_dir, args.schemastore, args.seed):
-        if done >= args.schemastore:
-            break
-        compiled = engines.grammars(schema, report)
-        if "xgrammar" not in compiled:
-            continue
-        done += 1
-        report["schemas"] += 1
-        tokens = engines.decode(compiled["xgrammar"], rng, args.tokens)
-        fills = engines.walk(case, compiled, tokens, report)
-        report["sample"].append((case, schema, tokens, fills))
-        report["outputs"] += 1
+    walk_sample(engines, sample, report)
     summary = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "seconds": round(time.time() - started, 1),
+        "prepare_seconds": round(prepare_s, 1),
+        "walk_seconds": round(time.time() - started, 1),
+        "load_average_before": load_before,
         "load_average": os.getloadavg(),
+        "locked": str(args.lock) if args.lock else None,
         "schemas": report["schemas"],
         "outputs": report["outputs"],
+        "schemastore_schemas": report["schemastore_schemas"],
         "per_engine": {name: percentiles(values) for name, values in report["fills"].items()},
+        "per_part": per_part(report),
         "over_200us": {name: slow_steps(report, name, 200e-6) for name in names},
         "compile_ms_median": {n: statistics.median(v) * 1e3 for n, v in report["compile_s"].items() if v},
         "compile_ms_max": {n: max(v) * 1e3 for n, v in report["compile_s"].items() if v},

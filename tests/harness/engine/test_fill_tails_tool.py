@@ -1,0 +1,63 @@
+"""tools/fill_tails.py's sample: SchemaStore schemas are decoded and walked whichever engines are
+named (with only ``auto+first_masks`` it walked none: the decoding engine was never compiled)."""
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+
+_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "fill_tails.py")
+
+
+@pytest.fixture(scope="module")
+def fill_tails():
+    spec = importlib.util.spec_from_file_location("fd_guided_fill_tails_tool", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+SCHEMAS = {
+    "point": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x"]},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+}
+
+
+@pytest.mark.parametrize(
+    "engines", [["auto+first_masks"], ["llguidance"], ["xgrammar", "auto"], ["auto+first_masks", "llguidance+first_masks"]]
+)
+def test_schemastore_schemas_are_walked_by_every_engine_set(fill_tails, tmp_path, engines):
+    for name, schema in SCHEMAS.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(schema))
+    args = argparse.Namespace(suite=0, schemastore=2, schemastore_dir=tmp_path, tokens=12, seed=0)
+    report = fill_tails.new_report(engines)
+    tool = fill_tails.Engines(engines)
+    fill_tails.walk_sample(tool, fill_tails.prepare_sample(tool, args, report), report)
+    assert report["schemastore_schemas"] == 2
+    assert sorted(case for case, *_ in report["sample"]) == ["schemastore/point", "schemastore/tags"]
+    for name in engines:
+        assert report["fills"][name], name  # every named engine walked the decoded outputs
+    assert set(fill_tails.per_part(report)) == {"schemastore"}
+
+
+def test_a_saved_sample_is_walked_again_with_its_tokens(fill_tails, tmp_path):
+    # --save-sample then --sample: the same outputs, each schema compiled once, every column first in turn.
+    for name, schema in SCHEMAS.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(schema))
+    engines = ["auto+first_masks", "llguidance+first_masks"]
+    tool = fill_tails.Engines(engines)
+    args = argparse.Namespace(suite=0, schemastore=2, schemastore_dir=tmp_path, tokens=12, seed=0, sample=None)
+    first = fill_tails.new_report(engines)
+    fill_tails.walk_sample(tool, fill_tails.prepare_sample(tool, args, first), first)
+    saved = tmp_path / "sample.json"
+    saved.write_text(json.dumps(first["sample"]))
+    again = fill_tails.new_report(engines)
+    replay = fill_tails.prepare_sample(tool, argparse.Namespace(sample=saved), again)
+    assert [(case, tokens) for case, _, _, tokens in replay] == [(case, tokens) for case, _, tokens, _ in first["sample"]]
+    assert again["schemastore_schemas"] == 2 and len(again["compile_s"]["llguidance+first_masks"]) == 2
