@@ -8,8 +8,9 @@ With `left` the tokens the request may still generate (its ``max_tokens`` minus 
 generated, reasoning included), once per step, after the fill (`BudgetSteering.steer`):
 
   far      ``left > need + headroom + window``: nothing is done (no search, no look at tokens);
-           after its first look (the start plan of a schema seen before: one lookup) a far row
-           costs one comparison a step (`_Slot.far_until`)
+           after its first look (the start plan of a schema seen before: one lookup by its
+           compiled grammar) a far row costs one comparison a step (`_Slot.far_until`, in
+           `prepare`; `steer` passes the entry `prepare` marked by with an identity test)
   near     the tokens emitted since the last look are checked against the plan: on the plan, it
            advances; off it, the rest of the plan is tried from the new state (accept, one fill,
            roll back): still a completion (a string grew, whitespace), it stays; else a new search
