@@ -110,3 +110,68 @@ def test_far_rows_take_the_start_plan_by_grammar_and_end_valid(backend_name):
             assert valid(fields, text), text
     finally:
         manager.close()
+
+
+def test_a_plan_resumes_past_the_bytes_the_output_shares_with_it():
+    """`{\\n` where the plan has `{"id...`: the plan's rest is tried from past the `{`, not from the
+    `{` again (which no longer completes anything: a search on every such token)."""
+    from fd_guided.budget.follow import resumed
+    from fd_guided.budget.search import token_table
+
+    table = token_table(load_tokenizer("deepseek"))
+    text = b'{"id":0,"kind":"alpha"}'
+    plan = resumed(Plan(text, table.fewest(text)), b"{\n", table)
+    assert plan.text[plan.position :] == b'"id":0,"kind":"alpha"}'
+    chained = Plan(text, [(2, table.by_bytes[b'{"']), *[(1 << 30, -1)] * (len(text) - 2), (1, 0), (0, -1)])
+    respelled = resumed(chained, b"{\n", table)  # its table knows only token boundaries: spelled again
+    assert respelled.text == b'"id":0,"kind":"alpha"}' and respelled.position == 0
+    untouched = Plan(text, table.fewest(text))
+    assert resumed(untouched, b" ", table) is untouched and untouched.position == 0
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_whitespace_off_the_plan_is_followed_without_a_search(backend_name):
+    """A request near its budget takes `{` and a newline where its plan has `{"`: its plan's rest
+    still completes the output from there, so the look after it runs no search (on main it
+    searched, 5-30 ms on llguidance), and it ends complete and valid."""
+    fields = REQUESTS[1]
+    config = GuidedConfig(backend=backend_name)
+    tokenizer = load_tokenizer("deepseek")
+    manager = GuidedDecodingManager(in_process_backend(backend_name), max_num_seqs=1)
+    manager.budget.defer_start_above = 10**9
+    try:
+        add_ready(manager, 0, parse_guided_request(fields, config), prefill_done=True, max_tokens=10_000)
+        _step(manager, tokenizer, [0])  # its start plan: need and closing headroom
+        need, headroom = manager.budget.need(0), manager.budget._slots[0].headroom
+        manager.release(0)
+        budget = need + headroom + WINDOW // 2  # near (its plan followed every step), not closing
+        add_ready(manager, 0, parse_guided_request(fields, config), prefill_done=True, max_tokens=budget)
+        searches = []
+        inner = manager.budget._search
+        manager.budget._search = lambda *a, **k: searches.append(a) or inner(*a, **k)  # type: ignore[method-assign]
+        manager.begin_step([0])
+        manager.apply(torch.zeros((1, VOCAB)))
+        brace_newline = manager.budget.table.by_bytes[b"{\n"]
+        words = manager.bitmask.numpy()[0]
+        assert (int(words[brace_newline >> 5]) >> (brace_newline & 31)) & 1
+        assert not manager.accept([brace_newline])
+        outputs, searched = [brace_newline], len(searches)  # the start plan's own search, if any
+        manager.begin_step([0])
+        manager.apply(torch.zeros((1, VOCAB)))  # the look that follows `{\n`: the plan's rest kept
+        assert len(searches) == searched and manager.budget.need(0) is not None
+        token = pick(tokenizer, manager.bitmask.numpy()[0], VOCAB)
+        assert not manager.accept([token])
+        outputs.append(token)
+        while True:
+            manager.begin_step([0])
+            manager.apply(torch.zeros((1, VOCAB)))
+            token = pick(tokenizer, manager.bitmask.numpy()[0], VOCAB)
+            done = manager.accept([token])
+            if done:
+                assert done[0].reason == "stop", done[0]
+                break
+            outputs.append(token)
+            assert len(outputs) < budget
+        assert valid(fields, tokenizer.decode(outputs)), tokenizer.decode(outputs)
+    finally:
+        manager.close()
