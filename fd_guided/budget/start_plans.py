@@ -4,13 +4,16 @@ A request's first look needs the plan from its grammar's start state. `StartPlan
 last `START_PLANS` of them (a plan, or None where the search found nothing), and runs a search in
 the background when the caller can go on without it (a request far from its budget): one thread,
 each search on a matcher of its own (`BudgetSteering._own_search`), so a cold schema's first step
-does not pay for it on the host's thread.
+does not pay for it on the host's thread. A request's first look finds its plan by its compiled
+grammar's identity (`of_grammar`: the compile cache hands every request of a spec the same object)
+without hashing the spec or taking the lock.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,6 +36,9 @@ class StartPlans:
         self._searches: dict[Hashable, Future] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        # id(compiled grammar) -> (a weak reference to it, its start plan): written and read on the
+        # step's thread only (`tie`, `of_grammar`); the reference tells a reused id from its grammar.
+        self._by_grammar: dict[int, tuple[weakref.ref, Plan]] = {}
 
     def known(self, key: Hashable) -> bool:
         with self._lock:
@@ -47,6 +53,23 @@ class StartPlans:
                 return None
             self._plans.move_to_end(key)
             return plan  # type: ignore[return-value]
+
+    def of_grammar(self, compiled: object) -> Plan | None:
+        """The start plan tied to the compiled grammar `compiled` (`tie`), or None: one dict
+        lookup by identity (no spec hashed, no lock), for a request's first look."""
+        tied = self._by_grammar.get(id(compiled))
+        return tied[1] if tied is not None and tied[0]() is compiled else None
+
+    def tie(self, compiled: object, plan: Plan) -> None:
+        """Remember `plan` (the start plan of `compiled`'s spec and engine) for `of_grammar`; at
+        most `limit` grammars, forgotten all at once past it (each is tied again at its next look)."""
+        try:
+            reference = weakref.ref(compiled)
+        except TypeError:  # a grammar without weak references: looked up by its spec, as before
+            return
+        if len(self._by_grammar) >= self.limit:
+            self._by_grammar.clear()
+        self._by_grammar[id(compiled)] = (reference, plan)
 
     def remember(self, key: Hashable, plan: Plan | None) -> None:
         with self._lock:

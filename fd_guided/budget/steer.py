@@ -8,8 +8,9 @@ With `left` the tokens the request may still generate (its ``max_tokens`` minus 
 generated, reasoning included), once per step, after the fill (`BudgetSteering.steer`):
 
   far      ``left > need + headroom + window``: nothing is done (no search, no look at tokens);
-           after its first look (the start plan of a schema seen before: one lookup) a far row
-           costs one comparison a step (`_Slot.far_until`)
+           after its first look (the start plan of a schema seen before: one lookup by its
+           compiled grammar) a far row costs one comparison a step (`_Slot.far_until`, in
+           `prepare`; `steer` passes the entry `prepare` marked by with an identity test)
   near     the tokens emitted since the last look are checked against the plan: on the plan, it
            advances; off it, the rest of the plan is tried from the new state (accept, one fill,
            roll back): still a completion (a string grew, whitespace), it stays; else a new search
@@ -89,6 +90,9 @@ class _Slot:
     # Slack at which its closing zone starts: the steering's headroom, or its start plan's growth
     # (the most one optional member adds) and one more where that is larger (`_take_start`).
     headroom: int = HEADROOM
+    # The step entry `prepare` found this row far in (its state cannot change before `steer` of
+    # the same step): `steer` passes it by with one identity test, without reading its state.
+    far_entry: Any = None
 
 
 @dataclass
@@ -148,7 +152,8 @@ class BudgetSteering(PlanFollowing, StartPlanning):
             return None
         generated = self._generated(state)
         if generated < budget.far_until:
-            return None  # far from the budget (found so at an earlier step, the plan unchanged)
+            budget.far_entry = entry  # far from the budget (found so at an earlier step, the plan unchanged)
+            return None
         plan = budget.plan
         if plan is None or budget.gave_up or not budget.started or not self.closing_rows or self.slack_tokens:
             return None
@@ -189,8 +194,11 @@ class BudgetSteering(PlanFollowing, StartPlanning):
                 continue
             if budget.far_until and entry.tree.num_nodes == 1:
                 # Far from the budget (found so at an earlier look, the plan unchanged): one
-                # comparison. Its row was filled, not closed; a finished or reasoning one has
-                # nothing to steer while far either.
+                # identity test where `prepare` found it far this step, else one comparison. Its
+                # row was filled, not closed; a finished or reasoning one has nothing to steer
+                # while far either.
+                if budget.far_entry is entry:
+                    continue
                 state = get_state(entry.slot)
                 if state is not None and self._generated(state) < budget.far_until:
                     continue
@@ -248,20 +256,28 @@ class BudgetSteering(PlanFollowing, StartPlanning):
 
     def _far_at_start(self, entry, state, budget: _Slot, left: int) -> bool:
         """The first look of a request far from its budget whose start plan is cached (every
-        request of a schema seen before): the plan copied, `far_until` set, one lookup of the
-        start-plan key (its spec hashed once). False (nothing done) otherwise: `_start` decides."""
+        request of a schema seen before): the plan copied, `far_until` set; the plan found by its
+        compiled grammar's identity (`StartPlans.of_grammar`), by its spec and engine the first
+        time. False (nothing done) otherwise: `_start` decides."""
         if state.history or budget.deferred:
             return False
-        cached = self.start_plans.get((state.spec, engine_of(state)))
-        if cached is None:
+        try:
+            compiled = state.ticket.result(timeout=0)
+        except Exception:  # noqa: BLE001 - no compiled grammar (yet): `_start` decides
             return False
-        headroom = self._headroom_of(cached)
-        slack = left - cached.need - headroom
+        plans = self.start_plans
+        cached = plans.of_grammar(compiled)
+        if cached is None:
+            cached = plans.get((state.spec, str(compiled.backend_name)))
+            if cached is None:
+                return False
+            plans.tie(compiled, cached)
+        need, headroom = cached.need, self._headroom_of(cached)
+        slack = left - need - headroom
         if slack <= self.window or entry.tree.num_nodes > slack:
             return False
-        budget.started = True
-        self._take_start(budget, cached.fresh(), 0)
-        budget.far_until = budget.max_tokens - cached.need - headroom - self.window
+        budget.started, budget.plan, budget.seen, budget.headroom = True, cached.fresh(), 0, headroom  # `_take_start`
+        budget.far_until = budget.max_tokens - need - headroom - self.window
         return True
 
     def _take_start(self, budget: _Slot, plan: Plan, seen: int) -> None:

@@ -1,0 +1,177 @@
+"""Far rows (issue #24 item 4): a request far from its budget finds its start plan by its compiled
+grammar's identity (no spec hashed, no lock), is passed by with one test a step after that, and
+still ends complete and valid once it nears its budget, under the adversarial decoder."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from adversary import pick
+from guided_helpers import VOCAB, add_ready, in_process_backend
+from test_budget import REQUESTS, valid
+
+from fd_guided import GuidedConfig, GuidedDecodingManager, parse_guided_request
+from fd_guided.budget.plan import Plan
+from fd_guided.budget.start_plans import StartPlans
+from fd_guided.budget.steer import WINDOW
+from fd_guided.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.cpu
+
+
+class _Grammar:
+    """Stands for a compiled grammar: any object with weak references."""
+
+
+def test_start_plans_tie_a_plan_to_a_grammar_by_identity():
+    plans, plan = StartPlans(limit=2), Plan(b"{}", [(1, 0), (0, -1), (0, -1)])
+    first, second = _Grammar(), _Grammar()
+    plans.tie(first, plan)
+    assert plans.of_grammar(first) is plan and plans.of_grammar(second) is None
+    plans.tie(second, plan)
+    plans.tie(_Grammar(), plan)  # past the limit: the earlier ties are forgotten
+    assert plans.of_grammar(first) is None
+    plans.tie(first, plan)
+    identity = id(first)
+    del first
+    gc.collect()
+    assert all(plans.of_grammar(other) is None for other in [_Grammar() for _ in range(50)] if id(other) == identity)
+    plans.tie(3, plan)  # no weak reference to an int: not tied, looked up by spec as before
+    assert plans.of_grammar(3) is None
+
+
+def _step(manager, tokenizer, slots: list[int]) -> list[int]:
+    """One step of `slots` (none of them ending in it); the adversary's tokens."""
+    manager.begin_step(slots)
+    manager.apply(torch.zeros((len(slots), VOCAB)))
+    words = manager.bitmask.numpy()
+    tokens = [pick(tokenizer, words[row], VOCAB) for row in range(len(slots))]
+    assert not manager.accept(tokens)
+    return tokens
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_far_rows_take_the_start_plan_by_grammar_and_end_valid(backend_name):
+    fields = REQUESTS[1]  # nested required object, an enum and a pattern
+    config = GuidedConfig(backend=backend_name)
+    tokenizer = load_tokenizer("deepseek")
+    manager = GuidedDecodingManager(in_process_backend(backend_name), max_num_seqs=2)
+    manager.budget.defer_start_above = 10**9  # the first request searches its start plan at once
+    try:
+        add_ready(manager, 0, parse_guided_request(fields, config), prefill_done=True, max_tokens=10_000)
+        _step(manager, tokenizer, [0])
+        need = manager.budget.need(0)
+        assert need is not None
+        manager.release(0)
+
+        # Two requests of the schema, each its own (equal) spec, far from their budgets: their
+        # first looks find the plan by the compiled grammar the compile cache hands both.
+        plans = manager.budget.start_plans
+        by_spec, lookups = plans.get, []
+        plans.get = lambda key: lookups.append(key) or by_spec(key)  # type: ignore[method-assign]
+        budget = need + 8 + WINDOW + 40
+        for slot in (0, 1):
+            add_ready(manager, slot, parse_guided_request(fields, config), prefill_done=True, max_tokens=budget)
+        first = _step(manager, tokenizer, [0, 1])
+        assert len(lookups) == 1  # the first by spec and engine, then tied to the grammar
+        slots = manager.budget._slots
+        assert all(slots[s].far_until > 0 and slots[s].plan is not None for s in (0, 1))
+        assert slots[0].plan is not slots[1].plan and slots[0].plan.need == need  # each its own copy
+        compiled = manager.step.slots.get(1).ticket.result(timeout=0)
+        assert plans.of_grammar(compiled) is not None
+
+        # Far: `prepare` marks the step's entry, `steer` passes it by; near: steered to the end.
+        outputs: dict[int, list[int]] = {0: [first[0]], 1: [first[1]]}
+        finished: dict[int, str] = {}
+        passed_by = 0
+        while len(finished) < 2:
+            rows = [s if s not in finished else None for s in (0, 1)]
+            manager.begin_step(rows)
+            passed_by += sum(1 for e in manager.step._entries if e.slot in slots and slots[e.slot].far_entry is e)
+            manager.apply(torch.zeros((2, VOCAB)))
+            words = manager.bitmask.numpy()
+            tokens = [pick(tokenizer, words[row], VOCAB) if rows[row] is not None else 0 for row in (0, 1)]
+            done = {f.slot: f for f in manager.accept(tokens)}
+            for slot in (0, 1):
+                if rows[slot] is None:
+                    continue
+                if slot in done:
+                    finished[slot] = "stop" if done[slot].reason != "error" else f"error: {done[slot].error}"
+                    continue
+                outputs[slot].append(tokens[slot])
+                if len(outputs[slot]) >= budget:
+                    finished[slot] = "length"
+        assert passed_by > 0
+        for slot in (0, 1):
+            text = tokenizer.decode(outputs[slot])
+            assert finished[slot] == "stop" and len(outputs[slot]) < budget, (finished[slot], text)
+            assert valid(fields, text), text
+    finally:
+        manager.close()
+
+
+def test_a_plan_resumes_past_the_bytes_the_output_shares_with_it():
+    """`{\\n` where the plan has `{"id...`: the plan's rest is tried from past the `{`, not from the
+    `{` again (which no longer completes anything: a search on every such token)."""
+    from fd_guided.budget.follow import resumed
+    from fd_guided.budget.search import token_table
+
+    table = token_table(load_tokenizer("deepseek"))
+    text = b'{"id":0,"kind":"alpha"}'
+    plan = resumed(Plan(text, table.fewest(text)), b"{\n", table)
+    assert plan.text[plan.position :] == b'"id":0,"kind":"alpha"}'
+    chained = Plan(text, [(2, table.by_bytes[b'{"']), *[(1 << 30, -1)] * (len(text) - 2), (1, 0), (0, -1)])
+    respelled = resumed(chained, b"{\n", table)  # its table knows only token boundaries: spelled again
+    assert respelled.text == b'"id":0,"kind":"alpha"}' and respelled.position == 0
+    untouched = Plan(text, table.fewest(text))
+    assert resumed(untouched, b" ", table) is untouched and untouched.position == 0
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_whitespace_off_the_plan_is_followed_without_a_search(backend_name):
+    """A request near its budget takes `{` and a newline where its plan has `{"`: its plan's rest
+    still completes the output from there, so the look after it runs no search (on main it
+    searched, 5-30 ms on llguidance), and it ends complete and valid."""
+    fields = REQUESTS[1]
+    config = GuidedConfig(backend=backend_name)
+    tokenizer = load_tokenizer("deepseek")
+    manager = GuidedDecodingManager(in_process_backend(backend_name), max_num_seqs=1)
+    manager.budget.defer_start_above = 10**9
+    try:
+        add_ready(manager, 0, parse_guided_request(fields, config), prefill_done=True, max_tokens=10_000)
+        _step(manager, tokenizer, [0])  # its start plan: need and closing headroom
+        need, headroom = manager.budget.need(0), manager.budget._slots[0].headroom
+        manager.release(0)
+        budget = need + headroom + WINDOW // 2  # near (its plan followed every step), not closing
+        add_ready(manager, 0, parse_guided_request(fields, config), prefill_done=True, max_tokens=budget)
+        searches = []
+        inner = manager.budget._search
+        manager.budget._search = lambda *a, **k: searches.append(a) or inner(*a, **k)  # type: ignore[method-assign]
+        manager.begin_step([0])
+        manager.apply(torch.zeros((1, VOCAB)))
+        brace_newline = manager.budget.table.by_bytes[b"{\n"]
+        words = manager.bitmask.numpy()[0]
+        assert (int(words[brace_newline >> 5]) >> (brace_newline & 31)) & 1
+        assert not manager.accept([brace_newline])
+        outputs, searched = [brace_newline], len(searches)  # the start plan's own search, if any
+        manager.begin_step([0])
+        manager.apply(torch.zeros((1, VOCAB)))  # the look that follows `{\n`: the plan's rest kept
+        assert len(searches) == searched and manager.budget.need(0) is not None
+        token = pick(tokenizer, manager.bitmask.numpy()[0], VOCAB)
+        assert not manager.accept([token])
+        outputs.append(token)
+        while True:
+            manager.begin_step([0])
+            manager.apply(torch.zeros((1, VOCAB)))
+            token = pick(tokenizer, manager.bitmask.numpy()[0], VOCAB)
+            done = manager.accept([token])
+            if done:
+                assert done[0].reason == "stop", done[0]
+                break
+            outputs.append(token)
+            assert len(outputs) < budget
+        assert valid(fields, tokenizer.decode(outputs)), tokenizer.decode(outputs)
+    finally:
+        manager.close()
