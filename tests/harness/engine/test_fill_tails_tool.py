@@ -2,25 +2,17 @@
 named (with only ``auto+first_masks`` it walked none: the decoding engine was never compiled)."""
 
 import argparse
-import importlib.util
 import json
-import os
-import sys
 
 import pytest
+from tool_modules import import_tool
 
 pytestmark = pytest.mark.cpu
-
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "fill_tails.py")
 
 
 @pytest.fixture(scope="module")
 def fill_tails():
-    spec = importlib.util.spec_from_file_location("fd_guided_fill_tails_tool", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_tool("fill_tails")
 
 
 SCHEMAS = {
@@ -30,7 +22,8 @@ SCHEMAS = {
 
 
 @pytest.mark.parametrize(
-    "engines", [["auto+first_masks"], ["llguidance"], ["xgrammar", "auto"], ["auto+first_masks", "llguidance+first_masks"]]
+    "engines",
+    [["auto+first_masks"], ["llguidance"], ["xgrammar", "auto"], ["auto+first_masks", "llguidance+first_masks"]],
 )
 def test_schemastore_schemas_are_walked_by_every_engine_set(fill_tails, tmp_path, engines):
     for name, schema in SCHEMAS.items():
@@ -59,5 +52,7 @@ def test_a_saved_sample_is_walked_again_with_its_tokens(fill_tails, tmp_path):
     saved.write_text(json.dumps(first["sample"]))
     again = fill_tails.new_report(engines)
     replay = fill_tails.prepare_sample(tool, argparse.Namespace(sample=saved), again)
-    assert [(case, tokens) for case, _, _, tokens in replay] == [(case, tokens) for case, _, tokens, _ in first["sample"]]
+    assert [(case, tokens) for case, _, _, tokens in replay] == [
+        (case, tokens) for case, _, tokens, _ in first["sample"]
+    ]
     assert again["schemastore_schemas"] == 2 and len(again["compile_s"]["llguidance+first_masks"]) == 2

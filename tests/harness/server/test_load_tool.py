@@ -1,30 +1,27 @@
 """tools/load.py's inputs: its cold schemas are valid, distinct, admitted by the default backend;
 it refuses non-loopback targets."""
-import importlib.util
-import os
-import sys
 
 import pytest
+from tool_modules import import_tool
 
 from fd_guided import GuidedConfig, parse_guided_request
 
 pytestmark = pytest.mark.cpu
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "load.py")
-
 
 @pytest.fixture(scope="module")
 def load_tool():
-    spec = importlib.util.spec_from_file_location("fd_guided_load_tool", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return import_tool("load")
 
 
 def test_cold_schemas_are_admitted_and_distinct(load_tool):
-    specs = {parse_guided_request({"response_format": load_tool.response_format(load_tool.complex_schema(i), "x")},
-                                  GuidedConfig(backend="auto")) for i in range(64)}
+    specs = {
+        parse_guided_request(
+            {"response_format": load_tool.response_format(load_tool.complex_schema(i), "x")},
+            GuidedConfig(backend="auto"),
+        )
+        for i in range(64)
+    }
     assert len(specs) == 64
 
 
@@ -37,12 +34,18 @@ def test_only_loopback_targets(load_tool):
 def test_comparison_pools_each_servers_rounds_and_gives_ratios(load_tool):
     def run(server, round_index, ttfts):
         samples = {"background:ttft": ttfts, "background:tpot": [0.01] * len(ttfts)}
-        summary = {"ttft": {"background": load_tool.percentiles(ttfts)},
-                   "tpot": {"background": load_tool.percentiles(samples["background:tpot"])}}
+        summary = {
+            "ttft": {"background": load_tool.percentiles(ttfts)},
+            "tpot": {"background": load_tool.percentiles(samples["background:tpot"])},
+        }
         return {"server": server, "round": round_index, "phases": {"guided": {"samples": samples, **summary}}}
 
-    runs = [run("two", 0, [1.0, 2.0, 3.0]), run("one", 0, [2.0, 4.0, 6.0]),
-            run("two", 1, [1.0, 1.0, 1.0]), run("one", 1, [1.0, 1.0, 1.0])]
+    runs = [
+        run("two", 0, [1.0, 2.0, 3.0]),
+        run("one", 0, [2.0, 4.0, 6.0]),
+        run("two", 1, [1.0, 1.0, 1.0]),
+        run("one", 1, [1.0, 1.0, 1.0]),
+    ]
     entry = load_tool.comparison(runs, ["two", "one"])["guided:background:ttft"]
     assert entry["servers"]["two"]["count"] == 6 and entry["servers"]["two"]["p50"] == 1.0  # 1, 1, 1, 1, 2, 3
     assert entry["servers"]["one"]["p50"] == 1.0 and entry["servers"]["one"]["max"] == 6.0
