@@ -193,9 +193,19 @@ def test_checks_that_run_away_are_stopped_at_the_compile_budget_and_fail_only_th
         error = manager.slots[0].ticket.exception()
         assert isinstance(error, GrammarCompileTimeout) and "engine-checks" in str(error)
         assert manager.validate({"guided_json": slow_schema("t", properties=400)}) is not None  # not a refusal
+        # The service goes on: a quick request is served. 0.05 s is tight for any job on a loaded
+        # machine (the suite's other worker), so a budget overrun is tried again; anything else,
+        # or no quick request served in 8 tries, fails.
         quick = manager.validate({"guided_regex": "[a-z]{1,4}"})
-        add_ready(manager, 1, quick)
-        assert manager.slots[1].ticket.exception() is None  # the service goes on
+        for _ in range(8):
+            add_ready(manager, 1, quick)
+            error = manager.slots[1].ticket.exception()
+            manager.release(1)
+            if error is None:
+                break
+            assert isinstance(error, GrammarCompileTimeout), error
+        else:
+            pytest.fail("no quick request was served in 8 tries after a check ran away")
     finally:
         manager.close()
 
