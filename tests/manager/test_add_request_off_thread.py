@@ -194,7 +194,7 @@ def test_checks_that_run_away_are_stopped_at_the_compile_budget_and_fail_only_th
         assert isinstance(error, GrammarCompileTimeout) and "engine-checks" in str(error)
         assert manager.validate({"guided_json": slow_schema("t", properties=400)}) is not None  # not a refusal
         # The service goes on: a quick request is served. 0.05 s is tight for any job on a loaded
-        # machine (the suite's other worker), so a budget overrun is tried again; anything else,
+        # machine, so a budget overrun is tried again; anything else,
         # or no quick request served in 8 tries, fails.
         quick = manager.validate({"guided_regex": "[a-z]{1,4}"})
         for _ in range(8):
