@@ -272,12 +272,13 @@ class BudgetSteering(PlanFollowing, StartPlanning):
             if cached is None:
                 return False
             plans.tie(compiled, cached)
-        need, headroom = cached.need, self._headroom_of(cached)
-        slack = left - need - headroom
+        headroom = self._headroom_of(cached)
+        slack = left - cached.need - headroom
         if slack <= self.window or entry.tree.num_nodes > slack:
             return False
-        budget.started, budget.plan, budget.seen, budget.headroom = True, cached.fresh(), 0, headroom  # `_take_start`
-        budget.far_until = budget.max_tokens - need - headroom - self.window
+        budget.started = True
+        self._take_start(budget, cached.fresh(), 0)
+        budget.far_until = budget.max_tokens - cached.need - budget.headroom - self.window
         return True
 
     def _take_start(self, budget: _Slot, plan: Plan, seen: int) -> None:
