@@ -185,27 +185,21 @@ def test_a_spec_whose_checks_admission_ran_needs_no_checks_job(tokenizer):
 
 
 def test_checks_that_run_away_are_stopped_at_the_compile_budget_and_fail_only_that_request(tokenizer):
-    manager = auto_manager(tokenizer, compile_timeout_s=0.05)
+    # The checks of an 800-property schema take ~2.4 s of one core here; a quick regex ~30 ms in a
+    # freshly forked worker, ~0.11 s with three busy loops beside it (what a second pytest-xdist
+    # worker and the pool's own cache compiles do). 0.5 s separates them with room on both sides.
+    # (No retry can help a budget overrun: the error is remembered for `budget_ttl_s`.)
+    manager = auto_manager(tokenizer, compile_timeout_s=0.5)
     try:
-        spec = manager.validate({"guided_json": slow_schema("t", properties=400)})
+        spec = manager.validate({"guided_json": slow_schema("t", properties=800)})
         manager.add_request(0, spec)
         assert manager.wait_ready([0], 60)
         error = manager.slots[0].ticket.exception()
         assert isinstance(error, GrammarCompileTimeout) and "engine-checks" in str(error)
-        assert manager.validate({"guided_json": slow_schema("t", properties=400)}) is not None  # not a refusal
-        # The service goes on: a quick request is served. 0.05 s is tight for any job on a loaded
-        # machine, so a budget overrun is tried again; anything else,
-        # or no quick request served in 8 tries, fails.
-        quick = manager.validate({"guided_regex": "[a-z]{1,4}"})
-        for _ in range(8):
-            add_ready(manager, 1, quick)
-            error = manager.slots[1].ticket.exception()
-            manager.release(1)
-            if error is None:
-                break
-            assert isinstance(error, GrammarCompileTimeout), error
-        else:
-            pytest.fail("no quick request was served in 8 tries after a check ran away")
+        assert manager.validate({"guided_json": slow_schema("t", properties=800)}) is not None  # not a refusal
+        # The service goes on: a quick request is served, by a worker forked after the kill.
+        add_ready(manager, 1, manager.validate({"guided_regex": "[a-z]{1,4}"}))
+        assert manager.slots[1].ticket.exception() is None
     finally:
         manager.close()
 
