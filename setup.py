@@ -86,7 +86,7 @@ EXTRAS = {
     "bench": BENCH,
     "lint": LINT,
     # openai: the server tests drive it with the real client (chat.completions.parse needs >= 1.92)
-    "test": sorted(set(SERVE + REDIS + LINT + ["pytest>=8", "openai>=1.92", "httpx>=0.27"])),
+    "test": sorted(set(SERVE + REDIS + LINT + ["pytest>=8", "pytest-xdist>=3.6", "openai>=1.92", "httpx>=0.27"])),
 }
 
 
