@@ -61,10 +61,9 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     }
     PyObject *counts = NULL;
     if (f[F_KIND] == KIND_FINITE && domain != Py_None) { /* which of the domain's spellings are unused */
-        const Domain *d = (const Domain *)domain;
-        counts = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int32_t) * (d->n + 1));
+        counts = domain_counts_of((Domain *)domain, unused);
         if (counts == NULL) return NULL;
-        if (domain_counts(d, unused, (int32_t *)PyBytes_AS_STRING(counts)) < 0) Py_CLEAR(counts); /* not its domain */
+        if (counts == Py_None) Py_CLEAR(counts); /* not its domain */
     }
     Plan *p = (Plan *)type->tp_alloc(type, 0);
     if (p == NULL) { Py_XDECREF(counts); return NULL; }

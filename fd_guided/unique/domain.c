@@ -158,11 +158,31 @@ int domain_counts(const Domain *d, PyObject *unused, int32_t *counts) {
     return j == nu ? 0 : -1; /* an unused spelling outside the domain: not this domain's */
 }
 
+PyObject *domain_counts_of(Domain *d, PyObject *unused) {
+    for (int k = 0; k < COUNTS_KEPT; k++)
+        if (d->kept_unused[k] == unused) return Py_NewRef(d->kept_counts[k]); /* (held: the id is its own) */
+    PyObject *counts = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int32_t) * (d->n + 1));
+    if (counts == NULL) return NULL;
+    if (domain_counts(d, unused, (int32_t *)PyBytes_AS_STRING(counts)) < 0) {
+        Py_DECREF(counts);
+        Py_RETURN_NONE; /* not its domain */
+    }
+    const int k = d->kept_next;
+    d->kept_next = (k + 1) % COUNTS_KEPT;
+    Py_XSETREF(d->kept_unused[k], Py_NewRef(unused));
+    Py_XSETREF(d->kept_counts[k], Py_NewRef(counts));
+    return counts;
+}
+
 int domain_lock(Domain *d) { return pthread_mutex_trylock(&d->lock) == 0; }
 void domain_unlock(Domain *d) { pthread_mutex_unlock(&d->lock); }
 
 static void domain_dealloc(Domain *d) {
     clear_cache(d);
+    for (int k = 0; k < COUNTS_KEPT; k++) {
+        Py_CLEAR(d->kept_unused[k]);
+        Py_CLEAR(d->kept_counts[k]);
+    }
     pthread_mutex_destroy(&d->lock);
     PyMem_RawFree(d->flat), PyMem_RawFree(d->at), PyMem_RawFree(d->objects);
     Py_XDECREF(d->spellings);

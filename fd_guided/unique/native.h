@@ -157,12 +157,20 @@ typedef struct {
     Prefix *prefixes;             /* the cache: open addressing by hash of w */
     Py_ssize_t n_prefixes, cap_prefixes, entries;
     pthread_mutex_t lock;         /* held by a row while it reads or fills the cache */
+    /* the last `COUNTS_KEPT` unused tuples planned and their counts (`domain_counts_of`: the
+     * rows of a batch share one unused tuple per used set, `items._unused_after`) */
+    PyObject *kept_unused[4], *kept_counts[4];
+    int kept_next;
 } Domain;
+#define COUNTS_KEPT 4
 
 extern PyTypeObject DomainType;
 /* counts[i]: how many of the first i spellings are in `unused` (a sorted tuple of bytes, a subset);
  * -1 if one of them is not a spelling of the domain. */
 int domain_counts(const Domain *d, PyObject *unused, int32_t *counts);
+/* The counts of `unused` as an int32 bytes object (a new reference; shared read-only by every plan
+ * of that tuple), Py_None if `unused` is not of this domain, NULL on error (GIL held). */
+PyObject *domain_counts_of(Domain *d, PyObject *unused);
 /* [*lo, *hi): the spellings beginning with a + b */
 void domain_range(const Domain *d, const uint8_t *a, Py_ssize_t na, const uint8_t *b, Py_ssize_t nb, int32_t *lo, int32_t *hi);
 int domain_lock(Domain *d);       /* 1 if locked now (never waits), 0 if another row holds it */
