@@ -174,6 +174,47 @@ PyObject *domain_counts_of(Domain *d, PyObject *unused) {
     return counts;
 }
 
+int memo_reuse(RowMemo *m, const Domain *d, const PyObject *counts, const uint8_t *w, Py_ssize_t wn,
+               Py_ssize_t limit, uint32_t *words) {
+    if (m == NULL || !m->valid || m->domain != d || m->counts != counts || m->limit != limit || m->wn != wn ||
+        memcmp(m->w, w, (size_t)wn))
+        return 0;
+    for (Py_ssize_t k = 0; k < m->n_cleared; k++) /* the kept row allowed them: so must this one */
+        if (!(words[m->cleared[k] >> 5] >> (m->cleared[k] & 31) & 1)) return 0;
+    for (Py_ssize_t k = 0; k < m->n_cleared; k++) words[m->cleared[k] >> 5] &= ~(1u << (m->cleared[k] & 31));
+    if (!memcmp(words, m->result, sizeof(uint32_t) * (size_t)m->words)) return 1; /* the same allowed tokens */
+    for (Py_ssize_t k = 0; k < m->n_cleared; k++) words[m->cleared[k] >> 5] |= 1u << (m->cleared[k] & 31);
+    return 0;
+}
+
+int memo_note(RowMemo *m, int32_t t) {
+    if (m->n_cleared == m->cap_cleared) {
+        const Py_ssize_t cap = m->cap_cleared ? 2 * m->cap_cleared : 256;
+        int32_t *grown = PyMem_RawRealloc(m->cleared, sizeof(int32_t) * (size_t)cap);
+        if (grown == NULL) return -1;
+        m->cleared = grown, m->cap_cleared = cap;
+    }
+    m->cleared[m->n_cleared++] = t;
+    return 0;
+}
+
+void memo_keep(RowMemo *m, const Domain *d, const PyObject *counts, const uint8_t *w, Py_ssize_t wn,
+               Py_ssize_t limit, const uint32_t *words) {
+    const Py_ssize_t n = (limit + 31) / 32;
+    if (m->result == NULL || m->words != n) {
+        PyMem_RawFree(m->result);
+        m->result = PyMem_RawMalloc(sizeof(uint32_t) * (size_t)n);
+        if (m->result == NULL) { m->valid = 0; return; }
+    }
+    memcpy(m->result, words, sizeof(uint32_t) * (size_t)n);
+    m->domain = d, m->counts = counts, m->w = w, m->wn = wn, m->limit = limit, m->words = n, m->valid = 1;
+}
+
+void memo_free(RowMemo *m) {
+    PyMem_RawFree(m->result), PyMem_RawFree(m->cleared);
+    m->result = NULL, m->cleared = NULL;
+}
+
 int domain_lock(Domain *d) { return pthread_mutex_trylock(&d->lock) == 0; }
 void domain_unlock(Domain *d) { pthread_mutex_unlock(&d->lock); }
 
