@@ -61,10 +61,9 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     }
     PyObject *counts = NULL;
     if (f[F_KIND] == KIND_FINITE && domain != Py_None) { /* which of the domain's spellings are unused */
-        const Domain *d = (const Domain *)domain;
-        counts = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int32_t) * (d->n + 1));
+        counts = domain_counts_of((Domain *)domain, unused);
         if (counts == NULL) return NULL;
-        if (domain_counts(d, unused, (int32_t *)PyBytes_AS_STRING(counts)) < 0) Py_CLEAR(counts); /* not its domain */
+        if (counts == Py_None) Py_CLEAR(counts); /* not its domain */
     }
     Plan *p = (Plan *)type->tp_alloc(type, 0);
     if (p == NULL) { Py_XDECREF(counts); return NULL; }
@@ -187,6 +186,7 @@ static PyObject *restrict_rows(PyObject *self, PyObject *args) {
     }
     work = PyMem_Calloc((size_t)n_jobs, sizeof(Row));
     if (work == NULL) { PyErr_NoMemory(); goto done; }
+    RowMemo memo = {0}; /* the rows of a batch in the same finite item's state share its decision */
     for (Py_ssize_t k = 0; k < n_jobs; k++) {
         Job *job = &jobs[k];
         if (job->row < 0 || job->row >= view.shape[0]) {
@@ -196,13 +196,14 @@ static PyObject *restrict_rows(PyObject *self, PyObject *args) {
         if (PyObject_GetBuffer(job->plan->buffer, &job->bytes, PyBUF_SIMPLE) < 0) goto done; /* no resize meanwhile */
         job->have_bytes = 1;
         Row *row = &work[k];
-        row->plan = job->plan, row->vocab = job->plan->vocab, row->buf = job->bytes.buf;
+        row->plan = job->plan, row->vocab = job->plan->vocab, row->buf = job->bytes.buf, row->shared = &memo;
         row->words = (uint32_t *)((char *)view.buf + job->row * view.strides[0]);
         const Py_ssize_t width = view.shape[1] * 32;
         row->limit = width < row->vocab->num_tokens ? width : row->vocab->num_tokens;
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t k = 0; k < n_jobs; k++) run_row(&work[k]);
+    memo_free(&memo);
     Py_END_ALLOW_THREADS
     for (Py_ssize_t k = 0; k < n_jobs; k++) {
         const Row *row = &work[k];

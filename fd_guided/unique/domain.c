@@ -158,11 +158,72 @@ int domain_counts(const Domain *d, PyObject *unused, int32_t *counts) {
     return j == nu ? 0 : -1; /* an unused spelling outside the domain: not this domain's */
 }
 
+PyObject *domain_counts_of(Domain *d, PyObject *unused) {
+    for (int k = 0; k < COUNTS_KEPT; k++)
+        if (d->kept_unused[k] == unused) return Py_NewRef(d->kept_counts[k]); /* (held: the id is its own) */
+    PyObject *counts = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int32_t) * (d->n + 1));
+    if (counts == NULL) return NULL;
+    if (domain_counts(d, unused, (int32_t *)PyBytes_AS_STRING(counts)) < 0) {
+        Py_DECREF(counts);
+        Py_RETURN_NONE; /* not its domain */
+    }
+    const int k = d->kept_next;
+    d->kept_next = (k + 1) % COUNTS_KEPT;
+    Py_XSETREF(d->kept_unused[k], Py_NewRef(unused));
+    Py_XSETREF(d->kept_counts[k], Py_NewRef(counts));
+    return counts;
+}
+
+int memo_reuse(RowMemo *m, const Domain *d, const PyObject *counts, const uint8_t *w, Py_ssize_t wn,
+               Py_ssize_t limit, uint32_t *words) {
+    if (m == NULL || !m->valid || m->domain != d || m->counts != counts || m->limit != limit || m->wn != wn ||
+        memcmp(m->w, w, (size_t)wn))
+        return 0;
+    for (Py_ssize_t k = 0; k < m->n_cleared; k++) /* the kept row allowed them: so must this one */
+        if (!(words[m->cleared[k] >> 5] >> (m->cleared[k] & 31) & 1)) return 0;
+    for (Py_ssize_t k = 0; k < m->n_cleared; k++) words[m->cleared[k] >> 5] &= ~(1u << (m->cleared[k] & 31));
+    if (!memcmp(words, m->result, sizeof(uint32_t) * (size_t)m->words)) return 1; /* the same allowed tokens */
+    for (Py_ssize_t k = 0; k < m->n_cleared; k++) words[m->cleared[k] >> 5] |= 1u << (m->cleared[k] & 31);
+    return 0;
+}
+
+int memo_note(RowMemo *m, int32_t t) {
+    if (m->n_cleared == m->cap_cleared) {
+        const Py_ssize_t cap = m->cap_cleared ? 2 * m->cap_cleared : 256;
+        int32_t *grown = PyMem_RawRealloc(m->cleared, sizeof(int32_t) * (size_t)cap);
+        if (grown == NULL) return -1;
+        m->cleared = grown, m->cap_cleared = cap;
+    }
+    m->cleared[m->n_cleared++] = t;
+    return 0;
+}
+
+void memo_keep(RowMemo *m, const Domain *d, const PyObject *counts, const uint8_t *w, Py_ssize_t wn,
+               Py_ssize_t limit, const uint32_t *words) {
+    const Py_ssize_t n = (limit + 31) / 32;
+    if (m->result == NULL || m->words != n) {
+        PyMem_RawFree(m->result);
+        m->result = PyMem_RawMalloc(sizeof(uint32_t) * (size_t)n);
+        if (m->result == NULL) { m->valid = 0; return; }
+    }
+    memcpy(m->result, words, sizeof(uint32_t) * (size_t)n);
+    m->domain = d, m->counts = counts, m->w = w, m->wn = wn, m->limit = limit, m->words = n, m->valid = 1;
+}
+
+void memo_free(RowMemo *m) {
+    PyMem_RawFree(m->result), PyMem_RawFree(m->cleared);
+    m->result = NULL, m->cleared = NULL;
+}
+
 int domain_lock(Domain *d) { return pthread_mutex_trylock(&d->lock) == 0; }
 void domain_unlock(Domain *d) { pthread_mutex_unlock(&d->lock); }
 
 static void domain_dealloc(Domain *d) {
     clear_cache(d);
+    for (int k = 0; k < COUNTS_KEPT; k++) {
+        Py_CLEAR(d->kept_unused[k]);
+        Py_CLEAR(d->kept_counts[k]);
+    }
     pthread_mutex_destroy(&d->lock);
     PyMem_RawFree(d->flat), PyMem_RawFree(d->at), PyMem_RawFree(d->objects);
     Py_XDECREF(d->spellings);

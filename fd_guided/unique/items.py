@@ -166,8 +166,8 @@ class Unique:
         self.items.append(judged, exact, text)
         unused = self.unused
         if unused is not None:
-            spelled = _domain_keys(self.domain).get(judged)
-            unused = tuple(text for text in unused if text != spelled)  # stays sorted
+            assert self.domain is not None  # (a finite domain's: `unused` defaults to it)
+            unused = _unused_after(unused, domain_keys(self.domain).get(judged))
         return self._with(count=self.count + 1, start=-1, unused=unused)
 
     def live(self, written: bytes) -> bool:
@@ -218,10 +218,45 @@ def strings_left(language, used: Strings, prefix: bytes) -> bool:
 
 
 def sorted_texts(texts: tuple[bytes, ...] | None) -> tuple[bytes, ...] | None:
-    return None if texts is None else tuple(sorted(texts))
+    """`texts` sorted, as one shared tuple per set of texts: every array (every row of a batch)
+    with items from one finite domain holds the same tuple and the same bytes objects, so what is
+    derived from it (`domain_keys`, `_unused_after`, the C guard's `Domain` and counts) is found
+    by identity, not by hashing and comparing its texts each time."""
+    return None if texts is None else _sorted_once(tuple(sorted(texts)))
 
 
 @functools.lru_cache(maxsize=256)
-def _domain_keys(texts: tuple[bytes, ...]) -> dict:
-    """judged key -> spelling for the values of a finite domain (computed once per domain)."""
-    return {item_keys(text)[0]: text for text in texts}
+def _sorted_once(texts: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    return texts  # the first tuple of these texts, returned for every equal one
+
+
+# Caches keyed by a tuple's identity, each entry holding the tuple (so its id stays its own).
+# Cleared whole past their bound: an entry is cheap to make again.
+_KEYS_BY_ID: dict[int, tuple[tuple, dict]] = {}
+_UNUSED_AFTER: dict[tuple[int, bytes | None], tuple[tuple, tuple]] = {}
+_ID_CACHE_MAX = 1024
+
+
+def domain_keys(texts: tuple[bytes, ...]) -> dict:
+    """judged key -> spelling for the values of a finite domain (made once per domain tuple;
+    read-only). Found by the tuple's identity: hashing a 500-value domain per item end cost
+    more than the rest of the step."""
+    entry = _KEYS_BY_ID.get(id(texts))
+    if entry is None or entry[0] is not texts:
+        if len(_KEYS_BY_ID) >= _ID_CACHE_MAX:
+            _KEYS_BY_ID.clear()
+        entry = _KEYS_BY_ID[id(texts)] = (texts, {item_keys(text)[0]: text for text in texts})
+    return entry[1]
+
+
+def _unused_after(unused: tuple[bytes, ...], spelled: bytes | None) -> tuple[bytes, ...]:
+    """The sorted `unused` without `spelled`, one tuple per (unused tuple, spelling): the rows of
+    a batch that finish the same item from the same unused set share the result (and with it
+    the C guard's counts of it, by identity)."""
+    key = (id(unused), spelled)
+    entry = _UNUSED_AFTER.get(key)
+    if entry is None or entry[0] is not unused:
+        if len(_UNUSED_AFTER) >= _ID_CACHE_MAX:
+            _UNUSED_AFTER.clear()
+        entry = _UNUSED_AFTER[key] = (unused, tuple(text for text in unused if text != spelled))  # stays sorted
+    return entry[1]

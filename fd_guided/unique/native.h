@@ -157,18 +157,50 @@ typedef struct {
     Prefix *prefixes;             /* the cache: open addressing by hash of w */
     Py_ssize_t n_prefixes, cap_prefixes, entries;
     pthread_mutex_t lock;         /* held by a row while it reads or fills the cache */
+    /* the last `COUNTS_KEPT` unused tuples planned and their counts (`domain_counts_of`: the
+     * rows of a batch share one unused tuple per used set, `items._unused_after`) */
+    PyObject *kept_unused[4], *kept_counts[4];
+    int kept_next;
 } Domain;
+#define COUNTS_KEPT 4
 
 extern PyTypeObject DomainType;
 /* counts[i]: how many of the first i spellings are in `unused` (a sorted tuple of bytes, a subset);
  * -1 if one of them is not a spelling of the domain. */
 int domain_counts(const Domain *d, PyObject *unused, int32_t *counts);
+/* The counts of `unused` as an int32 bytes object (a new reference; shared read-only by every plan
+ * of that tuple), Py_None if `unused` is not of this domain, NULL on error (GIL held). */
+PyObject *domain_counts_of(Domain *d, PyObject *unused);
 /* [*lo, *hi): the spellings beginning with a + b */
 void domain_range(const Domain *d, const uint8_t *a, Py_ssize_t na, const uint8_t *b, Py_ssize_t nb, int32_t *lo, int32_t *hi);
 int domain_lock(Domain *d);       /* 1 if locked now (never waits), 0 if another row holds it */
 void domain_unlock(Domain *d);
 Prefix *domain_prefix(Domain *d, const uint8_t *w, Py_ssize_t wn); /* found or made (NULL: no memory) */
 const Reach *domain_reach(Domain *d, Prefix *x, const Vocab *v, int32_t t); /* found or made (NULL: no memory) */
+
+/* A finite item's row decided by its shortcut alone (every allowed token plain or a quote last,
+ * at least `MEMO_MIN` of them), kept for the next rows of the same `restrict` call in the same
+ * state (`Domain`, item bytes, counts object, width): the rows of a batch in lockstep are mostly
+ * equal, and such a row is then a comparison, not hundreds of probes (domain.c). */
+typedef struct {
+    const Domain *domain;
+    const PyObject *counts;
+    const uint8_t *w;             /* the item's bytes (the kept row's buffer, held for the call) */
+    Py_ssize_t wn, limit, words;
+    uint32_t *result;             /* the kept row, decided */
+    int32_t *cleared;             /* the tokens its decision cleared */
+    Py_ssize_t n_cleared, cap_cleared;
+    int valid;
+} RowMemo;
+#define MEMO_MIN 64
+/* 1 if `row` (a finite item's, the domain locked) is the kept row before its decision: it is then
+ * decided (the kept result copied); 0 otherwise, the row as it was. */
+int memo_reuse(RowMemo *m, const Domain *d, const PyObject *counts, const uint8_t *w, Py_ssize_t wn,
+               Py_ssize_t limit, uint32_t *words);
+int memo_note(RowMemo *m, int32_t t); /* a token the row being recorded cleared (-1: no memory) */
+void memo_keep(RowMemo *m, const Domain *d, const PyObject *counts, const uint8_t *w, Py_ssize_t wn,
+               Py_ssize_t limit, const uint32_t *words); /* that row decided: kept (valid) if it can be */
+void memo_free(RowMemo *m);
 
 /* ---- the plan of one row (_native.c) and the machine (machine.c) ---- */
 enum { MODE_NONE = 0, MODE_STRING = 1, MODE_NUMBER = 2, MODE_LITERAL = 3 };
@@ -227,6 +259,7 @@ typedef struct {
     Py_ssize_t *rest_at;      /* their offsets, */
     int64_t *sorted;          /* the candidates by rank (rank << 32 | token) and room to sort them */
     Py_ssize_t cap_sorted;
+    RowMemo *shared;          /* kept rows, shared by the call's rows (NULL: none) */
 } Row;
 
 enum { KEEP = 0, DUPLICATE = 1, UNDECIDED = 2 };

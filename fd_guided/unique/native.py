@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .items import _domain_keys, never_runs_out
+from .items import domain_keys, never_runs_out
 from .reader import _LITERAL, _NONE, _STRING
 from .tracker import (
     AFTER_QUOTE,
@@ -99,7 +99,10 @@ def make_plan(tracker: JsonTracker, vocab_of) -> Any:
     literal_left = 0
     if mode == _LITERAL:
         literal_left = (5 if buffer[start] == ord("f") else 4) - (len(buffer) - start)
-    child = tracker.next_array_guarded() if mode == _NONE else 1
+    # Whether an array opened next may be guarded (0: surely not); 1 leaves such an array to
+    # Python. A finite domain's items are literals, so no array opens where the engine is right,
+    # and finding out cost a node-set walk per item per row (~20-70 us, the item index is new).
+    child = tracker.next_array_guarded() if mode == _NONE and kind != KIND_FINITE else 1
     fields: tuple = (unique.count, unique.start, written, kind, mode, tracker.escape, tracker.is_key, literal_left)
     fields += (ancestors, child, depth)
     plan = _native.Plan(vocab_of(), items.native, buffer, unique.unused, fields, codes, values, domain)
@@ -125,9 +128,10 @@ def _read_frames(stack: tuple) -> Any:
         return True
     domain = None
     if unique.unused is not None:
-        if depth or len(_domain_keys(unique.domain)) != len(unique.domain):
+        domain = _domain_of(unique.domain)
+        if depth or domain is None:
             return True  # (an item of a finite domain is a literal; spellings must key apart)
-        kind, domain = KIND_FINITE, native_domain(unique.domain)
+        kind = KIND_FINITE
     elif unique.language is None:
         kind = KIND_OPEN
     elif never_runs_out(unique.language):
@@ -137,6 +141,22 @@ def _read_frames(stack: tuple) -> Any:
     codes = b"".join([_FRAME_CODES[frame[0], frame[3]] for frame in stack[g:]])
     ancestors = any(frame[0] == "a" and frame[4] is not None for frame in stack[:g])
     return unique, depth, kind, codes, ancestors, domain
+
+
+_DOMAINS: dict[int, tuple[tuple, Any]] = {}  # id(spellings) -> (spellings, its Domain or None)
+
+
+def _domain_of(spellings: tuple[bytes, ...]) -> Any:
+    """`native_domain` of a finite domain whose spellings key apart (else None: Python decides),
+    found by the tuple's identity (`items.sorted_texts` shares one per domain): a lookup by its
+    500 texts' hash and comparison, per item start and end per row, cost more than the plan."""
+    entry = _DOMAINS.get(id(spellings))
+    if entry is None or entry[0] is not spellings:
+        if len(_DOMAINS) >= 256:
+            _DOMAINS.clear()
+        keyed_apart = len(domain_keys(spellings)) == len(spellings)
+        entry = _DOMAINS[id(spellings)] = (spellings, native_domain(spellings) if keyed_apart else None)
+    return entry[1]
 
 
 @functools.lru_cache(maxsize=64)

@@ -41,8 +41,17 @@ static inline Lanes load4(const uint32_t *p) {
 #define SIMD_CLONES
 #endif
 
-/* The first word of words[from:to] holding a bit (`to` if none), 64 words at a time where it can. */
+/* The first word of words[from:to] holding a bit (`to` if none), 64 words at a time where it can.
+ * Up to the next multiple of 64 it goes 8 words at a time: a row with many allowed tokens (a
+ * finite item's digits: ~360 words hold one) calls it once per word, from the word after. */
 SIMD_CLONES Py_ssize_t unique_next_word(const uint32_t *words, Py_ssize_t from, Py_ssize_t to) {
+    for (; from < to && (from & 7); from++)
+        if (words[from]) return from;
+    for (; from + 8 <= to && (from & 63); from += 8) {
+        uint32_t any = 0;
+        for (int k = 0; k < 8; k++) any |= words[from + k];
+        if (any) break;
+    }
     for (; from < to && (from & 63); from++)
         if (words[from]) return from;
     for (; from + 64 <= to; from += 64) {
@@ -219,21 +228,39 @@ static int finite_item_cached(Row *row) {
     const Vocab *v = row->vocab;
     Domain *d = p->domain;
     if (!domain_lock(d)) return 0;
+    const uint8_t *item = row->buf + p->item_start;
+    const Py_ssize_t item_size = p->buffer_size - p->item_start;
+    RowMemo *memo = row->shared;
+    if (memo_reuse(memo, d, p->counts, item, item_size, row->limit, row->words)) { /* as the row before */
+        domain_unlock(d);
+        return 1;
+    }
+    int record = memo != NULL; /* (only a row its shortcut decides alone is kept) */
+    if (record) memo->valid = 0, memo->n_cleared = 0;
+    Py_ssize_t allowed = 0;
     const int32_t *counts = (const int32_t *)PyBytes_AS_STRING(p->counts);
-    Prefix *prefix = domain_prefix(d, row->buf + p->item_start, p->buffer_size - p->item_start);
+    Prefix *prefix = domain_prefix(d, item, item_size);
     const Py_ssize_t words = (row->limit + 31) / 32;
     for (Py_ssize_t w = unique_next_word(row->words, 0, words); w < words && prefix != NULL && !row->failed;
          w = unique_next_word(row->words, w + 1, words)) {
         for (uint32_t bits = row->words[w]; bits; bits &= bits - 1) {
             const int64_t t = (int64_t)w * 32 + __builtin_ctz(bits);
             if (t >= row->limit) break;
+            allowed++;
             const Reach *r = domain_reach(d, prefix, v, (int32_t)t);
             if (r == NULL) { row->failed = 1; break; }
-            if (r->hi < 0) try_token(row, t); /* a backslash, or a quote before the end: the machine */
-            else if (counts[r->hi] == counts[r->lo]) row->words[w] &= ~(1u << (t & 31)); /* no unused spelling goes on so */
+            if (r->hi < 0) { /* a backslash, or a quote before the end: the machine (this row's items) */
+                record = 0;
+                try_token(row, t);
+            } else if (counts[r->hi] == counts[r->lo]) { /* no unused spelling goes on so */
+                row->words[w] &= ~(1u << (t & 31));
+                if (record && memo_note(memo, (int32_t)t) < 0) record = 0;
+            }
         }
     }
     if (prefix == NULL) row->failed = 1; /* out of memory: Python decides the row */
+    if (record && !row->failed && !row->n_undecided && allowed >= MEMO_MIN)
+        memo_keep(memo, d, p->counts, item, item_size, row->limit, row->words);
     domain_unlock(d);
     return 1;
 }

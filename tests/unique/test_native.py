@@ -487,3 +487,69 @@ native.push_plain = push_plain
 print(json.dumps({"steps": steps, "taken": taken["c"], "refused": refused, "rows": rows}))
 ''', timeout_s=900)
     assert result["taken"] >= result["steps"] // 5 and result["refused"] >= 50 and result["rows"] >= 1000, result
+
+
+def test_rows_of_a_batch_share_a_finite_domain_state():
+    """A batch's rows that begin and finish the same items of a finite domain share one unused
+    tuple per used set (`items._unused_after`, `items.sorted_texts`) and with it one counts
+    object on the `Domain` (domain.c keeps the last few by the tuple's identity); rows in other
+    orders (more used sets than the Domain keeps) and a walk with the identity caches cleared
+    midway decide every row as the reference does, bit for bit, from the same allowed tokens;
+    so do rows that allow many plain tokens, where a row decided by the domain's shortcut alone
+    is kept for the next rows of the call in its state (`RowMemo`, domain.c), and rows that
+    differ from it by one token."""
+    result = run_isolated(NO_ENGINE + r'''
+import json, random
+import numpy as np
+from fd_guided.schema.unique_paths import UniquePaths
+from fd_guided.tokenizer import load_tokenizer
+from fd_guided.unique import guard, items, native
+
+rng = random.Random(5)
+tokenizer = load_tokenizer("deepseek")
+width = (len(tokenizer.token_bytes) + 31) // 32
+VALUES = [f"tag number {i} of the list" for i in range(60)] + ["x", "xy", "a,b", ""]
+paths = UniquePaths({"type": "array", "uniqueItems": True, "items": {"enum": VALUES}})
+lockstep = rng.sample(VALUES, 8)
+orders = [lockstep] * 4 + [rng.sample(VALUES, 8) for _ in range(6)]
+rows = [guard.UniqueItemsGrammar(NoEngine(), paths, tokenizer.token_bytes, width * 32) for _ in orders]
+texts = [json.dumps(order) for order in orders]
+chunked = [[tokenizer.token_bytes[t] for t in tokenizer.encode(text)] for text in texts]
+plain = [t for t, b in enumerate(tokenizer.token_bytes) if b and b'"' not in b and b"\\" not in b]
+steps = max(map(len, chunked))
+compared = shared = 0
+for step in range(steps):
+    if step == steps // 2:
+        items._UNUSED_AFTER.clear(), items._KEYS_BY_ID.clear(), native._DOMAINS.clear()
+    live = [i for i, chunks in enumerate(chunked) if step < len(chunks)]
+    for i in live:
+        assert rows[i].tracker.push(chunked[i][step]), (i, step)
+        rows[i].tracker.fill_plan = rows[i]._make_plan()
+    # any tokens (quotes and backslashes among them: the machine), then plain ones only, where a
+    # row's decision is kept for the next rows in its state (domain.c's RowMemo): row 1 allows one
+    # token more, row 2 one fewer, row 3 is row 0 again
+    for pool in (range(len(tokenizer.token_bytes)), plain):
+        bits = np.zeros((2 * len(rows), width), dtype=np.int32)
+        allowed = np.array(rng.sample(pool, 3000))
+        np.bitwise_or.at(bits[0].view(np.uint32), allowed >> 5, (1 << (allowed & 31)).astype(np.uint32))
+        bits[:] = bits[0]
+        extra, missing = rng.choice(plain), int(allowed[0])
+        bits[[1, len(rows) + 1], extra >> 5] |= np.int32(np.uint32(1 << (extra & 31)).view(np.int32))
+        bits[[2, len(rows) + 2], missing >> 5] &= np.int32(np.uint32(~(1 << (missing & 31)) & 0xFFFFFFFF).view(np.int32))
+        native.ENABLED = True
+        guard.restrict_rows([rows[i] for i in live], bits, live)
+        native.ENABLED = False
+        guard.restrict_rows([rows[i] for i in live], bits, [len(rows) + i for i in live])
+        native.ENABLED = True
+        for i in live:
+            assert np.array_equal(bits[i], bits[len(rows) + i]), (i, step, bytes(rows[i].tracker.buffer)[-30:])
+            compared += 1
+    tops = [rows[i].tracker.stack[-1][4] for i in live if i < 4 and rows[i].tracker.stack]
+    if len(tops) == 4 and tops[0] is not None and tops[0].unused is not None:
+        shared += all(top.unused is tops[0].unused and top.domain is tops[0].domain for top in tops)
+print(json.dumps({"compared": compared, "shared": shared, "steps": len(chunked[0]),
+                  "native": sum(native.is_plan(r.tracker.fill_plan) for r in rows)}))
+''', timeout_s=900)
+    # every lockstep step inside the array (all but its closing token) shared its unused tuple,
+    # the caches cleared midway too
+    assert result["compared"] >= 2 * 8 * 60 and result["shared"] == result["steps"] - 1, result
