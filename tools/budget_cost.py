@@ -30,8 +30,9 @@ the steering's own time per step: `BudgetSteering.hook_ns`, the nanoseconds its 
 (one clock pair around each call: `prepare`, once a step for the step's budgeted rows, and
 `steer`; no wrapper per call), read before and after each timed step; as ms per step (mean and
 median) and as a share of the mode's median step, next to the noise floor (control / none's
-distance from 1). A checkout without `hook_ns` (before fd_guided.budget.far) is timed by wrappers
-as before (~1 us a call, included); `hook_timer` in the output says which.
+distance from 1); split into a step's time without first looks and each first look's. A
+checkout without `hook_ns` (before fd_guided.budget.far) is timed by wrappers as before (~1 us a
+call, included); `hook_timer` in the output says which.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class Walker:
         self.budget_of = BUDGETS["none"]
         self.walk: list[int] = []
         self.position: list[int] = []
+        self.first_looks = 0  # rows in the last step that were their request's first step
 
     def start(self, mode: str) -> None:
         """Release every request and start the walks again from the first, with `mode`'s budgets."""
@@ -138,6 +140,7 @@ class Walker:
     def step(self) -> float:
         """One timed step; checks every row allows its token and requests end where their walk does."""
         manager, rows = self.manager, list(range(self.batch))
+        self.first_looks = self.position.count(0)
         self.logits.copy_(self.pristine)
         started = time.perf_counter()
         manager.begin_step(rows)
@@ -174,14 +177,22 @@ def summary(times: list[float]) -> dict:
     return {"median_ms": 1e3 * statistics.median(times), "mean_ms": 1e3 * statistics.fmean(times)}
 
 
-def hook_summary(hooks: list[int], times: list[float]) -> dict:
-    """The steering's own time per step (`steer_ms`: the mean) and its share of the median step."""
+def hook_summary(hooks: list[int], times: list[float], firsts: list[int]) -> dict:
+    """The steering's own time per step (`steer_ms`: the mean) and its share of the median step;
+    split by a least-squares line over the steps' first looks (a row at its request's first step:
+    ~1 in 7 here, far fewer in serving) into a step's time without any (`steer_fixed_us`, the
+    rows' comparisons) and each first look's (`steer_per_first_look_us`)."""
     mean = statistics.fmean(hooks) / 1e6
+    split = {}
+    if len(set(firsts)) > 1:
+        fit = statistics.linear_regression(firsts, [h / 1e3 for h in hooks])
+        split = {"steer_fixed_us": fit.intercept, "steer_per_first_look_us": fit.slope}
     return {
         "steer_ms": mean,
         "steer_median_ms": statistics.median(hooks) / 1e6,
         "steer_share_of_median_step": mean / (1e3 * statistics.median(times)),
-    }
+        "first_looks_per_step": statistics.fmean(firsts),
+    } | split
 
 
 def wrap_hooks(budget) -> None:
@@ -259,6 +270,7 @@ def measure(backend_name: str, steps: int, batch: int = 32, warm: int = 10) -> d
         for manager in managers:
             wrap_hooks(manager.budget)
     hooks: dict[str, list[int]] = {mode: [] for mode in MODES}  # the steering's own ns, per timed step
+    firsts: dict[str, list[int]] = {mode: [] for mode in MODES}  # first looks in each timed step
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
     rng = random.Random(0)
     per_round, forced = steps // len(MODES), 0
@@ -276,6 +288,7 @@ def measure(backend_name: str, steps: int, batch: int = 32, warm: int = 10) -> d
                 if step >= warm:
                     times[mode_of[index]].append(elapsed)
                     hooks[mode_of[index]].append(managers[index].budget.hook_ns - hook_before)
+                    firsts[mode_of[index]].append(walkers[index].first_looks)
         forced += closing.metrics.value("budget_forced_tokens_total") - forced_before
     for manager in managers:
         manager.close()
@@ -293,7 +306,7 @@ def measure(backend_name: str, steps: int, batch: int = 32, warm: int = 10) -> d
         "closing_rows_steered_share": forced / (timed * batch),
         "hook_timer": hook_timer,
         "clock_pair_ns": clock_pair_ns(),
-        "modes": {mode: summary(times[mode]) | hook_summary(hooks[mode], times[mode]) for mode in MODES},
+        "modes": {mode: summary(times[mode]) | hook_summary(hooks[mode], times[mode], firsts[mode]) for mode in MODES},
         "noise_floor": abs(statistics.median(times["control"]) / statistics.median(times["none"]) - 1),
         "far_hooks_over_none_share": (statistics.fmean(hooks["far"]) - statistics.fmean(hooks["none"]))
         / 1e9

@@ -55,7 +55,7 @@ class FarRows:
                 continue
             reasoning = state.reasoning
             generated = len(state.history) + (reasoning.spent if reasoning is not None else 0)
-            if entry.tree.num_nodes == 1:
+            if not entry.tree.tokens:  # a one-row entry (no drafts): not `num_nodes`, a call per row
                 if generated < budget.far_until:
                     continue  # far from the budget (found so at an earlier look, the plan unchanged)
                 if (
@@ -95,13 +95,13 @@ class FarRows:
             if cached is None:
                 return False
             plans.tie(compiled, cached)
-        headroom = self._headroom_of(cached)
-        slack = left - cached.need - headroom
+        need = cached.need
+        slack = left - need - self._headroom_of(cached)
         if slack <= self.window or entry.tree.num_nodes > slack:
             return False
         budget.started = True
         self._take_start(budget, cached.fresh(), 0)
-        budget.far_until = budget.max_tokens - cached.need - budget.headroom - self.window
+        budget.far_until = budget.max_tokens - need - budget.headroom - self.window
         return True
 
     def _headroom_of(self, start_plan: Plan) -> int:
