@@ -46,6 +46,8 @@ class FarRows:
         up. A plain row in its closing zone gets its candidates here
         (`TreeFill.candidates`: written from them on the fill thread, `closing.write_closing_row`,
         no full fill); its plan is followed up to the accepted tokens first."""
+        if not rows:
+            return []
         started = perf_counter_ns()
         looked = []
         slots = self._slots

@@ -90,8 +90,7 @@ class BatchStep:
         self._forced_rows: dict[int, int] = {}
         self._reasoning_rows: set[int] = set()
         self._deferred: list[StepEntry] = []
-        # The step's budgeted rows (entry, state) for `budget.prepare`, and the entries it returned
-        # for `budget.steer` (far rows are in neither call's per-row work: fd_guided.budget.far).
+        # The step's budgeted rows for `budget.prepare` and those it returned for `steer` (budget/far.py).
         self._budgeted: list[tuple[StepEntry, SlotState]] = []
         self._looked: list[StepEntry] = []
 
@@ -140,8 +139,7 @@ class BatchStep:
         self._entries, self._speculative, self.phase = entries, speculative, "begun"
         self._rows = [e.slot for e in entries for _ in range(e.tree.num_nodes)]
         self._stop_rows, self._forced_rows, self._deferred, self._reasoning_rows = [], {}, [], set()
-        self._budgeted, self._looked = [], []
-        jobs = []
+        jobs, self._budgeted = [], []
         for entry in entries:
             state = self.slots.get(entry.slot)
             if state is None or not state.prefill_done:
@@ -155,7 +153,7 @@ class BatchStep:
             job = self._prepare(entry, state)
             if job is not None:
                 jobs.append(job)
-        self._prepare_budgeted()
+        self._looked = self.budget.prepare(self._budgeted)  # before the fill: closing rows' candidates
         self.fill.start(jobs, len(self._rows), overlap=self.overlap_fill)
 
     def _prepare(self, entry: StepEntry, state: SlotState) -> TreeFill | None:
@@ -189,14 +187,6 @@ class BatchStep:
         if len(nodes) == 1 and nodes[0][1] == 0:  # dropped where `budget.prepare` names candidates
             entry.fill.first_mask = self.fill.first_mask_key(state)
         return entry.fill
-
-    def _prepare_budgeted(self) -> None:
-        """The step's budgeted rows, in one call: `budget.prepare` keeps those `steer` looks at (a
-        far row is not: one comparison in that call) and names a plain closing row's candidates
-        (it is written from them on the fill thread, fd_guided.budget.closing, not filled)."""
-        if self._budgeted:
-            self._looked += self.budget.prepare(self._budgeted)
-            self._budgeted = []
 
     def apply(self, logits) -> None:
         """Mask `logits` in place (rows as announced by the begin hook). Never waits for a
@@ -377,7 +367,7 @@ class BatchStep:
                 [self.slots[self._slot_of(e)].ticket for e in self._deferred], timeout=self.config.first_token_wait_s
             )
             self.timings.compile_wait += time.perf_counter() - started
-        jobs = []
+        jobs, self._budgeted = [], []
         for entry in self._deferred:
             slot = self._slot_of(entry)
             state = self.slots[slot]
@@ -394,7 +384,7 @@ class BatchStep:
             job = self._prepare(entry, state)
             if job is not None:
                 jobs.append(job)
-        self._prepare_budgeted()
+        self._looked += self.budget.prepare(self._budgeted)
         self._deferred = []
         return jobs
 
