@@ -26,8 +26,13 @@ Timed: begin_step + apply + accept (the fill thread's work shows in apply's join
 overlap), the CPU kernel masking real 129,280-wide float32 logits (restored outside the timed part).
 Reported per backend and mode: median and mean step; closing / far, filled / far, far / none and
 control / none as the ratio of the medians, of the means and the median of the per-step ratios;
-the steering's own time per step (`BudgetSteering.prepare` and `steer`, timed by wrappers that add
-~1 us a call).
+the steering's own time per step: `BudgetSteering.hook_ns`, the nanoseconds its two hooks spent
+(one clock pair around each call: `prepare`, once a step for the step's budgeted rows, and
+`steer`; no wrapper per call), read before and after each timed step; as ms per step (mean and
+median) and as a share of the mode's median step, next to the noise floor (control / none's
+distance from 1); split into a step's time without first looks and each first look's. A
+checkout without `hook_ns` (before fd_guided.budget.far) is timed by wrappers as before (~1 us a
+call, included); `hook_timer` in the output says which.
 """
 
 from __future__ import annotations
@@ -115,6 +120,7 @@ class Walker:
         self.budget_of = BUDGETS["none"]
         self.walk: list[int] = []
         self.position: list[int] = []
+        self.first_looks = 0  # rows in the last step that were their request's first step
 
     def start(self, mode: str) -> None:
         """Release every request and start the walks again from the first, with `mode`'s budgets."""
@@ -134,6 +140,7 @@ class Walker:
     def step(self) -> float:
         """One timed step; checks every row allows its token and requests end where their walk does."""
         manager, rows = self.manager, list(range(self.batch))
+        self.first_looks = self.position.count(0)
         self.logits.copy_(self.pristine)
         started = time.perf_counter()
         manager.begin_step(rows)
@@ -168,6 +175,49 @@ class Walker:
 
 def summary(times: list[float]) -> dict:
     return {"median_ms": 1e3 * statistics.median(times), "mean_ms": 1e3 * statistics.fmean(times)}
+
+
+def hook_summary(hooks: list[int], times: list[float], firsts: list[int]) -> dict:
+    """The steering's own time per step (`steer_ms`: the mean) and its share of the median step;
+    split by a least-squares line over the steps' first looks (a row at its request's first step:
+    ~1 in 7 here, far fewer in serving) into a step's time without any (`steer_fixed_us`, the
+    rows' comparisons) and each first look's (`steer_per_first_look_us`)."""
+    mean = statistics.fmean(hooks) / 1e6
+    split = {}
+    if len(set(firsts)) > 1:
+        fit = statistics.linear_regression(firsts, [h / 1e3 for h in hooks])
+        split = {"steer_fixed_us": fit.intercept, "steer_per_first_look_us": fit.slope}
+    return {
+        "steer_ms": mean,
+        "steer_median_ms": statistics.median(hooks) / 1e6,
+        "steer_share_of_median_step": mean / (1e3 * statistics.median(times)),
+        "first_looks_per_step": statistics.fmean(firsts),
+    } | split
+
+
+def wrap_hooks(budget) -> None:
+    """A checkout before `hook_ns`: `prepare` and `steer` timed by a wrapper per call into it."""
+    budget.hook_ns = 0
+    for hook in ("prepare", "steer"):
+        inner = getattr(budget, hook)
+
+        def timed(*args, _inner=inner, **kwargs):
+            started = time.perf_counter_ns()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                budget.hook_ns += time.perf_counter_ns() - started
+
+        setattr(budget, hook, timed)
+
+
+def clock_pair_ns(pairs: int = 100_000) -> float:
+    """What one `perf_counter_ns` pair costs here (each hook call pays one), in ns."""
+    clock, total = time.perf_counter_ns, 0
+    for _ in range(pairs):
+        started = clock()
+        total += clock() - started
+    return total / pairs
 
 
 def ratios(over: list[float], under: list[float]) -> dict:
@@ -215,19 +265,12 @@ def measure(backend_name: str, steps: int, batch: int = 32, warm: int = 10) -> d
     walks, skipped = record_walks(managers[0], tokenizer, vocab, config)
     walkers = [Walker(manager, walks, batch, vocab) for manager in managers]
     mode_of = list(MODES)  # the mode each manager runs in the current round
-    steer_time, counting = dict.fromkeys(MODES, 0.0), [False]
-    for index, manager in enumerate(managers):  # the steering's own time: prepare (begin_step) and steer (apply)
-        for hook in ("prepare", "steer"):
-            inner = getattr(manager.budget, hook)
-
-            def timed(*args, _inner=inner, _index=index, **kwargs):
-                started = time.perf_counter()
-                result = _inner(*args, **kwargs)
-                if counting[0]:
-                    steer_time[mode_of[_index]] += time.perf_counter() - started
-                return result
-
-            setattr(manager.budget, hook, timed)
+    hook_timer = "hook_ns" if hasattr(managers[0].budget, "hook_ns") else "wrappers"
+    if hook_timer == "wrappers":
+        for manager in managers:
+            wrap_hooks(manager.budget)
+    hooks: dict[str, list[int]] = {mode: [] for mode in MODES}  # the steering's own ns, per timed step
+    firsts: dict[str, list[int]] = {mode: [] for mode in MODES}  # first looks in each timed step
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
     rng = random.Random(0)
     per_round, forced = steps // len(MODES), 0
@@ -237,13 +280,15 @@ def measure(backend_name: str, steps: int, batch: int = 32, warm: int = 10) -> d
             walker.start(mode)
         closing = managers[mode_of.index("closing")]
         for step in range(warm + per_round):
-            counting[0] = step >= warm
             if step == warm:
                 forced_before = closing.metrics.value("budget_forced_tokens_total")
             for index in rng.sample(range(len(MODES)), len(MODES)):  # no mode always after the same one
+                hook_before = managers[index].budget.hook_ns
                 elapsed = walkers[index].step()
-                if counting[0]:
+                if step >= warm:
                     times[mode_of[index]].append(elapsed)
+                    hooks[mode_of[index]].append(managers[index].budget.hook_ns - hook_before)
+                    firsts[mode_of[index]].append(walkers[index].first_looks)
         forced += closing.metrics.value("budget_forced_tokens_total") - forced_before
     for manager in managers:
         manager.close()
@@ -259,7 +304,13 @@ def measure(backend_name: str, steps: int, batch: int = 32, warm: int = 10) -> d
         "skipped": skipped,
         "walk_tokens": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
         "closing_rows_steered_share": forced / (timed * batch),
-        "modes": {mode: summary(times[mode]) | {"steer_ms": 1e3 * steer_time[mode] / timed} for mode in MODES},
+        "hook_timer": hook_timer,
+        "clock_pair_ns": clock_pair_ns(),
+        "modes": {mode: summary(times[mode]) | hook_summary(hooks[mode], times[mode], firsts[mode]) for mode in MODES},
+        "noise_floor": abs(statistics.median(times["control"]) / statistics.median(times["none"]) - 1),
+        "far_hooks_over_none_share": (statistics.fmean(hooks["far"]) - statistics.fmean(hooks["none"]))
+        / 1e9
+        / statistics.median(times["none"]),
         "closing_over_far": ratios(times["closing"], times["far"]),
         "filled_over_far": ratios(times["filled"], times["far"]),
         "far_over_none": ratios(times["far"], times["none"]),

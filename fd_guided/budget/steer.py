@@ -9,8 +9,8 @@ generated, reasoning included), once per step, after the fill (`BudgetSteering.s
 
   far      ``left > need + headroom + window``: nothing is done (no search, no look at tokens);
            after its first look (the start plan of a schema seen before: one lookup by its
-           compiled grammar) a far row costs one comparison a step (`_Slot.far_until`, in
-           `prepare`; `steer` passes the entry `prepare` marked by with an identity test)
+           compiled grammar) a far row costs one comparison a step inside `prepare`'s one call
+           for the step's rows, and `steer` never sees it (`far.FarRows`)
   near     the tokens emitted since the last look are checked against the plan: on the plan, it
            advances; off it, the rest of the plan is tried from the new state (accept, one fill,
            roll back): still a completion (a string grew, whitespace), it stays; else a new search
@@ -47,12 +47,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from time import perf_counter_ns
 from typing import Any
 
 import numpy as np
 
 from ..bitmask_rows import token_row
 from ..interface import Grammar
+from .far import FarRows
 from .follow import PlanFollowing
 from .minimum import BudgetTooSmallError, StartPlanning
 from .plan import Plan, chain
@@ -85,18 +87,15 @@ class _Slot:
     deferred: bool = False  # its first look waits for a background start-plan search
     # Tokens generated (reasoning included) below which the row is far from its budget with its
     # plan as it stands: set where `_row` finds it far, cleared whenever the plan is followed
-    # (the plan does not change while far), so a far row costs a comparison per step.
+    # (the plan does not change while far), so a far row costs a comparison per step (far.py).
     far_until: int = 0
     # Slack at which its closing zone starts: the steering's headroom, or its start plan's growth
     # (the most one optional member adds) and one more where that is larger (`_take_start`).
     headroom: int = HEADROOM
-    # The step entry `prepare` found this row far in (its state cannot change before `steer` of
-    # the same step): `steer` passes it by with one identity test, without reading its state.
-    far_entry: Any = None
 
 
 @dataclass
-class BudgetSteering(PlanFollowing, StartPlanning):
+class BudgetSteering(FarRows, PlanFollowing, StartPlanning):
     """The manager's budget steering (see the module docstring); one per manager."""
 
     backend: Any
@@ -118,6 +117,8 @@ class BudgetSteering(PlanFollowing, StartPlanning):
         self._slack: SlackTokens | None = None
         self._scratch: tuple[Any, np.ndarray] | None = None
         self._plan_asked = {}
+        self.tracked = self._slots  # the budgeted slots (read by the manager's begin hook, far.py)
+        self.hook_ns = 0  # time spent in `prepare` and `steer` (far.py)
 
     # ----- lifecycle -----------------------------------------------------------------------------
 
@@ -143,19 +144,12 @@ class BudgetSteering(PlanFollowing, StartPlanning):
 
     # ----- the step ------------------------------------------------------------------------------
 
-    def prepare(self, slot: int | None, state, entry) -> tuple[int, ...] | None:
-        """At the begin hook, before the fill: the candidates of `slot`'s only row when it is in
-        its closing zone (written from them on the fill thread, `closing.write_closing_row`, no
-        full fill), else None (filled as usual). Follows the plan up to the accepted tokens first."""
-        budget = self._slots.get(slot) if slot is not None else None
-        if budget is None:
-            return None
-        generated = self._generated(state)
-        if generated < budget.far_until:
-            budget.far_entry = entry  # far from the budget (found so at an earlier step, the plan unchanged)
-            return None
+    def _closing_candidates(self, budget: _Slot, state, entry, generated: int) -> tuple[int, ...] | None:
+        """The candidates of `entry`'s only row when it is in its closing zone (written from them
+        on the fill thread, `closing.write_closing_row`, no full fill), else None (filled as
+        usual). Follows the plan up to the accepted tokens first. Called by `prepare` (far.py)."""
         plan = budget.plan
-        if plan is None or budget.gave_up or not budget.started or not self.closing_rows or self.slack_tokens:
+        if plan is None or not budget.started or not self.closing_rows or self.slack_tokens:
             return None
         if entry.tree.num_nodes != 1 or state.in_reasoning or state.grammar is None:
             return None
@@ -180,28 +174,20 @@ class BudgetSteering(PlanFollowing, StartPlanning):
     ) -> None:
         """After the fill, before the kernel: restrict the rows of budgeted slots (see above).
 
-        `entries` are the step's entries (slot, first_row, tree, plans, limit, stopped);
-        `get_state(slot)` gives a slot's `SlotState` and `fail(slot, state, message)` finishes it
-        with an error; `words` are the step's bitmask rows, `masked` the rows the kernel will mask
-        and `stop_rows` those it will set to stop tokens (both updated here)."""
-        if not self._slots:
+        `entries` are the step's entries `prepare` returned (slot, first_row, tree, plans, limit,
+        stopped): far rows are not among them (far.py); `get_state(slot)` gives a slot's
+        `SlotState` and `fail(slot, state, message)` finishes it with an error; `words` are the
+        step's bitmask rows, `masked` the rows the kernel will mask and `stop_rows` those it will
+        set to stop tokens (both updated here)."""
+        if not entries:
             return
+        started = perf_counter_ns()
         step = StepRows(fail, words, masked, stop_rows, stop_ids)
         slots, closed = self._slots, 0
         for entry in entries:
             budget = slots.get(entry.slot)  # None: no budget (or no request)
             if budget is None or budget.gave_up or entry.plans is None:
                 continue
-            if budget.far_until and entry.tree.num_nodes == 1:
-                # Far from the budget (found so at an earlier look, the plan unchanged): one
-                # identity test where `prepare` found it far this step, else one comparison. Its
-                # row was filled, not closed; a finished or reasoning one has nothing to steer
-                # while far either.
-                if budget.far_entry is entry:
-                    continue
-                state = get_state(entry.slot)
-                if state is not None and self._generated(state) < budget.far_until:
-                    continue
             if entry.fill is not None and entry.fill.closed:  # written from its candidates (prepare)
                 closed += 1
                 if not budget.steered:
@@ -219,6 +205,7 @@ class BudgetSteering(PlanFollowing, StartPlanning):
                 self._row(step, entry, state, budget, left)
         if closed:
             self.metrics.inc("budget_forced_tokens_total", closed)
+        self.hook_ns += perf_counter_ns() - started
 
     def _row(self, step: StepRows, entry, state, budget: _Slot, left: int) -> None:
         if not budget.started:
@@ -253,33 +240,6 @@ class BudgetSteering(PlanFollowing, StartPlanning):
                 if completion is not None:
                     budget.plan = Plan(completion.text, chain(completion, self.table), landmarks=completion.landmarks)
                     self._close(step, entry.first_row, budget.plan, left, budget, state.grammar)
-
-    def _far_at_start(self, entry, state, budget: _Slot, left: int) -> bool:
-        """The first look of a request far from its budget whose start plan is cached (every
-        request of a schema seen before): the plan copied, `far_until` set; the plan found by its
-        compiled grammar's identity (`StartPlans.of_grammar`), by its spec and engine the first
-        time. False (nothing done) otherwise: `_start` decides."""
-        if state.history or budget.deferred:
-            return False
-        try:
-            compiled = state.ticket.result(timeout=0)
-        except Exception:  # noqa: BLE001 - no compiled grammar (yet): `_start` decides
-            return False
-        plans = self.start_plans
-        cached = plans.of_grammar(compiled)
-        if cached is None:
-            cached = plans.get((state.spec, str(compiled.backend_name)))
-            if cached is None:
-                return False
-            plans.tie(compiled, cached)
-        headroom = self._headroom_of(cached)
-        slack = left - cached.need - headroom
-        if slack <= self.window or entry.tree.num_nodes > slack:
-            return False
-        budget.started = True
-        self._take_start(budget, cached.fresh(), 0)
-        budget.far_until = budget.max_tokens - cached.need - budget.headroom - self.window
-        return True
 
     def _take_start(self, budget: _Slot, plan: Plan, seen: int) -> None:
         """`plan` (a start plan, or one searched at a first look) becomes `budget`'s; its closing

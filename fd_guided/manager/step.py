@@ -90,6 +90,9 @@ class BatchStep:
         self._forced_rows: dict[int, int] = {}
         self._reasoning_rows: set[int] = set()
         self._deferred: list[StepEntry] = []
+        # The step's budgeted rows for `budget.prepare` and those it returned for `steer` (budget/far.py).
+        self._budgeted: list[tuple[StepEntry, SlotState]] = []
+        self._looked: list[StepEntry] = []
 
     @property
     def draft_bitmask(self):
@@ -136,7 +139,7 @@ class BatchStep:
         self._entries, self._speculative, self.phase = entries, speculative, "begun"
         self._rows = [e.slot for e in entries for _ in range(e.tree.num_nodes)]
         self._stop_rows, self._forced_rows, self._deferred, self._reasoning_rows = [], {}, [], set()
-        jobs = []
+        jobs, self._budgeted = [], []
         for entry in entries:
             state = self.slots.get(entry.slot)
             if state is None or not state.prefill_done:
@@ -150,6 +153,7 @@ class BatchStep:
             job = self._prepare(entry, state)
             if job is not None:
                 jobs.append(job)
+        self._looked = self.budget.prepare(self._budgeted)  # before the fill: closing rows' candidates
         self.fill.start(jobs, len(self._rows), overlap=self.overlap_fill)
 
     def _prepare(self, entry: StepEntry, state: SlotState) -> TreeFill | None:
@@ -160,6 +164,8 @@ class BatchStep:
             self._stop_rows.extend(rows)
             return None
         entry.plans = plans = plan_nodes(entry.tree, state.reasoning if state.in_reasoning else None, self.stop_ids)
+        if entry.slot in self.budget.tracked:
+            self._budgeted.append((entry, state))
         nodes = []
         for node, plan in enumerate(plans):
             row = entry.first_row + node
@@ -178,9 +184,7 @@ class BatchStep:
         if not nodes or state.grammar is None:
             return None
         entry.fill = TreeFill(state.grammar, nodes, entry.first_row)
-        if len(nodes) == 1:  # a plain row near its budget: written from its few candidates (fd_guided.budget.closing)
-            entry.fill.candidates = self.budget.prepare(entry.slot, state, entry)
-        if len(nodes) == 1 and nodes[0][1] == 0 and entry.fill.candidates is None:
+        if len(nodes) == 1 and nodes[0][1] == 0:  # dropped where `budget.prepare` names candidates
             entry.fill.first_mask = self.fill.first_mask_key(state)
         return entry.fill
 
@@ -203,7 +207,7 @@ class BatchStep:
             self._settle(entry, masked)
         # Rows near max_tokens keep a complete output within it (fd_guided.budget).
         self.budget.steer(
-            self._entries, self.slots.get, self.slots.fail, self.bitmask_words, masked, self._stop_rows, self.stop_ids
+            self._looked, self.slots.get, self.slots.fail, self.bitmask_words, masked, self._stop_rows, self.stop_ids
         )
         words = self.bitmask_words
         for row in self._stop_rows:
@@ -363,7 +367,7 @@ class BatchStep:
                 [self.slots[self._slot_of(e)].ticket for e in self._deferred], timeout=self.config.first_token_wait_s
             )
             self.timings.compile_wait += time.perf_counter() - started
-        jobs = []
+        jobs, self._budgeted = [], []
         for entry in self._deferred:
             slot = self._slot_of(entry)
             state = self.slots[slot]
@@ -380,6 +384,7 @@ class BatchStep:
             job = self._prepare(entry, state)
             if job is not None:
                 jobs.append(job)
+        self._looked += self.budget.prepare(self._budgeted)
         self._deferred = []
         return jobs
 

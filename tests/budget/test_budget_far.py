@@ -1,6 +1,7 @@
 """Far rows (issue #24 item 4): a request far from its budget finds its start plan by its compiled
-grammar's identity (no spec hashed, no lock), is passed by with one test a step after that, and
-still ends complete and valid once it nears its budget, under the adversarial decoder."""
+grammar's identity (no spec hashed, no lock), costs no call of its own a step after that (one
+comparison in `prepare`'s one call for the step's rows; `steer` never sees it), and still ends
+complete and valid once it nears its budget, under the adversarial decoder."""
 
 from __future__ import annotations
 
@@ -82,14 +83,15 @@ def test_far_rows_take_the_start_plan_by_grammar_and_end_valid(backend_name):
         compiled = manager.step.slots.get(1).ticket.result(timeout=0)
         assert plans.of_grammar(compiled) is not None
 
-        # Far: `prepare` marks the step's entry, `steer` passes it by; near: steered to the end.
+        # Far: `prepare` keeps the step's entry from `steer`; near: steered to the end.
         outputs: dict[int, list[int]] = {0: [first[0]], 1: [first[1]]}
         finished: dict[int, str] = {}
         passed_by = 0
         while len(finished) < 2:
             rows = [s if s not in finished else None for s in (0, 1)]
             manager.begin_step(rows)
-            passed_by += sum(1 for e in manager.step._entries if e.slot in slots and slots[e.slot].far_entry is e)
+            looked = manager.step._looked
+            passed_by += sum(1 for e in manager.step._entries if e.slot in slots and e not in looked)
             manager.apply(torch.zeros((2, VOCAB)))
             words = manager.bitmask.numpy()
             tokens = [pick(tokenizer, words[row], VOCAB) if rows[row] is not None else 0 for row in (0, 1)]
@@ -173,5 +175,78 @@ def test_whitespace_off_the_plan_is_followed_without_a_search(backend_name):
             outputs.append(token)
             assert len(outputs) < budget
         assert valid(fields, tokenizer.decode(outputs)), tokenizer.decode(outputs)
+    finally:
+        manager.close()
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_far_rows_are_not_looked_at_row_by_row(backend_name):
+    """Two far rows, an unbudgeted one and one near its budget, on the same schema: after their
+    first looks (in `prepare`: their start plan cached) the far rows reach no per-row code of the
+    steering (no call names them: not the closing candidates, `_row`, a first look or `_follow`)
+    and `steer` is handed only the near row, from the first step; the unbudgeted row is not
+    handed to `prepare` at all. A far row's mask is the unbudgeted row's (the same tokens taken),
+    and the near row ends complete and valid within its budget."""
+    fields = REQUESTS[1]
+    config = GuidedConfig(backend=backend_name)
+    tokenizer = load_tokenizer("deepseek")
+    manager = GuidedDecodingManager(in_process_backend(backend_name), max_num_seqs=4)
+    steering = manager.budget
+    steering.defer_start_above = 10**9
+    try:
+        add_ready(manager, 0, parse_guided_request(fields, config), prefill_done=True, max_tokens=10_000)
+        _step(manager, tokenizer, [0])  # the start plan searched and cached
+        need, headroom = steering.need(0), steering._slots[0].headroom
+        manager.release(0)
+        near = need + headroom + WINDOW // 2
+        budgets = {0: 10_000, 1: 10_000, 2: None, 3: near}
+        for slot, budget in budgets.items():
+            add_ready(manager, slot, parse_guided_request(fields, config), prefill_done=True, max_tokens=budget)
+        slot_of = {id(b): s for s, b in steering._slots.items()}
+        calls: list[tuple[int, str, int]] = []  # (step, what was called, for which slot)
+        at = [0]
+
+        def counted(name, slot_at):
+            inner = getattr(steering, name)
+            setattr(steering, name, lambda *a: calls.append((at[0], name, slot_at(a))) or inner(*a))
+
+        counted("_closing_candidates", lambda a: slot_of[id(a[0])])
+        counted("_row", lambda a: a[1].slot)
+        counted("_far_at_start", lambda a: a[0].slot)
+        counted("_follow", lambda a: slot_of[id(a[2])])
+        handed, steered = [], []
+        prepare, steer = steering.prepare, steering.steer
+        steering.prepare = lambda rows: handed.append([e.slot for e, _ in rows]) or prepare(rows)  # type: ignore[method-assign]
+        steering.steer = lambda entries, *a: steered.append([e.slot for e in entries]) or steer(entries, *a)  # type: ignore[method-assign]
+
+        outputs: dict[int, list[int]] = {slot: [] for slot in budgets}
+        finished: dict[int, str] = {}
+        for step in range(near + 2):
+            at[0] = step
+            rows = [slot if 3 not in finished or slot != 3 else None for slot in budgets]
+            manager.begin_step(rows)
+            manager.apply(torch.zeros((4, VOCAB)))
+            words = manager.bitmask.numpy()
+            far_token = pick(tokenizer, words[0], VOCAB)
+            # the far and unbudgeted rows: one mask for the same tokens
+            assert (words[0] == words[2]).all() and (words[1] == words[2]).all()
+            tokens = [far_token, far_token, far_token, pick(tokenizer, words[3], VOCAB) if rows[3] is not None else 0]
+            done = {f.slot: f for f in manager.accept(tokens)}
+            assert not {0, 1, 2} & set(done), done
+            if rows[3] is not None:
+                if 3 in done:
+                    finished[3] = done[3].reason
+                else:
+                    outputs[3].append(tokens[3])
+            if 3 in finished and step >= WINDOW:
+                break
+        assert {slot for step, name, slot in calls if name == "_far_at_start"} == {0, 1, 3}
+        assert all(step == 0 for step, name, _ in calls if name == "_far_at_start")  # first looks
+        later = [(step, name, slot) for step, name, slot in calls if step > 0]
+        assert later and all(slot == 3 for _, _, slot in later), later
+        assert all(2 not in slots for slots in handed)
+        assert steered[0] == [3] and all(slots in ([3], []) for slots in steered), steered  # first looks too
+        assert finished[3] == "stop" and len(outputs[3]) < near
+        assert valid(fields, tokenizer.decode(outputs[3])), tokenizer.decode(outputs[3])
     finally:
         manager.close()
