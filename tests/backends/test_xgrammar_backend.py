@@ -164,3 +164,32 @@ def test_qwen_tiktoken_vocabulary():
     spec = xgr_spec({"guided_regex": "(yes|no)"})
     assert accepts(backend, spec, "yes") and not accepts(backend, spec, "maybe")
     assert backend.tokenizer_info.stop_token_ids == list(tokenizer.eos_token_ids)
+
+
+def allowed_ids(grammar, vocab_size: int):
+    import numpy as np
+    import torch
+
+    bitmask = torch.zeros((1, (vocab_size + 31) // 32), dtype=torch.int32)
+    grammar.fill_bitmask(bitmask, 0)
+    return np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[:vocab_size]
+
+
+def test_special_tokens_spell_no_text(backend):
+    # xgrammar's from_huggingface reads deepseek's 1,283 added/special tokens as their literal text, so
+    # `<think>`, BOS or a placeholder was allowed inside any JSON string (the host drops their text:
+    # a minLength string came out shorter). The bundle, llguidance and the guard read them as no text.
+    tokenizer = backend.tokenizer
+    special = tokenizer.special_token_ids()
+    assert {0, 128_016, 128_821, 128_822, 129_080} <= set(special)
+    decoded = backend.tokenizer_info.decoded_vocab
+    assert all(decoded[i] == b"" for i in special)
+    assert all(decoded[i] == text for i, text in enumerate(tokenizer.token_bytes) if text is not None)
+    grammar = backend.new_grammar(backend.compile(xgr_spec({"guided_json": {"type": "string", "minLength": 20}})))
+    assert grammar.accept_token(tokenizer.encode('"')[0])
+    inside = allowed_ids(grammar, backend.vocab_size)
+    assert inside[tokenizer.encode("a")[0]] and not any(inside[i] for i in special)
+    for token in tokenizer.encode("a" * 20 + '"'):
+        assert grammar.accept_token(token)
+    end = allowed_ids(grammar, backend.vocab_size)
+    assert end[1] and [i for i in special if end[i]] == [1]  # only the stop token
