@@ -17,6 +17,9 @@ one) and that call alone is timed:
 ``ENGINE+first_masks`` walks ENGINE's grammar as the manager's fill does since issue #25 item 2:
 the rows of a request's first states (at most two tokens in) are copied when an earlier output of
 the same schema filled them (`fd_guided.manager.first_masks`); the copy is timed as the fill.
+``ENGINE+unfactored`` (alone or after first_masks: ``auto+first_masks+unfactored``) compiles xgrammar's
+JSON-schema grammars as xgrammar writes them, without `fd_guided.backends.xgrammar_ebnf`'s factoring
+of optional-property chains (the grammar before issue #25's tails4): a second compile per schema.
 Each output is walked by every column in turn, the first column rotating from one output to the next
 (columns sharing a compiled grammar share its lazily built caches: the first to reach a state pays).
 An engine that refuses a token, or cannot compile the schema, stops there (counted). Reports p50, p90,
@@ -61,11 +64,20 @@ SCHEMASTORE = next(
 DECODER = "xgrammar"
 
 
-def kept_rows(mode: str) -> list[FirstMasks]:
-    """The stores a column ``ENGINE+MODE`` copies rows from, in the order the manager's fill tries them."""
-    if mode == "first_masks":
-        return [FirstMasks()]
-    raise SystemExit(f"unknown column mode {mode!r}: first_masks")
+MODES = ("first_masks", "unfactored")
+
+
+def kept_rows(modes: list[str]) -> list[FirstMasks]:
+    """The stores a column ``ENGINE+MODE...`` copies rows from, in the order the manager's fill tries them."""
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:
+        raise SystemExit(f"unknown column mode {unknown[0]!r}: one of {', '.join(MODES)}")
+    return [FirstMasks()] if "first_masks" in modes else []
+
+
+def compile_key(name: str) -> tuple[str, bool]:
+    """Columns sharing a compile: (engine, whether unfactored)."""
+    return name.split("+")[0], "unfactored" in name.split("+")[1:]
 
 
 def suite_cases(n: int, seed: int) -> list[tuple[str, dict, list[str]]]:
@@ -125,21 +137,25 @@ class Engines:
             self.backends[DECODER] = get_backend_class(DECODER)(
                 self.tokenizer, vocab_size=self.tokenizer.padded_vocab_size, config=GuidedConfig(backend=DECODER)
             )
-        self.kept_rows = {name: kept_rows(name.split("+", 1)[1]) for name in names if "+" in name}
+        self.kept_rows = {name: kept_rows(name.split("+")[1:]) for name in names}
         self.bitmask = torch.zeros((1, (self.tokenizer.padded_vocab_size + 31) // 32), dtype=torch.int32)
         self.row = self.bitmask[0].numpy()
 
     def grammars(self, schema: dict, report: dict) -> dict:
-        """Each named column's (backend, compiled grammar) for `schema`: one compile per engine, shared
-        by ``ENGINE`` and ``ENGINE+MODE`` (its time and refusals counted under each of them)."""
+        """Each named column's (backend, compiled grammar) for `schema`: one compile per engine (and per
+        factoring, `compile_key`), shared by ``ENGINE`` and ``ENGINE+first_masks`` (its time and refusals
+        counted under each of them)."""
         from fd_guided import GuidedConfig, InvalidGrammarError, parse_guided_request
+        from fd_guided.backends import xgrammar_ebnf
 
         out = {}
-        for base in dict.fromkeys(name.split("+")[0] for name in self.names):
-            columns = [name for name in self.names if name.split("+")[0] == base]
+        for key in dict.fromkeys(compile_key(name) for name in self.names):
+            base, unfactored = key
+            columns = [name for name in self.names if compile_key(name) == key]
             backend = self.backends[base]
             try:
                 spec = parse_guided_request({"guided_json": schema}, GuidedConfig(backend=base))
+                xgrammar_ebnf.ENABLED = not unfactored
                 started = time.perf_counter()
                 compiled = backend.compile(spec)
                 elapsed = time.perf_counter() - started
@@ -148,6 +164,8 @@ class Engines:
                     report["refused_schemas"][name] += 1
                 report["refusals"].append((base, type(error).__name__, str(error)[:120]))
                 continue
+            finally:
+                xgrammar_ebnf.ENABLED = True
             for name in columns:
                 report["compile_s"][name].append(elapsed)
                 out[name] = (backend, compiled)

@@ -221,10 +221,25 @@ def backend_from_recipe(*, tokenizer_info_json: str, tokenizer: TokenizerBundle,
 
 
 def _tokenizer_info(tokenizer: TokenizerBundle, vocab_size: int, stop_token_ids: list[int]) -> xgr.TokenizerInfo:
+    """xgrammar's view of the vocabulary, with the bundle's special tokens (None bytes) spelling no text.
+
+    Special tokens map to b"": xgrammar then never matches them against grammar text (it allows
+    them only as stop tokens). `from_huggingface` reads an HF tokenizer's added and special tokens
+    as their literal text (deepseek: all 1,283, `<think>` and BOS included, were allowed inside any
+    JSON string), while the bundle, llguidance (`build_lltokenizer`), the uniqueItems guard and
+    `TokenizerBundle.decode` treat them as no text: its decoded text tokens are kept and those ids blanked.
+    """
     if tokenizer.hf_tokenizer is not None:
-        return xgr.TokenizerInfo.from_huggingface(
+        info = xgr.TokenizerInfo.from_huggingface(
             tokenizer.hf_tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids
         )
-    # Special tokens map to b"": xgrammar then never matches them against grammar text.
-    encoded = [token or b"" for token in tokenizer.token_bytes]
+        special = [i for i in tokenizer.special_token_ids() if i < vocab_size]
+        decoded = info.decoded_vocab
+        if not any(decoded[i] for i in special):
+            return info
+        encoded = list(decoded)
+        for i in special:
+            encoded[i] = b""
+    else:
+        encoded = [token or b"" for token in tokenizer.token_bytes]
     return xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop_token_ids)

@@ -19,6 +19,7 @@ from ..errors import InvalidGrammarError
 from ..schema import for_engine, regex_for_engine
 from ..schema.walk import subschemas
 from ..spec import FIELD_OF_KIND, GrammarSpec, JsonFormat
+from . import xgrammar_ebnf
 
 
 def json_format_of(spec: GrammarSpec) -> JsonFormat:
@@ -69,7 +70,7 @@ def compile_native(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.Comp
     """`spec` compiled by `compiler`; xgrammar's own errors propagate (`XGrammarBackend.compile` types them)."""
     kind = spec.kind
     if kind == "json_schema":
-        return compiler.compile_json_schema(enforced_schema(spec), **_json_options(spec))
+        return xgrammar_ebnf.compile_json_schema(compiler, enforced_schema(spec), _json_options(spec))
     if kind == "json_object":
         return compiler.compile_json_schema(_ANY_OBJECT_SCHEMA, **{**_json_options(spec), "strict_mode": False})
     if kind == "regex":

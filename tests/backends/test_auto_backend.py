@@ -259,3 +259,28 @@ def test_the_preferred_engines_gain_is_measured_from_real_fills():
         max(0.0, (costs.row_seconds["xgrammar"] - costs.row_seconds["llguidance"]) * per_request))
     # llguidance is preferred only where xgrammar would narrow the constraint: worth the whole cap.
     assert backend.expected_gain_s("llguidance", "xgrammar") == float("inf")
+
+
+def test_both_engines_read_special_tokens_as_no_text(auto_backend):
+    # SchemaStore walks (tools/fill_tails.py) took special tokens inside free strings under xgrammar,
+    # which llguidance refused: auto's engines did not enforce one language. Now neither allows one
+    # anywhere in a document, and both allow the stop token at its end.
+    import numpy as np
+
+    tokenizer = auto_backend.tokenizer
+    special = tokenizer.special_token_ids()
+    schema = {"type": "object", "properties": {"summary": {"type": "string"}, "title": {"type": "string"}}, "required": ["summary"]}
+    bitmask = torch.zeros((1, (auto_backend.vocab_size + 31) // 32), dtype=torch.int32)
+    for engine in ("xgrammar", "llguidance"):
+        backend = auto_backend.engine(engine)
+        grammar = backend.new_grammar(backend.compile(parse_guided_request({"guided_json": schema}, GuidedConfig(backend=engine))))
+        seen_end = False
+        for token in tokenizer.encode('{"summary": "Why not", "title": "x"}') + [None]:
+            grammar.fill_bitmask(bitmask, 0)
+            allowed = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[: auto_backend.vocab_size]
+            specials_allowed = [i for i in special if allowed[i]]
+            assert specials_allowed in ([], [1]), (engine, specials_allowed[:5])
+            seen_end |= specials_allowed == [1]
+            if token is not None:
+                assert grammar.accept_token(token)
+        assert seen_end, engine

@@ -164,3 +164,112 @@ def test_qwen_tiktoken_vocabulary():
     spec = xgr_spec({"guided_regex": "(yes|no)"})
     assert accepts(backend, spec, "yes") and not accepts(backend, spec, "maybe")
     assert backend.tokenizer_info.stop_token_ids == list(tokenizer.eos_token_ids)
+
+
+def allowed_ids(grammar, vocab_size: int):
+    import numpy as np
+    import torch
+
+    bitmask = torch.zeros((1, (vocab_size + 31) // 32), dtype=torch.int32)
+    grammar.fill_bitmask(bitmask, 0)
+    return np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[:vocab_size]
+
+
+def test_special_tokens_spell_no_text(backend):
+    # xgrammar's from_huggingface reads deepseek's 1,283 added/special tokens as their literal text, so
+    # `<think>`, BOS or a placeholder was allowed inside any JSON string (the host drops their text:
+    # a minLength string came out shorter). The bundle, llguidance and the guard read them as no text.
+    tokenizer = backend.tokenizer
+    special = tokenizer.special_token_ids()
+    assert {0, 128_016, 128_821, 128_822, 129_080} <= set(special)
+    decoded = backend.tokenizer_info.decoded_vocab
+    assert all(decoded[i] == b"" for i in special)
+    assert all(decoded[i] == text for i, text in enumerate(tokenizer.token_bytes) if text is not None)
+    grammar = backend.new_grammar(backend.compile(xgr_spec({"guided_json": {"type": "string", "minLength": 20}})))
+    assert grammar.accept_token(tokenizer.encode('"')[0])
+    inside = allowed_ids(grammar, backend.vocab_size)
+    assert inside[tokenizer.encode("a")[0]] and not any(inside[i] for i in special)
+    for token in tokenizer.encode("a" * 20 + '"'):
+        assert grammar.accept_token(token)
+    end = allowed_ids(grammar, backend.vocab_size)
+    assert end[1] and [i for i in special if end[i]] == [1]  # only the stop token
+
+
+# Objects with chains of optional properties (xgrammar's `part_k` rules), factored by
+# fd_guided.backends.xgrammar_ebnf: masks must equal those of xgrammar's own grammar at every step.
+EIGHT = {"type": "object", "properties": {k: {"type": "string"} for k in "abcdefgh"}}
+CHAINS = [
+    (EIGHT, {}),
+    (EIGHT, COMPACT),
+    (EIGHT, {"max_whitespace_cnt": None}),  # unbounded: [ \n\r\t]* separators
+    (EIGHT, {"any_whitespace": False, "separators": [", ", ": "]}),
+    (EIGHT, {"guided_strict": False}),  # chains ending in the additional properties' rule
+    ({"type": "object", "properties": {k: {"type": "string"} for k in "abcdef"}, "required": ["c"]}, {}),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}},
+      "additionalProperties": {"type": "integer"}}, {}),
+    ({"type": "object", "properties": {"a) | (b": {"type": "string"}, "[k]{z}": {"type": "string"}, "é€😀": {"type": "string"},
+                                       "n": {"type": "object", "properties": {"x": {"type": "null"}, "y": {"type": "null"}, "z": {"type": "number"}}}}}, {}),
+    ({"type": "array", "items": {"type": "object", "properties": {k: {"type": ["string", "integer"]} for k in "abcd"}}}, {}),
+]
+
+
+@pytest.mark.parametrize("schema, fields", CHAINS, ids=[str(i) for i in range(len(CHAINS))])
+def test_factored_chains_give_xgrammars_masks(backend, schema, fields):
+    import random
+
+    import jsonschema
+    import torch
+    import xgrammar as xgr
+
+    from fd_guided.backends import xgrammar_ebnf
+    from fd_guided.backends.xgrammar_input import _json_options, enforced_schema
+
+    spec = xgr_spec({"guided_json": schema, **fields})
+    options = _json_options(spec)
+    assert xgrammar_ebnf.factored(str(xgr.Grammar.from_json_schema(enforced_schema(spec), **options))) is not None
+    factored = backend.compile(spec)
+    plain = backend.compiler.compile_json_schema(enforced_schema(spec), **options)
+    tokenizer, size = backend.tokenizer, backend.vocab_size
+    theirs_bitmask = torch.zeros((1, (size + 31) // 32), dtype=torch.int32)
+    completed = 0
+    for seed in range(4):
+        rng = random.Random(seed)
+        ours, theirs = backend.new_grammar(factored), xgr.GrammarMatcher(plain)
+        out = []
+        for _ in range(80):
+            mask = allowed_ids(ours, size)
+            theirs.fill_next_token_bitmask(theirs_bitmask, 0)
+            assert (allowed_ids_of(theirs_bitmask, size) == mask).all(), tokenizer.decode(out)
+            choices = [int(i) for i in mask.nonzero()[0]]
+            if rng.random() < 0.6:  # often a token that closes something: walks complete their documents
+                closing = [t for t in choices if t in tokenizer.eos_token_ids or set(tokenizer.token_bytes[t] or b"") & set(b'"}]')]
+                choices = closing or choices
+            token = rng.choice(choices)
+            if token in tokenizer.eos_token_ids:
+                break
+            assert ours.accept_token(token) and theirs.accept_token(token)
+            out.append(token)
+        if ours.matcher.is_completed():
+            completed += 1
+            validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+            validator.validate(json.loads(tokenizer.decode(out)))
+    assert completed, "no walk completed a document"
+
+
+def allowed_ids_of(bitmask, vocab_size: int):
+    import numpy as np
+
+    return np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[:vocab_size]
+
+
+def test_factoring_leaves_other_grammars_alone():
+    from fd_guided.backends.xgrammar_ebnf import factored
+
+    assert factored('root ::= (("a"))\n') is None
+    w = 'whitespace{0, 2} "," whitespace{0, 2}'
+    chain = f'root ::= (("{{" p_0 "}}"))\np_0 ::= ((p_1) | ({w} "\\"a\\"" p_1))\np_1 ::= ("" | ({w} "\\"b\\""))\n'
+    assert "p_0_alt ::= ((\"\\\"a\\\"\" p_1) | (p_1_alt))" in factored(chain)
+    # three alternatives, or a body with its own top-level alternation, is not a chain link
+    odd = chain.replace(f'p_0 ::= ((p_1) | ({w} "\\"a\\"" p_1))', f'p_0 ::= ((p_1) | ({w} "x") | ({w} "\\"a\\"" p_1))')
+    assert factored(odd) is None
+    assert factored(chain + "p_1_alt ::= (\"z\")\n") is None  # a name it would write is taken

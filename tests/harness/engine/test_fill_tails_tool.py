@@ -23,7 +23,13 @@ SCHEMAS = {
 
 @pytest.mark.parametrize(
     "engines",
-    [["auto+first_masks"], ["llguidance"], ["xgrammar", "auto"], ["auto+first_masks", "llguidance+first_masks"]],
+    [
+        ["auto+first_masks"],
+        ["llguidance"],
+        ["xgrammar", "auto"],
+        ["auto+first_masks", "llguidance+first_masks"],
+        ["auto+first_masks", "auto+first_masks+unfactored"],
+    ],
 )
 def test_schemastore_schemas_are_walked_by_every_engine_set(fill_tails, tmp_path, engines):
     for name, schema in SCHEMAS.items():
@@ -56,3 +62,19 @@ def test_a_saved_sample_is_walked_again_with_its_tokens(fill_tails, tmp_path):
         (case, tokens) for case, _, tokens, _ in first["sample"]
     ]
     assert again["schemastore_schemas"] == 2 and len(again["compile_s"]["llguidance+first_masks"]) == 2
+
+
+def test_an_unfactored_column_compiles_xgrammars_own_grammar(fill_tails):
+    # `+unfactored`: the grammar before fd_guided.backends.xgrammar_ebnf's factoring, compiled apart.
+    import xgrammar as xgr
+
+    engines = ["xgrammar", "xgrammar+unfactored", "xgrammar+first_masks+unfactored"]
+    tool = fill_tails.Engines(engines)
+    report = fill_tails.new_report(engines)
+    compiled = tool.grammars({"type": "object", "properties": {k: {"type": "string"} for k in "abc"}}, report)
+    factored, plain = compiled["xgrammar"][1].native, compiled["xgrammar+unfactored"][1].native
+    assert compiled["xgrammar+first_masks+unfactored"][1] is compiled["xgrammar+unfactored"][1]
+    assert "_alt ::=" in str(factored.grammar) and "_alt ::=" not in str(plain.grammar)
+    assert isinstance(plain, xgr.CompiledGrammar) and tool.kept_rows["xgrammar+first_masks+unfactored"]
+    with pytest.raises(SystemExit, match="unknown column mode"):
+        fill_tails.kept_rows(["recurring"])
