@@ -22,11 +22,11 @@ def fresh_admission_caches():
     `pytestmark = [..., pytest.mark.usefixtures("fresh_admission_caches")]`."""
     from fd_guided.admission import cache
 
-    cache.PARSED.clear()
-    cache.CHECKED.clear()
+    for verdicts in (cache.PARSED, cache.CHECKED, cache.NULL_LITERALS):
+        verdicts.clear()
     yield
-    cache.PARSED.clear()
-    cache.CHECKED.clear()
+    for verdicts in (cache.PARSED, cache.CHECKED, cache.NULL_LITERALS):
+        verdicts.clear()
 
 
 def pytest_addoption(parser):

@@ -106,14 +106,22 @@ def write(value: Any) -> str | None:
     orjson cannot write it or it may hold NaN or Infinity (the caller decides with the standard
     library)."""
     written = _written(value)
-    if written is None or (_has_null_literal(written) and not _finite(value)):
+    if written is None or (has_null_literal(written) and not finite(value)):
         return None
     return written
 
 
-def _has_null_literal(written: str) -> bool:
+def write_unchecked(value: Any) -> str | None:
+    """`write`'s text before its NaN check: orjson's text for `value`, where NaN and Infinity are
+    written as ``null``. Equal to `write(value)` when that text holds no null literal
+    (`has_null_literal`) or `value` is `finite`; None where `write` is None for another reason."""
+    return _written(value)
+
+
+def has_null_literal(written: str) -> bool:
     """A ``null`` in compact JSON text follows ``:``, ``[`` or ``,`` (or starts it); inside a
-    string it is only a false alarm."""
+    string it is only a false alarm. A pass over the text (~0.7 ms a megabyte: a four-letter
+    search, not a memchr)."""
     at = written.find("null")
     while at != -1:
         if at == 0 or written[at - 1] in ":[,":
@@ -122,7 +130,7 @@ def _has_null_literal(written: str) -> bool:
     return False
 
 
-def _finite(value: Any) -> bool:
+def finite(value: Any) -> bool:
     """No NaN or Infinity in `value` (orjson writes them as ``null``): the standard library's
     writer refuses them; anything else it cannot write reads as null here, as orjson wrote it."""
     try:

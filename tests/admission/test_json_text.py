@@ -94,6 +94,29 @@ def test_non_finite_numbers_in_objects_are_refused_and_never_read_as_null(number
     assert error.part == "guided_json.const" and "is not a JSON number" in str(error)
 
 
+def _long_schema(number) -> dict:
+    """An object schema whose compact text is past `cache.SAMPLED_TEXT_CHARS` (its key a
+    `TextKey`, its null literals looked up in `cache.NULL_LITERALS`), `number` its last const."""
+    properties = {f"p{i:04d}": {"type": "string", "description": "x" * 20} for i in range(300)}
+    return {"type": "object", "properties": {**properties, "n": {"type": "number", "const": number}}}
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("-inf")])
+@pytest.mark.parametrize("twin", [None, 1.5])
+def test_a_long_object_seen_before_is_never_its_non_finite_twin(twin, number):
+    """A long object's text is searched for null literals once; found again, the search is a
+    lookup. Its twin with NaN where it had null writes the same text, and one with NaN where it
+    had a number another text: both refused, never served the admitted twin's verdict."""
+    first = admit(_long_schema(twin))
+    assert len(first.source) > cache.SAMPLED_TEXT_CHARS
+    hits = cache.NULL_LITERALS.hits
+    assert admit(_long_schema(twin)) is first  # new objects, equal: the verdict found again
+    assert cache.NULL_LITERALS.hits == hits + 1  # the null literals looked up, not searched for
+    error = refusal(_long_schema(number))
+    assert error.part == "guided_json.properties.n.const" and "is not a JSON number" in str(error)
+    assert admit(_long_schema(twin)) is first
+
+
 @pytest.mark.parametrize("form", ["escape", "text", "dict"])
 def test_lone_surrogates_are_refused_naming_where(form):
     value = {
