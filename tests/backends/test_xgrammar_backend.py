@@ -262,6 +262,29 @@ def allowed_ids_of(bitmask, vocab_size: int):
     return np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[:vocab_size]
 
 
+@pytest.mark.parametrize(
+    "schema, fields",
+    [
+        ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, {}),
+        ({"type": "array", "items": {"type": "string", "maxLength": 4}}, COMPACT),
+        ({"type": "object", "properties": {"a": {"type": "string"}}}, {}),  # one optional property: no chain
+    ],
+)
+def test_a_schema_without_chains_compiles_to_xgrammars_own_grammar(backend, schema, fields):
+    """With nothing to factor, the grammar converted to look for chains is compiled as it is (not
+    converted again): the compiled grammar is the one `compile_json_schema` gives."""
+    import xgrammar as xgr
+
+    from fd_guided.backends import xgrammar_ebnf
+    from fd_guided.backends.xgrammar_input import _json_options, enforced_schema
+
+    spec = xgr_spec({"guided_json": schema, **fields})
+    source, options = enforced_schema(spec), _json_options(spec)
+    assert xgrammar_ebnf.factored(str(xgr.Grammar.from_json_schema(source, **options))) is None
+    ours = xgrammar_ebnf.compile_json_schema(backend.compiler, source, options)
+    assert str(ours.grammar) == str(backend.compiler.compile_json_schema(source, **options).grammar)
+
+
 def test_factoring_leaves_other_grammars_alone():
     from fd_guided.backends.xgrammar_ebnf import factored
 
