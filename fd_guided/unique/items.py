@@ -17,6 +17,7 @@ from decimal import Decimal, InvalidOperation
 
 from ..schema.leaves import json_key
 from ..schema.refusal import Refusal
+from .by_identity import ByIdentity
 
 ZERO = json_key(0)
 _NULL = json_key(None)
@@ -230,33 +231,27 @@ def _sorted_once(texts: tuple[bytes, ...]) -> tuple[bytes, ...]:
     return texts  # the first tuple of these texts, returned for every equal one
 
 
-# Caches keyed by a tuple's identity, each entry holding the tuple (so its id stays its own).
-# Cleared whole past their bound: an entry is cheap to make again.
-_KEYS_BY_ID: dict[int, tuple[tuple, dict]] = {}
-_UNUSED_AFTER: dict[tuple[int, bytes | None], tuple[tuple, tuple]] = {}
 _ID_CACHE_MAX = 1024
+_KEYS_BY_ID = ByIdentity(_ID_CACHE_MAX)  # domain tuple -> judged key -> spelling
+_UNUSED_AFTER = ByIdentity(_ID_CACHE_MAX)  # (unused tuple, spelling) -> the unused tuple without it
 
 
 def domain_keys(texts: tuple[bytes, ...]) -> dict:
     """judged key -> spelling for the values of a finite domain (made once per domain tuple;
-    read-only). Found by the tuple's identity: hashing a 500-value domain per item end cost
-    more than the rest of the step."""
-    entry = _KEYS_BY_ID.get(id(texts))
-    if entry is None or entry[0] is not texts:
-        if len(_KEYS_BY_ID) >= _ID_CACHE_MAX:
-            _KEYS_BY_ID.clear()
-        entry = _KEYS_BY_ID[id(texts)] = (texts, {item_keys(text)[0]: text for text in texts})
-    return entry[1]
+    read-only), found by the tuple's identity."""
+    return _KEYS_BY_ID.get(texts, _keys_of, texts)
+
+
+def _keys_of(texts: tuple[bytes, ...]) -> dict:
+    return {item_keys(text)[0]: text for text in texts}
 
 
 def _unused_after(unused: tuple[bytes, ...], spelled: bytes | None) -> tuple[bytes, ...]:
     """The sorted `unused` without `spelled`, one tuple per (unused tuple, spelling): the rows of
     a batch that finish the same item from the same unused set share the result (and with it
     the C guard's counts of it, by identity)."""
-    key = (id(unused), spelled)
-    entry = _UNUSED_AFTER.get(key)
-    if entry is None or entry[0] is not unused:
-        if len(_UNUSED_AFTER) >= _ID_CACHE_MAX:
-            _UNUSED_AFTER.clear()
-        entry = _UNUSED_AFTER[key] = (unused, tuple(text for text in unused if text != spelled))  # stays sorted
-    return entry[1]
+    return _UNUSED_AFTER.get(unused, _without, unused, spelled, tag=spelled)
+
+
+def _without(unused: tuple[bytes, ...], spelled: bytes | None) -> tuple[bytes, ...]:
+    return tuple(text for text in unused if text != spelled)  # stays sorted

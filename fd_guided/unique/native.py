@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .by_identity import ByIdentity
 from .items import domain_keys, never_runs_out
 from .reader import _LITERAL, _NONE, _STRING
 from .tracker import (
@@ -143,20 +144,19 @@ def _read_frames(stack: tuple) -> Any:
     return unique, depth, kind, codes, ancestors, domain
 
 
-_DOMAINS: dict[int, tuple[tuple, Any]] = {}  # id(spellings) -> (spellings, its Domain or None)
+_DOMAINS = ByIdentity(256)  # spellings -> its Domain or None
 
 
 def _domain_of(spellings: tuple[bytes, ...]) -> Any:
     """`native_domain` of a finite domain whose spellings key apart (else None: Python decides),
     found by the tuple's identity (`items.sorted_texts` shares one per domain): a lookup by its
     500 texts' hash and comparison, per item start and end per row, cost more than the plan."""
-    entry = _DOMAINS.get(id(spellings))
-    if entry is None or entry[0] is not spellings:
-        if len(_DOMAINS) >= 256:
-            _DOMAINS.clear()
-        keyed_apart = len(domain_keys(spellings)) == len(spellings)
-        entry = _DOMAINS[id(spellings)] = (spellings, native_domain(spellings) if keyed_apart else None)
-    return entry[1]
+    return _DOMAINS.get(spellings, _domain_made, spellings)
+
+
+def _domain_made(spellings: tuple[bytes, ...]) -> Any:
+    keyed_apart = len(domain_keys(spellings)) == len(spellings)
+    return native_domain(spellings) if keyed_apart else None
 
 
 @functools.lru_cache(maxsize=64)
