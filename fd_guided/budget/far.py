@@ -71,7 +71,7 @@ class FarRows:
                     not budget.started
                     and entry.fill is not None
                     and (reasoning is None or not reasoning.thinking)  # `state.in_reasoning`, inlined
-                    and self._far_at_start(entry, state, budget, budget.max_tokens - generated)
+                    and self._far_at_start(entry, state, budget, generated, 1)
                 ):
                     continue  # its first look, far from the budget: its start plan cached
             looked.append(entry)
@@ -86,32 +86,36 @@ class FarRows:
     def _closing_candidates(self, budget, state, entry, generated: int) -> tuple[int, ...] | None:
         raise NotImplementedError  # BudgetSteering's
 
-    def _far_at_start(self, entry, state, budget, left: int) -> bool:
+    def _far_at_start(self, entry, state, budget, generated: int, nodes: int) -> bool:
         """The first look of a request far from its budget whose start plan is cached (every
-        request of a schema seen before): the cached plan itself taken (shared until its first
-        follow), `far_until` set, the slot out of `watched`; the plan found by its compiled
-        grammar's identity (`StartPlans.of_grammar`), by its spec and engine the first time. False
+        request of a schema seen before; `generated`: reasoning tokens spent, `nodes`: its entry's
+        rows): the cached plan itself taken (shared until its first follow), `far_until` set, the
+        slot out of `watched` (`_far`, inlined); the plan, its need and growth found by its compiled
+        grammar's identity (`StartPlans.by_grammar`), by its spec and engine the first time. False
         (nothing done) otherwise: `_start` decides."""
         compiled = state.compiled  # set with its matcher (`SlotTable.materialise`): no lock taken
         if compiled is None or state.history or budget.deferred:
             return False  # `_start` decides
-        plans = self.start_plans
-        cached = plans.of_grammar(compiled)
-        if cached is None:
-            cached = plans.get((state.spec, str(compiled.backend_name)))
-            if cached is None:
+        tied = self.start_plans.by_grammar.get(id(compiled))  # `StartPlans.of_grammar`, inlined
+        if tied is not None and tied[0]() is compiled:
+            cached, need, growth = tied[1], tied[2], tied[3]
+        else:
+            plans = self.start_plans
+            found = plans.get((state.spec, str(compiled.backend_name)))
+            if found is None:
                 return False
-            plans.tie(compiled, cached)
-        need = cached.fewest[0][0] + 1  # `cached.need` (at its start: position 0), without the call
-        growth = cached.growth + 1
-        headroom = growth if growth > self.headroom else self.headroom  # `_headroom_of(cached)`, inlined
-        slack = left - need - headroom
-        if slack <= self.window or entry.tree.num_nodes > slack:
+            plans.tie(compiled, found)
+            cached, need, growth = found, found.need, found.growth
+        headroom = growth + 1 if growth >= self.headroom else self.headroom  # `_headroom_of(cached)`
+        slack = budget.max_tokens - generated - need - headroom
+        if slack <= self.window or nodes > slack:
             return False
         # `_take_start(budget, cached, 0)` without a copy: `_follow` copies it before it moves
         budget.started = budget.shared = True
         budget.plan, budget.seen, budget.headroom = cached, 0, headroom
-        self._far(entry.slot, state, budget, budget.max_tokens - need - headroom - self.window)
+        budget.far_until = far_until = budget.max_tokens - need - headroom - self.window
+        self.watched.discard(entry.slot)
+        state.budget_mark = far_until - generated  # its history is empty: every token generated was reasoning
         return True
 
     def _far(self, slot: int, state, budget, far_until: int) -> None:

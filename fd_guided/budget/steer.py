@@ -219,7 +219,7 @@ class BudgetSteering(FarRows, PlanFollowing, StartPlanning):
 
     def _row(self, step: StepRows, entry, state, budget: _Slot, left: int) -> None:
         if not budget.started:
-            if self._far_at_start(entry, state, budget, left):
+            if self._far_at_start(entry, state, budget, budget.max_tokens - left, entry.tree.num_nodes):
                 return  # its start plan cached, far from the budget: a comparison a step from here
             if self._start_deferred(state, left, budget):
                 return  # far from the budget: steered once the background search is done
