@@ -1,23 +1,25 @@
-"""Far rows: a request far from its budget costs no call of its own a step (issue #24 item 4).
+"""Far rows: a request far from its budget costs nothing a step in the steering (issue #24 item 4).
 
-The manager hands `BudgetSteering.prepare` the step's budgeted rows once, at the begin hook (the
-rows of slots in `BudgetSteering.tracked`, with their states: an unbudgeted row is not handed at
-all). `prepare` compares each row's generated tokens with its slot's `far_until` (set once a look
-finds it far, cleared whenever its plan is followed: the plan does not change while far) and
-returns the rows that are not far: only those reach `steer`. A far row thus costs one loop turn
-and one comparison inside one call per step, no call of its own, in either hook. Its state cannot
-change between the begin hook and `steer` (no token is accepted in between), so the comparison
-made at the begin hook holds for the whole step.
+The steering keeps `watched`: the budgeted slots the manager's begin hook hands to `prepare` (a
+set the manager's `SlotTable` shares, `SlotTable.budget_watched`). Where a look finds a request
+far from its budget (`_far`: fewer tokens generated than its `far_until`, the plan unchanged
+while far) its slot leaves `watched` and its state gets a `budget_mark`, the history length at
+which it is no longer far; `SlotTable.advance` (and jump-forward) put the slot back once its
+history reaches the mark, one comparison where the tokens are accepted. A far row of a plain step
+is thus never handed to `prepare` or `steer`: no loop turn, no lookup, no call of its own. In a
+speculative step every budgeted entry is handed (a far row's drafts may reach its closing zone:
+`steer`'s `_row` decides); an entry without drafts is dropped there by the same comparison.
 
-A request's first look, far from its budget, whose schema was seen before takes its start plan by
-its compiled grammar's identity (`_far_at_start`: `StartPlans.of_grammar`, no spec hashed, no
-lock) and sets `far_until`, in `prepare` (a plain row: it never reaches `steer`; a row with drafts
-gets its first look in `steer`'s `_row`, as a start that is not far or not cached does); its later
-steps are the comparison above.
+`prepare` returns the handed rows that are not far: only those reach `steer`. A request's first
+look, far from its budget, whose schema was seen before (`_far_at_start`) takes its start plan by
+its compiled grammar's identity (`StartPlans.of_grammar`, no spec hashed, no lock; the compiled
+grammar kept on its state, `SlotState.compiled`, not asked of its ticket) *without copying it*:
+the slot shares the cached plan until its first follow moves it (`_Slot.shared`, copied in
+`_follow`), so a first look is a lookup, a comparison and a few assignments.
 
-`hook_ns` counts the nanoseconds spent in `prepare` and `steer` (one clock pair per call, two
-calls a step), for benchmarks (tools/budget_cost.py): the steering's own time, without a wrapper
-per call.
+`hook_ns` counts the nanoseconds spent in `prepare` and `steer` (one clock pair per call that has
+rows, two calls a step at most), for benchmarks (tools/budget_cost.py): the steering's own time,
+without a wrapper per call.
 """
 
 from __future__ import annotations
@@ -26,26 +28,30 @@ from collections.abc import Sequence
 from time import perf_counter_ns
 from typing import Any
 
-from .plan import Plan
 from .start_plans import StartPlans
+
+NO_MARK = 1 << 62  # `SlotState.budget_mark` of a request the steering looks at every step (or none)
 
 
 class FarRows:
-    """The step's far test (`prepare`) and a far request's first look (see the module docstring)."""
+    """The step's far test (`prepare`), a far request's first look, and `watched` (see above)."""
 
     _slots: dict[int, Any]
+    watched: set[int]
     start_plans: StartPlans
+    headroom: int
     window: int
     hook_ns: int
 
     def prepare(self, rows: Sequence[tuple[Any, Any]]) -> list[Any]:
         """At the begin hook, before the fill: of `rows` (the step's (entry, state) pairs whose
-        slots are budgeted and whose rows are planned), those `steer` looks at: every one not far
-        from its budget (far: fewer tokens generated than its `far_until`, or at its first look
-        with its start plan cached, `_far_at_start`; a one-row entry) whose steering did not give
-        up. A plain row in its closing zone gets its candidates here
-        (`TreeFill.candidates`: written from them on the fill thread, `closing.write_closing_row`,
-        no full fill); its plan is followed up to the accepted tokens first."""
+        slots are `watched`, or budgeted in a speculative step, and whose rows are planned), those
+        `steer` looks at: every one not far from its budget (far: fewer tokens generated than its
+        `far_until`, or at its first look with its start plan cached, `_far_at_start`; a one-row
+        entry) whose steering did not give up. A plain row in its closing zone gets its candidates
+        here (`TreeFill.candidates`: written from them on the fill thread,
+        `closing.write_closing_row`, no full fill); its plan is followed up to the accepted tokens
+        first."""
         if not rows:
             return []
         started = perf_counter_ns()
@@ -55,16 +61,17 @@ class FarRows:
             budget = slots.get(entry.slot)
             if budget is None or budget.gave_up:
                 continue
+            # `BudgetSteering._generated(state)`, inlined (a call per row)
             reasoning = state.reasoning
             generated = len(state.history) + (reasoning.spent if reasoning is not None else 0)
             if not entry.tree.tokens:  # a one-row entry (no drafts): not `num_nodes`, a call per row
                 if generated < budget.far_until:
-                    continue  # far from the budget (found so at an earlier look, the plan unchanged)
+                    continue  # far from the budget (a speculative step hands far rows too)
                 if (
                     not budget.started
                     and entry.fill is not None
-                    and not state.in_reasoning
-                    and self._far_at_start(entry, state, budget, budget.max_tokens - generated)
+                    and (reasoning is None or not reasoning.thinking)  # `state.in_reasoning`, inlined
+                    and self._far_at_start(entry, state, budget, generated, 1)
                 ):
                     continue  # its first look, far from the budget: its start plan cached
             looked.append(entry)
@@ -79,35 +86,43 @@ class FarRows:
     def _closing_candidates(self, budget, state, entry, generated: int) -> tuple[int, ...] | None:
         raise NotImplementedError  # BudgetSteering's
 
-    def _far_at_start(self, entry, state, budget, left: int) -> bool:
+    def _far_at_start(self, entry, state, budget, generated: int, nodes: int) -> bool:
         """The first look of a request far from its budget whose start plan is cached (every
-        request of a schema seen before): the plan copied, `far_until` set; the plan found by its
-        compiled grammar's identity (`StartPlans.of_grammar`), by its spec and engine the first
-        time. False (nothing done) otherwise: `_start` decides."""
-        if state.history or budget.deferred:
-            return False
-        try:
-            compiled = state.ticket.result(timeout=0)
-        except Exception:  # noqa: BLE001 - no compiled grammar (yet): `_start` decides
-            return False
-        plans = self.start_plans
-        cached = plans.of_grammar(compiled)
-        if cached is None:
-            cached = plans.get((state.spec, str(compiled.backend_name)))
-            if cached is None:
+        request of a schema seen before; `generated`: reasoning tokens spent, `nodes`: its entry's
+        rows): the cached plan itself taken (shared until its first follow), `far_until` set, the
+        slot out of `watched` (`_far`, inlined); the plan, its need and growth found by its compiled
+        grammar's identity (`StartPlans.by_grammar`), by its spec and engine the first time. False
+        (nothing done) otherwise: `_start` decides."""
+        compiled = state.compiled  # set with its matcher (`SlotTable.materialise`): no lock taken
+        if compiled is None or state.history or budget.deferred:
+            return False  # `_start` decides
+        tied = self.start_plans.by_grammar.get(id(compiled))  # `StartPlans.of_grammar`, inlined
+        if tied is not None and tied[0]() is compiled:
+            cached, need, growth = tied[1], tied[2], tied[3]
+        else:
+            plans = self.start_plans
+            found = plans.get((state.spec, str(compiled.backend_name)))
+            if found is None:
                 return False
-            plans.tie(compiled, cached)
-        need = cached.need
-        slack = left - need - self._headroom_of(cached)
-        if slack <= self.window or entry.tree.num_nodes > slack:
+            plans.tie(compiled, found)
+            cached, need, growth = found, found.need, found.growth
+        headroom = growth + 1 if growth >= self.headroom else self.headroom  # `_headroom_of(cached)`
+        slack = budget.max_tokens - generated - need - headroom
+        if slack <= self.window or nodes > slack:
             return False
-        budget.started = True
-        self._take_start(budget, cached.fresh(), 0)
-        budget.far_until = budget.max_tokens - need - budget.headroom - self.window
+        # `_take_start(budget, cached, 0)` without a copy: `_follow` copies it before it moves
+        budget.started = budget.shared = True
+        budget.plan, budget.seen, budget.headroom = cached, 0, headroom
+        budget.far_until = far_until = budget.max_tokens - need - headroom - self.window
+        self.watched.discard(entry.slot)
+        state.budget_mark = far_until - generated  # its history is empty: every token generated was reasoning
         return True
 
-    def _headroom_of(self, start_plan: Plan) -> int:
-        raise NotImplementedError  # BudgetSteering's
-
-    def _take_start(self, budget, plan: Plan, seen: int) -> None:
-        raise NotImplementedError  # BudgetSteering's
+    def _far(self, slot: int, state, budget, far_until: int) -> None:
+        """`slot` is far from its budget until it generated `far_until` tokens (its plan as it
+        stands): out of `watched`, its state marked where its history reaches that (reasoning
+        tokens, spent before, count too)."""
+        budget.far_until = far_until
+        self.watched.discard(slot)
+        reasoning = state.reasoning
+        state.budget_mark = far_until - (reasoning.spent if reasoning is not None else 0)

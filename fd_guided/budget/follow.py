@@ -66,6 +66,9 @@ class PlanFollowing:
         seen = budget.seen
         if len(history) == seen and not budget.stale:
             return
+        if budget.shared:  # the cached start plan itself (far.py): this slot's own copy from here
+            plan = budget.plan = plan.fresh()
+            budget.shared = False
         if len(history) < seen:  # jump-forward re-encoded a boundary
             budget.stale = True
         else:

@@ -36,9 +36,11 @@ class StartPlans:
         self._searches: dict[Hashable, Future] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
-        # id(compiled grammar) -> (a weak reference to it, its start plan): written and read on the
-        # step's thread only (`tie`, `of_grammar`); the reference tells a reused id from its grammar.
-        self._by_grammar: dict[int, tuple[weakref.ref, Plan]] = {}
+        # id(compiled grammar) -> (a weak reference to it, its start plan, the plan's need and
+        # growth): written and read on the step's thread only (`tie`, `of_grammar`; read directly
+        # by a first look, `far.FarRows._far_at_start`: no call); the reference tells a reused id
+        # from its grammar.
+        self.by_grammar: dict[int, tuple[weakref.ref, Plan, int, int]] = {}
 
     def known(self, key: Hashable) -> bool:
         with self._lock:
@@ -57,7 +59,7 @@ class StartPlans:
     def of_grammar(self, compiled: object) -> Plan | None:
         """The start plan tied to the compiled grammar `compiled` (`tie`), or None: one dict
         lookup by identity (no spec hashed, no lock), for a request's first look."""
-        tied = self._by_grammar.get(id(compiled))
+        tied = self.by_grammar.get(id(compiled))
         return tied[1] if tied is not None and tied[0]() is compiled else None
 
     def tie(self, compiled: object, plan: Plan) -> None:
@@ -67,9 +69,9 @@ class StartPlans:
             reference = weakref.ref(compiled)
         except TypeError:  # a grammar without weak references: looked up by its spec, as before
             return
-        if len(self._by_grammar) >= self.limit:
-            self._by_grammar.clear()
-        self._by_grammar[id(compiled)] = (reference, plan)
+        if len(self.by_grammar) >= self.limit:
+            self.by_grammar.clear()
+        self.by_grammar[id(compiled)] = (reference, plan, plan.need, plan.growth)
 
     def remember(self, key: Hashable, plan: Plan | None) -> None:
         with self._lock:

@@ -9,8 +9,9 @@ generated, reasoning included), once per step, after the fill (`BudgetSteering.s
 
   far      ``left > need + headroom + window``: nothing is done (no search, no look at tokens);
            after its first look (the start plan of a schema seen before: one lookup by its
-           compiled grammar) a far row costs one comparison a step inside `prepare`'s one call
-           for the step's rows, and `steer` never sees it (`far.FarRows`)
+           compiled grammar, the cached plan shared) a far row leaves `watched`: a plain step
+           hands it to neither `prepare` nor `steer`, and the one comparison left is where its
+           tokens are accepted, which puts it back at its mark (`far.FarRows`)
   near     the tokens emitted since the last look are checked against the plan: on the plan, it
            advances; off it, the rest of the plan is tried from the new state (accept, one fill,
            roll back): still a completion (a string grew, whitespace), it stays; else a new search
@@ -45,7 +46,7 @@ says (``length``). See docs/budget.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from time import perf_counter_ns
 from typing import Any
@@ -86,12 +87,13 @@ class _Slot:
     gave_up: bool = False
     deferred: bool = False  # its first look waits for a background start-plan search
     # Tokens generated (reasoning included) below which the row is far from its budget with its
-    # plan as it stands: set where `_row` finds it far, cleared whenever the plan is followed
-    # (the plan does not change while far), so a far row costs a comparison per step (far.py).
+    # plan as it stands: set where a look finds it far (`_far`: the slot leaves `watched`),
+    # cleared whenever the plan is followed (the plan does not change while far; far.py).
     far_until: int = 0
     # Slack at which its closing zone starts: the steering's headroom, or its start plan's growth
     # (the most one optional member adds) and one more where that is larger (`_take_start`).
     headroom: int = HEADROOM
+    shared: bool = False  # `plan` is the cached start plan itself (far.py): copied before it moves
 
 
 @dataclass
@@ -111,27 +113,35 @@ class BudgetSteering(FarRows, PlanFollowing, StartPlanning):
     closing_rows: bool = True
     _slots: dict[int, _Slot] = field(default_factory=dict)
     start_plans: StartPlans = field(default_factory=StartPlans)
+    # The budgeted slots the manager's begin hook hands to `prepare` (all but those known far from
+    # their budget, far.py); the manager passes its `SlotTable.budget_watched`, which puts a far
+    # slot back where its history reaches its mark.
+    watched: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._table: TokenTable | None = None
         self._slack: SlackTokens | None = None
         self._scratch: tuple[Any, np.ndarray] | None = None
         self._plan_asked = {}
-        self.tracked = self._slots  # the budgeted slots (read by the manager's begin hook, far.py)
+        # Slot -> `_Slot` of every budgeted slot (`_slots` itself, read-only outside): the manager's
+        # begin hook hands a speculative step's entries of these slots to `prepare` (far.py).
+        self.budgeted: Mapping[int, _Slot] = self._slots
         self.hook_ns = 0  # time spent in `prepare` and `steer` (far.py)
 
     # ----- lifecycle -----------------------------------------------------------------------------
 
     def track(self, slot: int, max_tokens: int | None, enabled: bool = True) -> None:
         """Steer `slot` within `max_tokens` generated tokens (None or not `enabled`: not at all)."""
-        self._slots.pop(slot, None)
+        self.forget(slot)
         if max_tokens is not None and enabled:
             if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
                 raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
             self._slots[slot] = _Slot(int(max_tokens))
+            self.watched.add(slot)
 
     def forget(self, slot: int) -> None:
         self._slots.pop(slot, None)
+        self.watched.discard(slot)
 
     def close(self) -> None:
         """Wait for a background start-plan search in flight (it holds a matcher of its own)."""
@@ -209,7 +219,7 @@ class BudgetSteering(FarRows, PlanFollowing, StartPlanning):
 
     def _row(self, step: StepRows, entry, state, budget: _Slot, left: int) -> None:
         if not budget.started:
-            if self._far_at_start(entry, state, budget, left):
+            if self._far_at_start(entry, state, budget, budget.max_tokens - left, entry.tree.num_nodes):
                 return  # its start plan cached, far from the budget: a comparison a step from here
             if self._start_deferred(state, left, budget):
                 return  # far from the budget: steered once the background search is done
@@ -221,8 +231,9 @@ class BudgetSteering(FarRows, PlanFollowing, StartPlanning):
             return
         headroom = budget.headroom
         if left > plan.need + headroom + self.window and entry.tree.num_nodes <= left - plan.need - headroom:
-            budget.far_until = budget.max_tokens - plan.need - headroom - self.window
+            self._far(entry.slot, state, budget, budget.max_tokens - plan.need - headroom - self.window)
             return  # far from the budget: nothing to do
+        self.watched.add(entry.slot)  # not far (a speculative step hands unwatched rows with drafts)
         self._follow(state.grammar, state.history, budget)
         plan = budget.plan
         if plan is None:

@@ -79,6 +79,7 @@ def jump_forward(manager, slot: int, max_new_tokens: int | None) -> JumpForward 
         del state.history[-retract:]
         manager.metrics.inc("jump_forward_retracted_tokens_total", retract)
     state.history.extend(tokens)
+    manager.slots.reached_mark(slot, state)  # far from its budget no more? (fd_guided.budget.far)
     manager.metrics.inc("jump_forward_tokens_total", len(tokens) - retract)
     return JumpForward(retract, tuple(tokens))
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..bitmask_rows import allows, host_words, token_row
-from ..interface import Grammar
+from ..budget.far import NO_MARK
+from ..interface import CompiledGrammar, Grammar
 from ..reasoning import ReasoningState
 from ..spec import GrammarSpec
 
@@ -60,10 +61,14 @@ class SlotState:
     prefill_done: bool = False
     jump_forward: bool = False
     grammar: Grammar | None = None
+    compiled: CompiledGrammar | None = field(default=None, repr=False)  # its grammar's, once materialised
     finish: GuidedFinish | None = None
     finish_reported: bool = False
     history: list[int] = field(default_factory=list, repr=False)
     rejected_token: int | None = field(default=None, repr=False)
+    # The history length from which the budget steering looks at it again (below it the request
+    # is far from its budget, fd_guided.budget.far); `SlotTable.advance` hands it back there.
+    budget_mark: int = field(default=NO_MARK, repr=False)
 
     @property
     def in_reasoning(self) -> bool:

@@ -19,7 +19,7 @@ from concurrent.futures import wait as wait_futures
 from ..errors import CompileBudgetError, GuidedDecodingError, SlotStateError
 from ..interface import GuidedBackend
 from ..metrics import GuidedMetrics
-from .slot import GuidedFinish, SlotState
+from .slot import NO_MARK, GuidedFinish, SlotState
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,10 @@ class SlotTable:
         self.metrics = metrics
         self.max_num_seqs = max_num_seqs
         self._states: dict[int, SlotState] = {}
+        # The budgeted slots the budget steering looks at in a step (`BudgetSteering.watched`, this
+        # set): a request far from its budget leaves it and comes back where its history reaches
+        # its `SlotState.budget_mark` (`advance`, `reached_mark`; fd_guided.budget.far).
+        self.budget_watched: set[int] = set()
 
     # ----- membership ---------------------------------------------------------------------------
 
@@ -99,7 +103,7 @@ class SlotTable:
         except (GuidedDecodingError, FutureTimeout) as error:
             self.fail(slot, state, f"grammar failed to compile: {error}")
             return
-        state.grammar = self.backend.new_grammar(compiled)
+        state.grammar, state.compiled = self.backend.new_grammar(compiled), compiled
         self.metrics.inc_labelled("requests_by_backend_total", "backend", compiled.backend_name)
         logger.debug(
             "guided request %s (slot %d): %s on backend %s",
@@ -127,6 +131,9 @@ class SlotTable:
             rest = list(tokens[index:])
             accepted = grammar.accept_tokens(rest)
             state.history.extend(rest[:accepted])
+            if len(state.history) >= state.budget_mark:  # `reached_mark`, inlined (a call per row)
+                self.budget_watched.add(slot)
+                state.budget_mark = NO_MARK
             if grammar.is_terminated():
                 state.finish = GuidedFinish(slot, "stop")
             elif accepted < len(rest):
@@ -139,6 +146,13 @@ class SlotTable:
                     f"{state.accepted} accepted tokens",
                 )
             return
+
+    def reached_mark(self, slot: int, state: SlotState) -> None:
+        """After tokens were added to `state.history` outside `advance` (jump-forward): the budget
+        steering looks at `slot` again if its history reached its `budget_mark`."""
+        if len(state.history) >= state.budget_mark:
+            self.budget_watched.add(slot)
+            state.budget_mark = NO_MARK
 
     def fail(self, slot: int, state: SlotState, message: str) -> None:
         """Finish `slot` with reason ``error``: its later rows allow only stop tokens."""

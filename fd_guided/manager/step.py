@@ -86,11 +86,12 @@ class BatchStep:
         self._speculative = False
         self._applied_rows: set[int] = set()
         self._stop_rows: list[int] = []
-        self.budget = BudgetSteering(backend, metrics)  # complete within max_tokens (fd_guided.budget)
+        self.budget = BudgetSteering(backend, metrics, watched=slots.budget_watched)  # fd_guided.budget
         self._forced_rows: dict[int, int] = {}
         self._reasoning_rows: set[int] = set()
         self._deferred: list[StepEntry] = []
-        # The step's budgeted rows for `budget.prepare` and those it returned for `steer` (budget/far.py).
+        # The step's rows for `budget.prepare` (slots in `_handed`: watched, far ones not; a speculative step's:
+        # every budgeted one, for their drafts) and those it returned for `steer` (budget/far.py).
         self._budgeted: list[tuple[StepEntry, SlotState]] = []
         self._looked: list[StepEntry] = []
 
@@ -139,7 +140,7 @@ class BatchStep:
         self._entries, self._speculative, self.phase = entries, speculative, "begun"
         self._rows = [e.slot for e in entries for _ in range(e.tree.num_nodes)]
         self._stop_rows, self._forced_rows, self._deferred, self._reasoning_rows = [], {}, [], set()
-        jobs, self._budgeted = [], []
+        jobs, self._budgeted, self._handed = [], [], self.budget.budgeted if speculative else self.budget.watched
         for entry in entries:
             state = self.slots.get(entry.slot)
             if state is None or not state.prefill_done:
@@ -164,7 +165,7 @@ class BatchStep:
             self._stop_rows.extend(rows)
             return None
         entry.plans = plans = plan_nodes(entry.tree, state.reasoning if state.in_reasoning else None, self.stop_ids)
-        if entry.slot in self.budget.tracked:
+        if entry.slot in self._handed:
             self._budgeted.append((entry, state))
         nodes = []
         for node, plan in enumerate(plans):

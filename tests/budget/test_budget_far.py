@@ -79,9 +79,11 @@ def test_far_rows_take_the_start_plan_by_grammar_and_end_valid(backend_name):
         assert len(lookups) == 1  # the first by spec and engine, then tied to the grammar
         slots = manager.budget._slots
         assert all(slots[s].far_until > 0 and slots[s].plan is not None for s in (0, 1))
-        assert slots[0].plan is not slots[1].plan and slots[0].plan.need == need  # each its own copy
         compiled = manager.step.slots.get(1).ticket.result(timeout=0)
-        assert plans.of_grammar(compiled) is not None
+        cached = plans.of_grammar(compiled)
+        # the cached start plan itself, shared (not copied) until a follow moves it
+        assert cached is not None and all(slots[s].plan is cached and slots[s].shared for s in (0, 1))
+        assert cached.need == need and not {0, 1} & manager.budget.watched  # far: not handed
 
         # Far: `prepare` keeps the step's entry from `steer`; near: steered to the end.
         outputs: dict[int, list[int]] = {0: [first[0]], 1: [first[1]]}
@@ -106,6 +108,7 @@ def test_far_rows_take_the_start_plan_by_grammar_and_end_valid(backend_name):
                 if len(outputs[slot]) >= budget:
                     finished[slot] = "length"
         assert passed_by > 0
+        assert cached.position == 0 and cached.need == need  # each followed its own copy
         for slot in (0, 1):
             text = tokenizer.decode(outputs[slot])
             assert finished[slot] == "stop" and len(outputs[slot]) < budget, (finished[slot], text)
@@ -245,8 +248,121 @@ def test_far_rows_are_not_looked_at_row_by_row(backend_name):
         later = [(step, name, slot) for step, name, slot in calls if step > 0]
         assert later and all(slot == 3 for _, _, slot in later), later
         assert all(2 not in slots for slots in handed)
+        assert handed[0] == [0, 1, 3] and all(0 not in slots and 1 not in slots for slots in handed[1:]), handed
         assert steered[0] == [3] and all(slots in ([3], []) for slots in steered), steered  # first looks too
         assert finished[3] == "stop" and len(outputs[3]) < near
         assert valid(fields, tokenizer.decode(outputs[3])), tokenizer.decode(outputs[3])
+    finally:
+        manager.close()
+
+
+class _HandedAll:
+    """The far4 path, for comparison: every budgeted row handed to `prepare` each step and compared
+    there (`_far` sets `far_until` alone: the slot stays watched, its state unmarked)."""
+
+    def __init__(self, steering):
+        steering._far = self._far
+        self.steering = steering
+
+    def _far(self, slot, state, budget, far_until):
+        budget.far_until = far_until
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_far_rows_come_back_at_their_mark_with_the_same_masks(backend_name):
+    """Requests that start far from their budget and near it: a far row is not handed to
+    `prepare` (no loop turn of its own) from its first look until the step at which its tokens
+    reach its `far_until`, then is handed every step; at every step the masks equal those of the
+    far4 path (every budgeted row handed and compared in `prepare`) on the same tokens, and every
+    request ends complete and valid within its budget."""
+    fields = REQUESTS[1]
+    config = GuidedConfig(backend=backend_name)
+    tokenizer = load_tokenizer("deepseek")
+    backend = in_process_backend(backend_name)
+    managers = [GuidedDecodingManager(backend, max_num_seqs=3) for _ in range(2)]
+    for manager in managers:
+        manager.budget.defer_start_above = 10**9
+    _HandedAll(managers[1].budget)
+    try:
+        for manager in managers:  # the start plan searched and cached in each
+            add_ready(manager, 0, parse_guided_request(fields, config), prefill_done=True, max_tokens=10_000)
+            _step(manager, tokenizer, [0])
+            need, headroom = manager.budget.need(0), manager.budget._slots[0].headroom
+            manager.release(0)
+        far = need + headroom + WINDOW
+        budgets = {0: far + 3, 1: far + 9, 2: None}
+        for manager in managers:
+            for slot, budget in budgets.items():
+                add_ready(manager, slot, parse_guided_request(fields, config), prefill_done=True, max_tokens=budget)
+        steering, states = managers[0].budget, managers[0].step.slots
+        handed: list[list[int]] = []
+        prepare = steering.prepare
+        steering.prepare = lambda rows: handed.append([e.slot for e, _ in rows]) or prepare(rows)  # type: ignore[method-assign]
+        outputs: dict[int, list[int]] = {slot: [] for slot in budgets}
+        finished: dict[int, str] = {}
+        for step in range(far + 10):
+            rows = [slot if slot not in finished else None for slot in budgets]
+            if rows[0] is None and rows[1] is None:
+                break
+            generated = {slot: len(states[slot].history) for slot in (0, 1) if rows[slot] is not None}
+            until = {slot: steering._slots[slot].far_until for slot in generated}
+            words, at = [], len(handed)  # handed[at]: the begin hook's call (apply's has deferred rows only)
+            for manager in managers:
+                manager.begin_step(rows)
+                manager.apply(torch.zeros((3, VOCAB)))
+                words.append(manager.bitmask.numpy().copy())
+            assert (words[0] == words[1]).all(), step
+            for slot in generated:  # handed from its first look on only where it is not far
+                if step > 0:
+                    assert (slot in handed[at]) == (generated[slot] >= until[slot]), (step, slot, handed[at])
+            tokens = [pick(tokenizer, words[0][row], VOCAB) if rows[row] is not None else 0 for row in range(3)]
+            done = [{f.slot: f.reason for f in manager.accept(tokens)} for manager in managers]
+            assert done[0] == done[1], step
+            for slot in (0, 1):
+                if rows[slot] is None:
+                    continue
+                if slot in done[0]:
+                    finished[slot] = done[0][slot]
+                else:
+                    outputs[slot].append(tokens[slot])
+        begun = handed[2::2]  # the begin hooks' calls after the first step's (each followed by apply's)
+        assert any(0 not in h for h in begun) and any(0 in h for h in begun), handed  # far, then near
+        for slot in (0, 1):
+            text = tokenizer.decode(outputs[slot])
+            assert finished.get(slot) == "stop" and len(outputs[slot]) < budgets[slot], (finished, text)
+            assert valid(fields, text), text
+    finally:
+        for manager in managers:
+            manager.close()
+        backend.close()
+
+
+def test_a_far_row_jumped_forward_past_its_mark_is_watched_again():
+    """Jump-forward adds tokens outside `accept`: a far request whose forced tokens reach its
+    `far_until` is handed to `prepare` again at the next step (`SlotTable.reached_mark`)."""
+    fields = {"guided_regex": r"a(bcdefghijklmnopqrstuvwxyz)[0-9]+"}
+    config = GuidedConfig(backend="xgrammar")
+    tokenizer = load_tokenizer("deepseek")
+    manager = GuidedDecodingManager(in_process_backend("xgrammar"), max_num_seqs=1)
+    steering = manager.budget
+    steering.defer_start_above = 10**9
+    try:
+        add_ready(manager, 0, parse_guided_request(fields, config), prefill_done=True, max_tokens=10_000)
+        _step(manager, tokenizer, [0])
+        need, headroom = steering.need(0), steering._slots[0].headroom
+        manager.release(0)
+        budget = need + headroom + WINDOW + 2  # far until 2 tokens generated
+        add_ready(
+            manager, 0, parse_guided_request(fields, config), prefill_done=True, max_tokens=budget, jump_forward=True
+        )
+        a = steering.table.by_bytes[b"a"]
+        manager.begin_step([0])
+        manager.apply(torch.zeros((1, VOCAB)))
+        assert not manager.accept([a])
+        state = manager.step.slots[0]
+        assert steering._slots[0].far_until == 2 and 0 not in steering.watched and state.budget_mark == 2
+        jumped = manager.jump_forward(0)
+        assert jumped is not None and len(state.history) >= 2
+        assert 0 in steering.watched and state.budget_mark > 1 << 40
     finally:
         manager.close()
