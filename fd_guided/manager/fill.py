@@ -48,9 +48,8 @@ class BackgroundFill:
         """The `FirstMasks` key of `state`'s next root row, or None (not kept: too many tokens in)."""
         if self.first_masks is None or len(state.history) > self.first_masks.max_prefix_tokens:
             return None
-        try:
-            compiled = state.ticket.result(timeout=0)
-        except Exception:  # noqa: BLE001 - a failed ticket has no grammar to fill: nothing to key
+        compiled = state.compiled  # its grammar's, kept with it: not asked of the ticket (a lock per row)
+        if compiled is None:  # no grammar to fill: nothing to key
             return None
         return self.first_masks.key(compiled.backend_name, state.spec, state.history)
 
