@@ -191,6 +191,13 @@ class GuidedBackend(abc.ABC):
         """Bytes another process can `deserialize` (for a shared L2 cache); None if unsupported."""
         return None
 
+    def serialized_size_estimate(self, compiled: CompiledGrammar) -> int | None:
+        """Roughly how many bytes `serialize` would write for `compiled` (within ~2x), found without
+        writing them; None when they are few (the default). A compile worker compares it with the
+        compile's time to choose between sending the bytes and having the serving process compile
+        again (`fd_guided.compile.transfer`)."""
+        return None
+
     def deserialize(self, spec: GrammarSpec, data: bytes) -> CompiledGrammar | None:
         """Rebuild a compiled grammar from `serialize` output; None if the data does not fit
         this backend (other version, other tokenizer): the caller then compiles."""

@@ -79,6 +79,10 @@ class GuidedMetrics:
         ),
         "requests_total": "Guided requests added.",
         "requests_finished_total": "Guided requests finished by the grammar (stop) or by an error.",
+        "compiles_rebuilt_here_total": (
+            "Grammars a worker compiled that this process compiled again instead of receiving them "
+            "(estimated past compile_transfer_max_bytes, or slower to send than to compile)."
+        ),
         "shared_cache_hits_total": "Compiles served from the shared (L2) cache.",
         "shared_cache_misses_total": "Shared (L2) cache lookups that found nothing usable.",
         "draft_tokens_total": "Draft tokens of speculative steps whose rows were masked.",

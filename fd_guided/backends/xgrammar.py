@@ -200,6 +200,16 @@ class XGrammarBackend(GuidedBackend):
             return None
         return compiled.native.serialize_json().encode("utf-8")
 
+    def serialized_size_estimate(self, compiled: CompiledGrammar) -> int | None:
+        """Rules x printed grammar length x 2, plus twice `memory_size_bytes`. xgrammar writes the
+        grammar's character FSM once per rule (its size follows the printed grammar's), then the
+        token-mask cache (about twice its bytes in memory): within 0.7-1.7x of the written size on
+        30 SchemaStore schemas of 0.9-876 MB (xgrammar 0.2.9). Printing costs milliseconds."""
+        if not isinstance(compiled, XGrammarCompiled):
+            return None
+        printed = str(compiled.native.grammar)
+        return printed.count("\n") * len(printed) * 2 + 2 * int(compiled.native.memory_size_bytes)
+
     def deserialize(self, spec: GrammarSpec, data: bytes) -> XGrammarCompiled | None:
         try:
             native = xgr.CompiledGrammar.deserialize_json(data.decode("utf-8"), self.tokenizer_info)

@@ -1,5 +1,6 @@
 """Per-engine compile jobs: one ``(engine, spec)`` looked up in the L1 and L2 caches, else handed to
-the runner; its result rebuilt on a loader thread, cached, and the job's future settled.
+the runner; its result rebuilt on a loader thread (from the worker's bytes, or compiled again
+where the worker said so: `transfer.CompileHere`), cached, and the job's future settled.
 
 `CompileJobs` is the half of `fd_guided.compile.service.CompileService` below the tickets: it keeps
 the in-flight job table (identical jobs shared), the cache-only backlog (`max_background_compiles`,
@@ -29,6 +30,7 @@ from ..spec import GrammarSpec
 from .cache import CompiledGrammarCache, RememberedErrors
 from .futures import failed_with, resolved
 from .threads import DeepStackExecutor
+from .transfer import CompileHere
 
 # Loader threads rebuild compiled grammars from worker bytes and talk to the L2 cache.
 _LOADER_THREADS = 2
@@ -226,7 +228,11 @@ class CompileJobs:
                 and self._loader_for(engine, spec) is self._cache_loaders
             ):
                 raise CompileSkipped(f"a cache-only {engine} grammar of {len(data) >> 20} MB was not loaded")
-            compiled = backend.deserialize(spec, data) if data is not None else result
+            compiled: CompiledGrammar | None
+            if isinstance(result, CompileHere):
+                compiled, compile_seconds = self._compile_here(backend, spec, compile_seconds)
+            else:
+                compiled = backend.deserialize(spec, data) if data is not None else result
             if compiled is None:
                 raise InvalidGrammarError(f"the {engine} grammar compiled in a worker could not be loaded here")
             if engine != composite.CHECKS:  # the engines' checks (a choice) are not a compile
@@ -238,6 +244,16 @@ class CompileJobs:
             if not isinstance(error, GuidedDecodingError):
                 error = InvalidGrammarError(f"the {engine} compile failed: {type(error).__name__}: {error}")
             self._finish_job(engine, spec, future, None, error)
+
+    def _compile_here(
+        self, backend: GuidedBackend, spec: GrammarSpec, worker_seconds: float
+    ) -> tuple[CompiledGrammar, float]:
+        """The worker's grammar compiled again in this process (`transfer.CompileHere`): the worker
+        ran the checks and showed the compile ends within its budgets, so `compile` alone runs."""
+        started = time.perf_counter()
+        compiled = backend.compile(spec)
+        self.metrics.inc("compiles_rebuilt_here_total")
+        return compiled, worker_seconds + time.perf_counter() - started
 
     def _finish_job(
         self,
@@ -300,6 +316,10 @@ class CompileJobs:
         if self.shared_cache is None or engine == composite.CHECKS:
             return
         backend = composite.engine(self.backend, engine)
-        data = data if data is not None else backend.serialize(compiled)
+        if data is None:
+            estimate = backend.serialized_size_estimate(compiled)
+            if estimate is not None and estimate > self.config.compile_transfer_max_bytes:
+                return  # writing it here would cost the memory a worker was spared (`transfer`)
+            data = backend.serialize(compiled)
         if data is not None:
             self.shared_cache.put(spec, backend, data)

@@ -59,10 +59,10 @@ def background_lane(cpus: int | None = None) -> int:
 class CompileProcessPool(WorkerSupervisor):
     """Compile jobs ``(engine, spec)`` in killable worker processes; see the module docstring.
 
-    `submit` returns a Future of ``(serialized grammar bytes, compile seconds)`` or fails it with
-    `GrammarCompileTimeout`, `GrammarCompileMemoryError`, `GrammarCompileCrash` or the
-    `InvalidGrammarError` the compiler raised. `on_event(name)` is called for "killed_timeout",
-    "killed_memory", "crashed", "demoted" and "forked" (metrics).
+    `submit` returns a Future of ``(serialized grammar bytes or a `transfer.CompileHere`, compile
+    seconds)`` or fails it with `GrammarCompileTimeout`, `GrammarCompileMemoryError`,
+    `GrammarCompileCrash` or the `InvalidGrammarError` the compiler raised. `on_event(name)` is
+    called for "killed_timeout", "killed_memory", "crashed", "demoted" and "forked" (metrics).
     """
 
     def __init__(

@@ -5,13 +5,16 @@ imported by the serving process for its own use. The zygote reads a backend reci
 backend once (imports xgrammar and llguidance, loads the tokenizer tables: seconds), then forks a
 worker whenever the pool asks: a worker is ready in milliseconds and shares the zygote's memory
 copy-on-write. A worker compiles one job at a time on a thread of `WORKER_STACK_BYTES` and sends
-back the serialized grammar or the error. Both exit on their own when the serving process dies.
+back the serialized grammar (or `CompileHere`, see `fd_guided.compile.transfer`) or the error.
+Both exit on their own when the serving process dies.
 
 Protocol (pickles over a socket pair; see `CompileProcessPool`):
   pool -> zygote:  (recipe, serving_pid); then ("fork", config) + a socket handle; ("exit",)
   zygote -> pool:  ("ready", pid) or ("failed", traceback); ("forked", pid) per fork
   pool -> worker:  (job_id, engine, spec)
-  worker -> pool:  (job_id, "ok", data, seconds) or (job_id, "error", class_name, message, part, feature)
+  worker -> pool:  (job_id, "ok", data, seconds) or (job_id, "error", class_name, message, part, feature);
+                   data is the serialized grammar, or a `transfer.CompileHere` where sending it
+                   would cost more than compiling again in the serving process
 
 Before compiling, a worker runs the admission checks a bounded admission left to it
 (`_admission_checks`); the message of a refusal there starts with `admission.deferred.DEFERRED_TAG`.
@@ -29,6 +32,7 @@ from multiprocessing.connection import Connection
 
 from ..backends import composite
 from .threads import WORKER_STACK_BYTES, start_thread
+from .transfer import CompileHere, compile_here
 
 _POLL_S = 1.0
 
@@ -147,7 +151,13 @@ def _compile(backend, engine: str, spec) -> tuple:
         refused = _admission_checks(engine_backend, spec)
         if refused is not None:
             return refused
+        compile_started, rss_before = time.perf_counter(), _reset_peak_rss()
         compiled = engine_backend.compile_checked(spec)
+        compile_s, growth = time.perf_counter() - compile_started, _peak_rss() - rss_before
+        estimate = engine_backend.serialized_size_estimate(compiled)
+        if compile_here(estimate, compile_s, growth, engine_backend.config.compile_transfer_max_bytes):
+            assert estimate is not None  # compile_here is False without one
+            return ("ok", CompileHere(estimate, compile_s, growth), time.perf_counter() - started)
         data = engine_backend.serialize(compiled)
         if data is None:
             raise RuntimeError(f"the {engine} backend cannot serialize its grammars")
@@ -162,6 +172,33 @@ def _compile(backend, engine: str, spec) -> tuple:
             None,
             None,
         )
+
+
+def _status_bytes(field: str) -> int:
+    """A ``/proc/self/status`` memory field in bytes (0 where there is none)."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(field.encode()):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return 0
+
+
+def _reset_peak_rss() -> int:
+    """This process's resident bytes now, with its peak (VmHWM) reset to them where the kernel
+    lets us (``clear_refs`` 5); `_peak_rss` then reads the peak since, else the current size."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
+    return _status_bytes("VmRSS")
+
+
+def _peak_rss() -> int:
+    return max(_status_bytes("VmHWM"), _status_bytes("VmRSS"))
 
 
 def _admission_checks(engine_backend, spec) -> tuple | None:
