@@ -22,10 +22,10 @@ def fresh_admission_caches():
     `pytestmark = [..., pytest.mark.usefixtures("fresh_admission_caches")]`."""
     from fd_guided.admission import cache
 
-    for verdicts in (cache.PARSED, cache.CHECKED, cache.NULL_LITERALS):
+    for verdicts in (cache.PARSED, cache.CHECKED, cache.NULL_PLACES):
         verdicts.clear()
     yield
-    for verdicts in (cache.PARSED, cache.CHECKED, cache.NULL_LITERALS):
+    for verdicts in (cache.PARSED, cache.CHECKED, cache.NULL_PLACES):
         verdicts.clear()
 
 

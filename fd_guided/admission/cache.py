@@ -19,9 +19,9 @@ ms a megabyte). Texts made to share a sample cost a comparison each: at most `MA
 entries share a hash, so a lookup compares at most that many.
 
 A value given as objects (a host's dict) is keyed by the text orjson writes for it (the floor of a
-seen-before object: ~0.5 MB a millisecond). Whether that text holds a null literal, where a NaN
-would be written, is a search (~0.7 ms a megabyte): a long text's answer is remembered with it
-(`NULL_LITERALS`), so a seen-before object costs its write and a comparison.
+seen-before object: ~0.5 MB a millisecond). Where that text holds a null literal a NaN may have
+been written: a long text's null literals are found once, with their places in the value
+(`NULL_PLACES`), so a seen-before object costs its write, a comparison and a look at those places.
 """
 
 from __future__ import annotations
@@ -193,26 +193,36 @@ def canonical_key(fields: Mapping[str, Any], names: tuple[str, ...]) -> tuple[tu
 def _object_key(value: Any) -> str | TextKey | None:
     """The key of a value given as objects (a host's dict): the text `compact` writes for it, a
     long one as a `TextKey`; None if it is not plain JSON. A long text's null literals (where a
-    NaN or Infinity would be, written by orjson as ``null``) are searched for once per text
-    (`NULL_LITERALS`): seen before, the text is compared whole instead (memcmp, ~20x faster than
-    the search); only a text holding null literals has its value checked for NaN again."""
+    NaN or Infinity would be, written by orjson as ``null``) are found once per text with their
+    places (`NULL_PLACES`): seen before, the text is compared whole (memcmp, ~20x faster than the
+    search) and only those places of the value are checked for None (a text with more than
+    `MAX_NULL_PLACES` has its whole value checked for NaN, as a short text has)."""
     written = json_text.write_unchecked(value)
     if written is None:
         text = compact(value)  # the standard library's exact path
         return TextKey(text) if text is not None and len(text) > SAMPLED_TEXT_CHARS else text
     if len(written) <= SAMPLED_TEXT_CHARS:
-        key: str | TextKey = written
-        null_literal = json_text.has_null_literal(written)
-    else:
-        key = TextKey(written)  # a new string: hashing it whole is ~0.5 ms a MB
-        null_literal = NULL_LITERALS.verdict(key, len(written), lambda: json_text.has_null_literal(written))
-    if null_literal and not json_text.finite(value):
-        return None  # NaN or Infinity: not plain JSON (`compact` is None too; admission names it)
-    return key
+        if json_text.has_null_literal(written) and not json_text.finite(value):
+            return None  # NaN or Infinity: not plain JSON (`compact` is None too; admission names it)
+        return written
+    key = TextKey(written)  # a new string: hashing it whole is ~0.5 ms a MB
+    places = NULL_PLACES.verdict(key, len(written), lambda: _null_places(written, value))
+    if places is None:  # too many to check one by one
+        return key if json_text.finite(value) else None
+    return key if json_text.nulls_at(value, places) else None
 
 
-# A long text written for objects -> whether it holds a null literal. Its strings are mostly the
-# ones `PARSED` holds for the same requests (one `TextKey` in both).
-NULL_LITERALS = VerdictCache(max_entries=1024, max_bytes=16 << 20)
+def _null_places(written: str, value: Any) -> tuple[tuple, ...] | None:
+    """The places of `written`'s null literals, found through `value` (one that writes it)."""
+    if not json_text.has_null_literal(written):
+        return ()
+    return json_text.null_places(value, MAX_NULL_PLACES)
+
+
+# A long text written for objects -> the places of its null literals (`json_text.null_places`), or
+# None past `MAX_NULL_PLACES`. Its strings are mostly the ones `PARSED` holds for the same requests
+# (one `TextKey` in both).
+MAX_NULL_PLACES = 256
+NULL_PLACES = VerdictCache(max_entries=1024, max_bytes=16 << 20)
 PARSED = VerdictCache()  # (canonical fields, config) -> GrammarSpec | None | refusal
 CHECKED = VerdictCache()  # (backend class, spec) -> None | refusal

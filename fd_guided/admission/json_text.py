@@ -31,6 +31,7 @@ a cache key, read by JSON readers only, the same within one installation.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import orjson
@@ -41,6 +42,7 @@ MAX_NESTING = 128
 
 _OPTIONS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 _CONTAINERS = (dict, list)
+_WALKED = frozenset((dict, list, tuple))  # the containers orjson writes (subclasses are refused)
 
 
 def _refuse(value: Any) -> Any:
@@ -128,6 +130,44 @@ def has_null_literal(written: str) -> bool:
             return True
         at = written.find("null", at + 4)
     return False
+
+
+def null_places(value: Any, limit: int) -> tuple[tuple, ...] | None:
+    """Where orjson writes ``null`` for `value` (a None, NaN or Infinity): each place as its path of
+    keys and indexes, in no particular order; None past `limit` places. A walk over the value
+    (about as long as `finite`'s write), so the places of a text seen before are checked alone
+    (`nulls_at`) instead of the whole value."""
+    if value is None or (type(value) is float and not math.isfinite(value)):
+        return ((),) if limit else None
+    places: list[tuple] = []
+    stack: list[tuple[Any, tuple]] = [(value, ())] if type(value) in _WALKED else []
+    while stack:
+        node, path = stack.pop()
+        items = node.items() if type(node) is dict else enumerate(node)
+        for step, child in items:
+            kind = type(child)
+            if child is None or (kind is float and not math.isfinite(child)):
+                if len(places) == limit:
+                    return None
+                places.append((*path, step))
+            elif kind in _WALKED:
+                stack.append((child, (*path, step)))
+    return tuple(places)
+
+
+def nulls_at(value: Any, places: tuple[tuple, ...]) -> bool:
+    """Every place in `places` (`null_places` of a value that wrote the same text) holds None in
+    `value`: where a NaN or Infinity would be, the text cannot tell; here the value does."""
+    try:
+        for path in places:
+            node = value
+            for step in path:
+                node = node[step]
+            if node is not None:
+                return False
+    except (KeyError, IndexError, TypeError):
+        return False
+    return True
 
 
 def finite(value: Any) -> bool:

@@ -96,7 +96,7 @@ def test_non_finite_numbers_in_objects_are_refused_and_never_read_as_null(number
 
 def _long_schema(number) -> dict:
     """An object schema whose compact text is past `cache.SAMPLED_TEXT_CHARS` (its key a
-    `TextKey`, its null literals looked up in `cache.NULL_LITERALS`), `number` its last const."""
+    `TextKey`, its null literals' places looked up in `cache.NULL_PLACES`), `number` its last const."""
     properties = {f"p{i:04d}": {"type": "string", "description": "x" * 20} for i in range(300)}
     return {"type": "object", "properties": {**properties, "n": {"type": "number", "const": number}}}
 
@@ -109,12 +109,41 @@ def test_a_long_object_seen_before_is_never_its_non_finite_twin(twin, number):
     had a number another text: both refused, never served the admitted twin's verdict."""
     first = admit(_long_schema(twin))
     assert len(first.source) > cache.SAMPLED_TEXT_CHARS
-    hits = cache.NULL_LITERALS.hits
+    hits = cache.NULL_PLACES.hits
     assert admit(_long_schema(twin)) is first  # new objects, equal: the verdict found again
-    assert cache.NULL_LITERALS.hits == hits + 1  # the null literals looked up, not searched for
+    assert cache.NULL_PLACES.hits == hits + 1  # the null literals looked up, not searched for
     error = refusal(_long_schema(number))
     assert error.part == "guided_json.properties.n.const" and "is not a JSON number" in str(error)
     assert admit(_long_schema(twin)) is first
+
+
+def test_null_places_are_where_orjson_writes_null():
+    nan, inf = float("nan"), float("inf")
+    value = {"a": None, "b": [1, nan, {"c": (None, 2.5)}], "d": {"e": -inf, "f": "null"}, "g": False}
+    places = json_text.null_places(value, 16)
+    assert sorted(places, key=repr) == sorted([("a",), ("b", 1), ("b", 2, "c", 0), ("d", "e")], key=repr)
+    assert json_text.null_places(value, 3) is None  # past the limit
+    assert json_text.null_places(None, 1) == ((),) and json_text.null_places(nan, 1) == ((),)
+    assert json_text.null_places([1, "x"], 1) == () and json_text.null_places(7, 1) == ()
+    assert not json_text.nulls_at(value, places)  # NaN and Infinity are not None
+    clean = {"a": None, "b": [1, None, {"c": (None, 2.5)}], "d": {"e": None, "f": "null"}, "g": False}
+    assert json_text.write(clean) == json_text.write_unchecked(value)  # the same text
+    assert json_text.nulls_at(clean, places)
+    assert not json_text.nulls_at({"a": None}, places)  # a place the value lacks
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf")])
+def test_a_long_object_with_many_nulls_seen_before_is_never_its_non_finite_twin(number):
+    """Past `cache.MAX_NULL_PLACES` null literals a text's places are not kept: the whole value is
+    checked for NaN, every time."""
+    properties = {f"p{i:04d}": {"default": None, "description": "x" * 10} for i in range(cache.MAX_NULL_PLACES + 1)}
+    schema = {"type": "object", "properties": properties}
+    first = admit(schema)
+    assert admit(json.loads(json.dumps(schema))) is first
+    twin = json.loads(json.dumps(schema))
+    twin["properties"]["p0100"]["default"] = number
+    error = refusal(twin)
+    assert error.part == "guided_json.properties.p0100.default" and "is not a JSON number" in str(error)
 
 
 @pytest.mark.parametrize("form", ["escape", "text", "dict"])
