@@ -69,7 +69,9 @@ class GuidedConfig:
     costs only that request. A grammar compiled there reaches this process as its serialized
     bytes, or, where those are estimated past `compile_transfer_max_bytes` (16 MiB) or would take
     more than twice the compile to send, by compiling it again here (xgrammar writes large
-    grammars slowly and at ~11x their size in memory; see `fd_guided.compile.transfer`).
+    grammars slowly and at ~11x their size in memory; see `fd_guided.compile.transfer`); None:
+    always the bytes (no compile in this process). That second compile is not timed (the worker's
+    was, and it repeats it): such a grammar can take up to about twice the budget to be ready.
     `compile_workers` compiles run at normal priority at once; one that
     runs longer than `compile_demote_after_s` drops to the lowest CPU priority and stops counting
     against that number, so a few slow compiles cannot hold back quick ones. Every compile runs at
@@ -118,7 +120,7 @@ class GuidedConfig:
     compile_timeout_s: float = 10.0
     compile_isolation: Literal["process", "thread"] = "process"
     compile_memory_limit_bytes: int = 2 << 30
-    compile_transfer_max_bytes: int = 16 << 20
+    compile_transfer_max_bytes: int | None = 16 << 20
     compile_demote_after_s: float = 0.5
     compile_nice: int = 10
     auto_first_ready: bool = True
@@ -148,8 +150,8 @@ class GuidedConfig:
             raise ValueError(f"compile_isolation must be one of {COMPILE_ISOLATIONS}, got {self.compile_isolation!r}")
         if self.compile_memory_limit_bytes <= 0:
             raise ValueError("compile_memory_limit_bytes must be positive")
-        if self.compile_transfer_max_bytes < 0:
-            raise ValueError("compile_transfer_max_bytes must be >= 0")
+        if self.compile_transfer_max_bytes is not None and self.compile_transfer_max_bytes < 0:
+            raise ValueError("compile_transfer_max_bytes must be >= 0 or None")
         if self.auto_fallback_grace_s < 0:
             raise ValueError("auto_fallback_grace_s must be >= 0")
         if self.first_token_wait_s < 0:

@@ -128,7 +128,11 @@ def main(argv=None) -> int:
         for service in services.values():
             service.close()
     result = {
-        "meta": {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "files": len(files), "timeout_s": args.timeout},
+        "meta": {
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "files": len(files),
+            "timeout_s": args.timeout,
+        },
         "summary": {mode: _summary(rows, mode) for mode in modes},
         "rows": rows,
     }

@@ -317,8 +317,8 @@ class CompileJobs:
             return
         backend = composite.engine(self.backend, engine)
         if data is None:
-            estimate = backend.serialized_size_estimate(compiled)
-            if estimate is not None and estimate > self.config.compile_transfer_max_bytes:
+            estimate, bound = backend.serialized_size_estimate(compiled), self.config.compile_transfer_max_bytes
+            if estimate is not None and bound is not None and estimate > bound:
                 return  # writing it here would cost the memory a worker was spared (`transfer`)
             data = backend.serialize(compiled)
         if data is not None:

@@ -45,13 +45,17 @@ class CompileHere:
     compile_growth_bytes: int
 
 
-def compile_here(estimated_bytes: int | None, compile_s: float, compile_growth_bytes: int, max_bytes: int) -> bool:
+def compile_here(
+    estimated_bytes: int | None, compile_s: float, compile_growth_bytes: int, max_bytes: int | None
+) -> bool:
     """True when the serving process should compile again rather than receive the bytes: more
     than `max_bytes` estimated (`GuidedConfig.compile_transfer_max_bytes`), or sending them would
     take over `COMPILE_AGAIN_FACTOR` times the compile; but never when the compile grew the
-    worker by more than loading the bytes would grow this process. None (no estimate: the
-    backend's bytes are few, as llguidance's grammar text is) always sends."""
-    if estimated_bytes is None or compile_growth_bytes > LOAD_MEMORY_PER_BYTE * estimated_bytes:
+    worker by more than loading the bytes would grow this process. `estimated_bytes` None (the
+    backend's bytes are few, as llguidance's grammar text is) or `max_bytes` None always sends."""
+    if max_bytes is None or estimated_bytes is None:
+        return False
+    if compile_growth_bytes > LOAD_MEMORY_PER_BYTE * estimated_bytes:
         return False
     if estimated_bytes > max_bytes:
         return True

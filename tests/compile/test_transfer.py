@@ -49,6 +49,7 @@ def masks_along(backend, compiled, token_ids) -> list[np.ndarray]:
 
 def test_the_rule_weighs_bytes_time_and_memory():
     assert not compile_here(None, 0.001, 0, 0)  # no estimate: the bytes are few
+    assert not compile_here(1 << 30, 0.001, 0, None)  # the operator's choice: always the bytes
     assert compile_here(17 * MB, 60.0, 0, 16 * MB)  # past the bound, however slow the compile
     assert not compile_here(MB, 1.0, 0, 16 * MB)  # ~0.08 s to send against 1 s to compile again
     assert compile_here(MB, 0.01, 0, 16 * MB)  # sending takes several times the compile
@@ -81,6 +82,17 @@ def test_a_grammar_past_the_bound_is_compiled_again_here_with_the_same_masks(tok
         assert len(here) == len(there) == len(tokens) + 1
         assert all(np.array_equal(a, b) for a, b in zip(here, there))
         assert here[0].any() and not here[0].all()  # a mask that allows some tokens and not others
+    finally:
+        service.close()
+
+
+def test_with_no_bound_the_worker_always_sends_its_bytes(tokenizer):
+    config = GuidedConfig(backend="xgrammar", compile_transfer_max_bytes=None)
+    service = CompileService(create_backend("xgrammar", tokenizer, vocab_size=VOCAB, config=config))
+    try:
+        compiled = service.compile_now(xgrammar_spec(patterned_schema(12)))
+        assert compiled.backend_name == "xgrammar"
+        assert service.metrics.value("compiles_rebuilt_here_total") == 0
     finally:
         service.close()
 
@@ -121,3 +133,18 @@ def test_the_shared_cache_is_not_given_what_was_not_sent(tokenizer, bound, store
         assert len(shared.puts) == stored
     finally:
         service.close()
+
+
+def test_the_transfer_cost_tool_compiles_each_schema_both_ways(tmp_path):
+    from tool_modules import import_tool
+
+    (tmp_path / "a.json").write_text(patterned_schema(12))
+    (tmp_path / "b.json").write_text('{"type": "object", "properties": {"x": {"type": "integer"}}}')
+    out = tmp_path / "out.json"
+    assert import_tool("transfer_cost").main([str(tmp_path), "--sample", "2", "--timeout", "60", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert {row["schema"] for row in result["rows"]} == {"a.json", "b.json"}
+    for row in result["rows"]:
+        assert row["send"]["outcome"] == row["rule"]["outcome"] == "compiled"
+        assert not row["send"]["compiled_here"]
+    assert result["summary"]["send"]["compiled"] == result["summary"]["rule"]["compiled"] == 2
