@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .deadline import checkpoint
 from .dfa import Alphabet, Dfa, Work, state_of
 from .refusal import Refusal
 from .state_elimination import to_tree
@@ -36,6 +37,10 @@ class _Nfa:
     def state(self) -> int:
         if len(self.moves) >= MAX_NFA_STATES:
             raise Refusal("an automaton past its state bound")
+        if not len(self.moves) & 63:
+            # Admission's deadline: a long pattern (a format's, repeated) builds thousands of
+            # states before the subset construction spends any work (5.5 ms for `uri`'s).
+            checkpoint()
         self.moves.append([])
         self.empty.append([])
         return len(self.moves) - 1

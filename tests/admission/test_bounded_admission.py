@@ -63,6 +63,21 @@ def test_the_deadline_stops_only_past_its_time_and_only_where_it_is_set():
     deadline.checkpoint()
 
 
+def test_building_a_long_patterns_automaton_stops_at_the_deadline():
+    """The NFA of a long pattern (a format's, repeated) is thousands of states built before any
+    step is spent: `uri`'s beside a pattern held admission 5.5 ms past its budget."""
+    from fd_guided.schema.automaton import Alphabet, Work, _Nfa
+
+    tree = ("rep", 3000, 3000, ("set", ((0x61, 0x7A),)))
+    nfa = _Nfa(Alphabet([tree]), Work())
+    with deadline.within(0.0), pytest.raises(deadline.Overrun):
+        nfa.build(tree)
+    assert len(nfa.moves) <= 64  # stopped at the first checkpoint, not at the end
+    whole = _Nfa(Alphabet([tree]), Work())
+    whole.build(tree)  # no deadline: built to the end
+    assert len(whole.moves) > 3000
+
+
 def test_with_no_budget_the_schema_checks_are_pending_and_run_before_the_schema_is_read():
     spec = parse_guided_request(BAD_TYPE, NO_BUDGET)
     assert spec is not None and spec.pending is not None and not spec.pending.checked
