@@ -66,6 +66,11 @@ for _endpoint in ("chat", "completions"):
     CASES["engine fails", _endpoint] = _body(_endpoint)
     CASES["engine fails with 400", _endpoint] = _body(_endpoint, user="cache")
 CASES["other parameter error"] = _body("chat", reasoning_max_tokens=0)
+# A client's schema, admitted: sent on to the engine as its compact text (`documents_as_text`).
+OBJECT_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]}
+for _endpoint in ("chat", "completions"):
+    CASES["schema as objects", _endpoint] = _body(
+        _endpoint, response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": OBJECT_SCHEMA}})
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +197,16 @@ def test_with_the_upstream_patch_engine_failures_carry_their_message(upstream_an
         for name, *_ in REFUSED:  # the plugin's own refusals are unchanged by the patch
             assert upstream_answers[name, endpoint]["status"] == 400, upstream_answers[name, endpoint]
             assert upstream_answers[name, endpoint]["body"]["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_an_admitted_schema_given_as_objects_reaches_the_engine_as_its_compact_text(answers, endpoint):
+    """The engine's checker then finds it again by its text (a sampled hash and a comparison), not
+    by writing the dict again on its one request-insertion thread."""
+    reached = answers["schema as objects", endpoint]["reached_engine"]
+    assert len(reached) == 1, reached
+    text = reached[0]["guided_json"]
+    assert isinstance(text, str) and text == json.dumps(OBJECT_SCHEMA, separators=(",", ":")), reached
 
 
 def test_fastdeploys_other_parameter_errors_keep_their_status(answers):
