@@ -28,22 +28,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field):
-                return int(line.split()[1])
-    return 0
-
-
-def _reset_peak() -> int:
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
-    return _status_kib("VmRSS")
-
-
 def _compile_once(service, spec, timeout_s: float) -> dict:
-    before_kib = _reset_peak()
+    from fd_guided.compile.supervisor import peak_rss, reset_peak_rss
+
+    before = reset_peak_rss()
     rebuilt = service.metrics.value("compiles_rebuilt_here_total")
     started = time.perf_counter()
     try:
@@ -55,7 +43,7 @@ def _compile_once(service, spec, timeout_s: float) -> dict:
     return {
         "outcome": outcome,
         "seconds": round(seconds, 3),
-        "peak_growth_mib": round((_status_kib("VmHWM") - before_kib) / 1024, 1),
+        "peak_growth_mib": round((peak_rss() - before) / (1 << 20), 1),
         "compiled_here": service.metrics.value("compiles_rebuilt_here_total") > rebuilt,
     }
 

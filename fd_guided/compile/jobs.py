@@ -238,7 +238,8 @@ class CompileJobs:
             if engine != composite.CHECKS:  # the engines' checks (a choice) are not a compile
                 self.metrics.observe("compile_seconds", compile_seconds)
                 self.metrics.inc_labelled("compiles_by_engine_total", "engine", engine)
-            self._to_shared_cache(engine, spec, compiled, data)
+            estimate = result.estimated_bytes if isinstance(result, CompileHere) else None
+            self._to_shared_cache(engine, spec, compiled, data, estimate)
             self._finish_job(engine, spec, future, compiled, None)
         except BaseException as error:  # noqa: BLE001 - every failure travels in the future
             if not isinstance(error, GuidedDecodingError):
@@ -312,12 +313,19 @@ class CompileJobs:
         self.metrics.inc("shared_cache_hits_total" if compiled is not None else "shared_cache_misses_total")
         return compiled
 
-    def _to_shared_cache(self, engine: str, spec: GrammarSpec, compiled: CompiledGrammar, data: bytes | None) -> None:
+    def _to_shared_cache(
+        self, engine: str, spec: GrammarSpec, compiled: CompiledGrammar, data: bytes | None, estimate: int | None
+    ) -> None:
+        """Store `compiled` in the L2: `data` (the worker's bytes) or, for a grammar compiled here,
+        its bytes written now unless `estimate` (the worker's, else the backend's now) passes the
+        transfer bound."""
         if self.shared_cache is None or engine == composite.CHECKS:
             return
         backend = composite.engine(self.backend, engine)
         if data is None:
-            estimate, bound = backend.serialized_size_estimate(compiled), self.config.compile_transfer_max_bytes
+            if estimate is None:
+                estimate = backend.serialized_size_estimate(compiled)
+            bound = self.config.compile_transfer_max_bytes
             if estimate is not None and bound is not None and estimate > bound:
                 return  # writing it here would cost the memory a worker was spared (`transfer`)
             data = backend.serialize(compiled)

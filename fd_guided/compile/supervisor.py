@@ -32,6 +32,30 @@ def rss(pid: int) -> int:
         return 0
 
 
+def reset_peak_rss() -> int:
+    """This process's resident bytes now (`rss`), with its peak (VmHWM) reset to them where the
+    kernel lets us (``clear_refs`` 5): `peak_rss` then reads the peak since; else the peak of the
+    process's life, never less."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
+    return rss(os.getpid())
+
+
+def peak_rss() -> int:
+    """This process's peak resident bytes (VmHWM, never below the current size); 0 where unknown."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def kill(pid: int) -> None:
     """SIGKILL `pid`; one already gone (or not ours) is ignored."""
     try:

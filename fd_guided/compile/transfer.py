@@ -36,13 +36,10 @@ COMPILE_AGAIN_FACTOR = 2.0
 class CompileHere:
     """A worker's reply instead of the bytes: compile the spec again in the serving process.
 
-    `estimated_bytes`: the backend's estimate of the serialized size; `compile_s` and
-    `compile_growth_bytes`: the worker's compile time and peak memory growth (the serving
-    process's compile costs about as much)."""
+    `estimated_bytes`: the backend's estimate of the serialized size (the serving process reads it
+    to decide whether to write the grammar for a shared cache, without estimating again)."""
 
     estimated_bytes: int
-    compile_s: float
-    compile_growth_bytes: int
 
 
 def compile_here(

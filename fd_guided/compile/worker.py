@@ -31,6 +31,7 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 
 from ..backends import composite
+from .supervisor import peak_rss, reset_peak_rss
 from .threads import WORKER_STACK_BYTES, start_thread
 from .transfer import CompileHere, compile_here
 
@@ -151,13 +152,13 @@ def _compile(backend, engine: str, spec) -> tuple:
         refused = _admission_checks(engine_backend, spec)
         if refused is not None:
             return refused
-        compile_started, rss_before = time.perf_counter(), _reset_peak_rss()
+        compile_started, rss_before = time.perf_counter(), reset_peak_rss()
         compiled = engine_backend.compile_checked(spec)
-        compile_s, growth = time.perf_counter() - compile_started, _peak_rss() - rss_before
+        compile_s, growth = time.perf_counter() - compile_started, peak_rss() - rss_before
         estimate = engine_backend.serialized_size_estimate(compiled)
         if compile_here(estimate, compile_s, growth, engine_backend.config.compile_transfer_max_bytes):
             assert estimate is not None  # compile_here is False without one
-            return ("ok", CompileHere(estimate, compile_s, growth), time.perf_counter() - started)
+            return ("ok", CompileHere(estimate), time.perf_counter() - started)
         data = engine_backend.serialize(compiled)
         if data is None:
             raise RuntimeError(f"the {engine} backend cannot serialize its grammars")
@@ -172,33 +173,6 @@ def _compile(backend, engine: str, spec) -> tuple:
             None,
             None,
         )
-
-
-def _status_bytes(field: str) -> int:
-    """A ``/proc/self/status`` memory field in bytes (0 where there is none)."""
-    try:
-        with open("/proc/self/status", "rb") as status:
-            for line in status:
-                if line.startswith(field.encode()):
-                    return int(line.split()[1]) << 10
-    except OSError:
-        pass
-    return 0
-
-
-def _reset_peak_rss() -> int:
-    """This process's resident bytes now, with its peak (VmHWM) reset to them where the kernel
-    lets us (``clear_refs`` 5); `_peak_rss` then reads the peak since, else the current size."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-    except OSError:
-        pass
-    return _status_bytes("VmRSS")
-
-
-def _peak_rss() -> int:
-    return max(_status_bytes("VmHWM"), _status_bytes("VmRSS"))
 
 
 def _admission_checks(engine_backend, spec) -> tuple | None:
